@@ -1,0 +1,465 @@
+/*
+ * flashspec.h — FlashSpec: a fused LM head + speculative-decoding sampler.
+ *
+ * FlashSpec computes an LLM's LM head (logits = hidden · Wᵀ over the whole
+ * vocabulary) and, in the same pass over W, everything speculative decoding
+ * needs from those logits: greedy or sampled draft tokens, and the per-row
+ * summaries that verify a batch of draft tokens and resample after a
+ * rejection. No vocabulary-sized logits, probabilities or residuals are ever
+ * written to memory. The emitted tokens are distributed exactly as sampling
+ * from the target model alone (Leviathan et al. 2023, Algorithm 1).
+ *
+ * This header is the manual and the whole public API. Conventions:
+ *   - Every function returns a flashspec_status; FLASHSPEC_OK is 0. On any
+ *     error, every output argument is left untouched and
+ *     flashspec_context_last_error() names the argument that was wrong.
+ *   - Parameter structs begin with `uint32_t struct_size`; fill them with
+ *     their *_init() function, then change the fields you need. Fields are
+ *     only ever appended, so an older caller keeps working.
+ *   - Handles are opaque. Every *_destroy() accepts NULL.
+ *   - Threading tags on every function:
+ *       [thread-safe]          may be called from any thread at any time;
+ *       [context-exclusive]    one thread at a time per context;
+ *       [async on the context stream]  with the CUDA backend the work is
+ *         enqueued on the context's stream and the call returns without
+ *         waiting; outputs are ready after flashspec_context_synchronize()
+ *         or any later work ordered on that stream. The CPU backend runs
+ *         synchronously.
+ *   - No C++ exception and no CUDA error state ever crosses this boundary.
+ *
+ * Randomness contract. Every random number is Philox4x32-10 with
+ *   key     = (low 32 bits of seed, high 32 bits of seed)
+ *   counter = (c0, c1, c2, c3) with
+ *     c0 = purpose << 28 | position << 18 | token >> 2   (word = token & 3)
+ *     c1 = low 32 bits of step
+ *     c2 = low 32 bits of request id, c3 = high 32 bits of request id
+ * where position is the row within the request (draft position), and the
+ * purposes (flashspec_rng_purpose) are never shared. A uniform u in (0, 1) is
+ * (x + 0.5) / 2^32 of one 32-bit word x; Gumbel noise is −log(−log u),
+ * evaluated so that both tails are kept. Hence every token is a function of
+ * (seed, request id, step, position, token) alone: independent of tiling,
+ * threads, backend and batch neighbours.
+ */
+#ifndef FLASHSPEC_H
+#define FLASHSPEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---------------------------------------------------------------------- */
+/* Export macro                                                            */
+/* ---------------------------------------------------------------------- */
+#if defined(_WIN32)
+#  define FLASHSPEC_VISIBLE
+#elif defined(__GNUC__) && (__GNUC__ >= 4)
+#  define FLASHSPEC_VISIBLE __attribute__((visibility("default")))
+#else
+#  define FLASHSPEC_VISIBLE
+#endif
+#ifndef FLASHSPEC_API
+#  define FLASHSPEC_API FLASHSPEC_VISIBLE
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------- */
+/* Version                                                                 */
+/* ---------------------------------------------------------------------- */
+#define FLASHSPEC_VERSION_MAJOR 0
+#define FLASHSPEC_VERSION_MINOR 1
+#define FLASHSPEC_VERSION_PATCH 0
+#define FLASHSPEC_VERSION_NUMBER \
+  (FLASHSPEC_VERSION_MAJOR * 10000 + FLASHSPEC_VERSION_MINOR * 100 + FLASHSPEC_VERSION_PATCH)
+/* Bumped on every incompatible ABI change; equals the SONAME's number. */
+#define FLASHSPEC_ABI_VERSION 0
+
+/* [thread-safe] FLASHSPEC_VERSION_NUMBER of the library actually loaded. */
+FLASHSPEC_API unsigned flashspec_version_number(void);
+/* [thread-safe] "MAJOR.MINOR.PATCH" of the library actually loaded; static. */
+FLASHSPEC_API const char* flashspec_version_string(void);
+/* [thread-safe] FLASHSPEC_ABI_VERSION of the library actually loaded. */
+FLASHSPEC_API unsigned flashspec_abi_version(void);
+
+/* ---------------------------------------------------------------------- */
+/* Status codes: numbers are pinned forever                                */
+/* ---------------------------------------------------------------------- */
+/* X(name, value, description) — one table generates the enum and strings. */
+#define FLASHSPEC_STATUS_TABLE(X)                                                       \
+  X(OK, 0, "success")                                                                   \
+  X(ERR_INVALID_ARGUMENT, 1, "invalid argument")                                        \
+  X(ERR_NULL_POINTER, 2, "required pointer or handle is NULL")                          \
+  X(ERR_STRUCT_SIZE, 3, "struct_size is not a size this library accepts")               \
+  X(ERR_OUT_OF_RANGE, 4, "token id, size or index outside its valid range")            \
+  X(ERR_DTYPE_MISMATCH, 5, "unsupported or mismatched dtype")                           \
+  X(ERR_DEVICE_MISMATCH, 6, "memory on the wrong device for this backend or head")      \
+  X(ERR_NON_FINITE, 7, "non-finite (NaN or Inf) value in an input")                     \
+  X(ERR_OUT_OF_MEMORY, 8, "out of memory")                                              \
+  X(ERR_WORKSPACE_EXCEEDED, 9, "request exceeds the workspace reserved at creation")    \
+  X(ERR_UNSUPPORTED, 10, "operation or configuration not supported")                    \
+  X(ERR_NO_DEVICE, 11, "backend not available on this machine or build")               \
+  X(ERR_CUDA, 12, "CUDA runtime or library error")                                      \
+  X(ERR_CALLBACK, 13, "a host callback reported failure or returned bad sizes")         \
+  X(ERR_CANCELLED, 14, "cancelled by the host")                                         \
+  X(ERR_INTERNAL, 15, "internal error")
+
+typedef enum flashspec_status {
+#define FLASHSPEC_STATUS_ENUM_(name, value, text) FLASHSPEC_##name = value,
+  FLASHSPEC_STATUS_TABLE(FLASHSPEC_STATUS_ENUM_)
+#undef FLASHSPEC_STATUS_ENUM_
+  FLASHSPEC_STATUS_FORCE_32BIT_ = 0x7fffffff
+} flashspec_status;
+
+/* [thread-safe] Static description of a status ("invalid argument"); an
+ * unknown value gives "unknown status". Never NULL. */
+FLASHSPEC_API const char* flashspec_status_string(flashspec_status status);
+/* [thread-safe] Static name of a status ("FLASHSPEC_ERR_INVALID_ARGUMENT");
+ * an unknown value gives "FLASHSPEC_UNKNOWN_STATUS". Never NULL. */
+FLASHSPEC_API const char* flashspec_status_name(flashspec_status status);
+
+/* ---------------------------------------------------------------------- */
+/* Enumerations (fixed values)                                             */
+/* ---------------------------------------------------------------------- */
+typedef enum flashspec_backend {
+  FLASHSPEC_BACKEND_AUTO = 0, /* CUDA when built and a device is present, else CPU */
+  FLASHSPEC_BACKEND_CPU = 1,
+  FLASHSPEC_BACKEND_CUDA = 2,
+  FLASHSPEC_BACKEND_FORCE_32BIT_ = 0x7fffffff
+} flashspec_backend;
+
+typedef enum flashspec_dtype {
+  FLASHSPEC_DTYPE_F32 = 0,
+  FLASHSPEC_DTYPE_BF16 = 1,
+  FLASHSPEC_DTYPE_F16 = 2,
+  FLASHSPEC_DTYPE_FORCE_32BIT_ = 0x7fffffff
+} flashspec_dtype;
+
+typedef enum flashspec_memory {
+  FLASHSPEC_MEMORY_HOST = 0, /* ordinary host memory */
+  FLASHSPEC_MEMORY_CUDA = 1, /* device memory of the context's CUDA device */
+  FLASHSPEC_MEMORY_FORCE_32BIT_ = 0x7fffffff
+} flashspec_memory;
+
+/* Random-number purposes: the top 4 bits of counter word c0. */
+typedef enum flashspec_rng_purpose {
+  FLASHSPEC_RNG_DRAFT_NOISE = 1,    /* Gumbel noise of a sampled draft      */
+  FLASHSPEC_RNG_ACCEPT_UNIFORM = 2, /* acceptance uniform of a position     */
+  FLASHSPEC_RNG_RESIDUAL_NOISE = 3, /* Gumbel noise of the residual resample */
+  FLASHSPEC_RNG_BONUS_NOISE = 4,    /* Gumbel noise of the bonus token      */
+  FLASHSPEC_RNG_FORCE_32BIT_ = 0x7fffffff
+} flashspec_rng_purpose;
+
+/* Limits that follow from the counter layout above. */
+#define FLASHSPEC_MAX_VOCAB (1 << 20)       /* V ≤ 2^20 tokens            */
+#define FLASHSPEC_MAX_DRAFT_LEN 1023        /* drafts per request          */
+#define FLASHSPEC_MAX_HIDDEN 65536          /* d ≤ 65536                   */
+
+/* ---------------------------------------------------------------------- */
+/* Tensor views                                                            */
+/* ---------------------------------------------------------------------- */
+/* A row-major 2-D view of memory the caller owns. Element (r, c) is at
+ * data + (r * row_stride + c) * sizeof(dtype). row_stride ≥ cols, in
+ * elements. This struct is frozen: it never grows. */
+typedef struct flashspec_tensor {
+  const void* data;
+  flashspec_dtype dtype;
+  flashspec_memory memory;
+  int64_t rows;
+  int64_t cols;
+  int64_t row_stride;
+} flashspec_tensor;
+
+/* [thread-safe] A contiguous view (row_stride = cols). Never fails. */
+FLASHSPEC_API flashspec_tensor flashspec_tensor_make(const void* data, flashspec_dtype dtype,
+                                                     flashspec_memory memory, int64_t rows,
+                                                     int64_t cols);
+
+/* ---------------------------------------------------------------------- */
+/* Context                                                                 */
+/* ---------------------------------------------------------------------- */
+/* A context owns a backend, its device, stream, workspace and the last error
+ * message. [context-exclusive]: use one context per thread. */
+typedef struct flashspec_context flashspec_context;
+
+typedef struct flashspec_context_params {
+  uint32_t struct_size;       /* sizeof(flashspec_context_params) */
+  flashspec_backend backend;  /* default FLASHSPEC_BACKEND_AUTO */
+  int32_t device_ordinal;     /* CUDA device; default 0 */
+  void* cuda_stream;          /* cudaStream_t to use; NULL = the legacy default stream */
+  uint64_t seed;              /* seed used where a call passes no seeds array; default 0 */
+  int32_t cpu_threads;        /* CPU worker threads; 0 = one per hardware core (default) */
+  int32_t max_rows;           /* workspace: most rows per draft/verify call; default 512 */
+  int32_t max_requests;       /* workspace: most requests per verify call; default 512 */
+} flashspec_context_params;
+
+/* [thread-safe] Fill params with defaults and set struct_size. NULL is a no-op. */
+FLASHSPEC_API void flashspec_context_params_init(flashspec_context_params* params);
+
+/* [thread-safe] Create a context. params may be NULL (all defaults).
+ * Errors: NULL_POINTER (out), STRUCT_SIZE, INVALID_ARGUMENT (negative
+ * sizes, unknown backend), NO_DEVICE (CUDA asked for but not built or no
+ * device), CUDA, OUT_OF_MEMORY. On error *out is untouched; there is no
+ * context to ask for a message, so the message is kept per thread and read
+ * with flashspec_context_last_error(NULL). */
+FLASHSPEC_API flashspec_status flashspec_context_create(const flashspec_context_params* params,
+                                                        flashspec_context** out);
+/* [context-exclusive] Waits for the context's outstanding work, then frees
+ * it. NULL is a no-op. LM heads created on it must be destroyed first. */
+FLASHSPEC_API void flashspec_context_destroy(flashspec_context* ctx);
+
+/* [context-exclusive] The detail message of the last failed call on ctx
+ * ("" if none); with ctx NULL, of the last failed create on this thread.
+ * Valid until the next call on ctx. Never NULL. */
+FLASHSPEC_API const char* flashspec_context_last_error(const flashspec_context* ctx);
+/* [context-exclusive] The raw cudaError_t behind the last FLASHSPEC_ERR_CUDA
+ * (0 if none or CPU backend). */
+FLASHSPEC_API int flashspec_context_last_cuda_error(const flashspec_context* ctx);
+/* [context-exclusive] The backend actually chosen (never AUTO). */
+FLASHSPEC_API flashspec_backend flashspec_context_backend(const flashspec_context* ctx);
+/* [context-exclusive] Wait until all work enqueued on the context is done.
+ * Errors: NULL_POINTER, CUDA. */
+FLASHSPEC_API flashspec_status flashspec_context_synchronize(flashspec_context* ctx);
+/* [thread-safe] Number of CUDA devices usable by this build (0 without CUDA). */
+FLASHSPEC_API int flashspec_cuda_device_count(void);
+
+/* ---------------------------------------------------------------------- */
+/* LM head                                                                 */
+/* ---------------------------------------------------------------------- */
+/* The weight W of the LM head, [V, d]. Immutable after creation; may be
+ * shared by contexts of the same backend and device. */
+typedef struct flashspec_lm_head flashspec_lm_head;
+
+typedef enum flashspec_lm_head_flags {
+  FLASHSPEC_LM_HEAD_COPY = 0,   /* copy W into memory the head owns (default) */
+  FLASHSPEC_LM_HEAD_BORROW = 1, /* CUDA backend, device memory only: keep the
+                                   caller's pointer; the caller keeps W alive
+                                   and unchanged until the head is destroyed */
+  FLASHSPEC_LM_HEAD_FLAGS_FORCE_32BIT_ = 0x7fffffff
+} flashspec_lm_head_flags;
+
+/* [context-exclusive] Upload an LM head. weight: rows = V (1..2^20), cols = d
+ * (1..65536), dtype bf16/fp16/fp32, host memory or device memory (CUDA
+ * backend). The stored dtype equals the given dtype.
+ * Errors: NULL_POINTER (ctx, weight, weight->data, out), OUT_OF_RANGE
+ * (rows/cols/row_stride), DTYPE_MISMATCH, DEVICE_MISMATCH (device memory for
+ * the CPU backend, BORROW of host memory), UNSUPPORTED (alignment a kernel
+ * cannot read), NON_FINITE (a NaN or Inf weight), OUT_OF_MEMORY, CUDA.
+ * [async on the context stream] for the device-to-device copy. */
+FLASHSPEC_API flashspec_status flashspec_lm_head_create(flashspec_context* ctx,
+                                                        const flashspec_tensor* weight,
+                                                        flashspec_lm_head_flags flags,
+                                                        flashspec_lm_head** out);
+/* [thread-safe while no call uses the head] NULL is a no-op. */
+FLASHSPEC_API void flashspec_lm_head_destroy(flashspec_lm_head* head);
+/* [thread-safe] V and d; 0 for NULL. */
+FLASHSPEC_API int64_t flashspec_lm_head_vocab_size(const flashspec_lm_head* head);
+FLASHSPEC_API int64_t flashspec_lm_head_hidden_size(const flashspec_lm_head* head);
+
+/* ---------------------------------------------------------------------- */
+/* Draft                                                                   */
+/* ---------------------------------------------------------------------- */
+/* Per-row randomness and temperature of a draft call. All arrays have one
+ * entry per hidden row and live in `memory`; any array may be NULL: then
+ * temperatures → `temperature`, seeds → the context's seed, request_ids →
+ * the row index, steps → 0, positions → 0. */
+typedef struct flashspec_draft_params {
+  uint32_t struct_size;
+  flashspec_memory memory;        /* where the arrays and outputs live; default HOST */
+  float temperature;              /* default 0 (greedy) */
+  const float* temperatures;      /* per row; 0 = greedy argmax for that row */
+  const uint64_t* seeds;
+  const uint64_t* request_ids;
+  const uint64_t* steps;
+  const int32_t* positions;       /* draft position of the row, 0..FLASHSPEC_MAX_DRAFT_LEN */
+} flashspec_draft_params;
+
+/* [thread-safe] Defaults: host memory, temperature 0, all arrays NULL. */
+FLASHSPEC_API void flashspec_draft_params_init(flashspec_draft_params* params);
+
+/* [context-exclusive] [async on the context stream]
+ * One fused pass per call: logits l = h·Wᵀ (fp32 accumulation) for each
+ * hidden row, reduced on the fly to
+ *   T = 0: tokens_out[r] = argmax l (ties → smallest id), scores_out[r] = l_x;
+ *   T > 0: tokens_out[r] = argmax(l/T + g) with Gumbel noise g of purpose
+ *          DRAFT_NOISE, scores_out[r] = log q(x) = l_x/T − LSE(l/T).
+ * hidden: [rows, d], rows 1..max_rows, any supported dtype; tokens_out and
+ * scores_out: rows entries each in params->memory (scores_out may be NULL).
+ * params may be NULL (greedy).
+ * Errors: NULL_POINTER, STRUCT_SIZE, OUT_OF_RANGE (rows, cols ≠ d, position),
+ * INVALID_ARGUMENT (temperature < 0 or NaN), DTYPE_MISMATCH, DEVICE_MISMATCH,
+ * NON_FINITE (a NaN/Inf hidden value; CPU backend, or host inputs),
+ * WORKSPACE_EXCEEDED, CUDA. */
+FLASHSPEC_API flashspec_status flashspec_draft(flashspec_context* ctx, const flashspec_lm_head* head,
+                                               const flashspec_tensor* hidden,
+                                               const flashspec_draft_params* params,
+                                               int32_t* tokens_out, float* scores_out);
+
+/* ---------------------------------------------------------------------- */
+/* Verify and finalize                                                     */
+/* ---------------------------------------------------------------------- */
+/* A ragged batch of R requests. Request r drafted n_r = draft_offsets[r+1] −
+ * draft_offsets[r] tokens (0 ≤ n_r ≤ FLASHSPEC_MAX_DRAFT_LEN), stored at
+ * draft_tokens[draft_offsets[r] .. draft_offsets[r+1]). Its n_r + 1 target
+ * hidden rows start at row draft_offsets[r] + r of target_hidden: row j
+ * (0 ≤ j < n_r) scores draft token j + 1, row n_r gives the bonus token.
+ * target_hidden therefore has draft_offsets[R] + R rows.
+ *
+ * Drafts given by their tokens alone (draft_logits NULL) are greedy, point-
+ * mass drafts: q(x) = 1. A stochastic draft passes draft_logits, a
+ * [draft_offsets[R], V] fp32/bf16/fp16 view; its row k holds the logits the
+ * draft token k was sampled from, and q = softmax(draft_logits row /
+ * draft_temperature). Acceptance is then min(1, p/q) and the residual
+ * max(p − q, 0) over the whole vocabulary, as Algorithm 1 requires.
+ *
+ * Index and per-request arrays live in `memory` (host, or device memory
+ * with the CUDA backend). NULL optional arrays take the defaults named. */
+typedef struct flashspec_verify_batch {
+  uint32_t struct_size;
+  flashspec_memory memory;
+  int32_t num_requests;              /* R ≥ 1 */
+  const int32_t* draft_offsets;      /* [R + 1], non-decreasing, starts at 0 */
+  const int32_t* draft_tokens;       /* [draft_offsets[R]], each in [0, V) */
+  const flashspec_tensor* target_hidden; /* [draft_offsets[R] + R, d] */
+  const flashspec_tensor* draft_logits;  /* NULL = greedy drafts; else [draft_offsets[R], V] */
+  const float* temperatures;         /* [R] target T ≥ 0; NULL → 1.0 */
+  const float* draft_temperatures;   /* [R] T_d > 0 of q; NULL → 1.0 (stochastic drafts only) */
+  const uint64_t* seeds;             /* [R]; NULL → the context's seed */
+  const uint64_t* request_ids;       /* [R]; NULL → r */
+  const uint64_t* steps;             /* [R]; NULL → 0 */
+  const float* accept_uniforms;      /* [draft_offsets[R]] caller's uniforms in (0,1) for
+                                        the acceptance tests; NULL → Philox ACCEPT_UNIFORM */
+  int32_t max_draft_len;             /* ≥ every n_r; bounds the workspace. Default
+                                        FLASHSPEC_MAX_DRAFT_LEN (0 means "use default") */
+} flashspec_verify_batch;
+
+/* [thread-safe] Defaults: host memory, all pointers NULL, num_requests 0. */
+FLASHSPEC_API void flashspec_verify_batch_init(flashspec_verify_batch* batch);
+
+/* The per-row summaries a verify pass produces and finalize consumes: for
+ * each target row its log-sum-exp, the drafted token's logit, the best
+ * residual (or bonus) Gumbel candidate, and for stochastic drafts a few
+ * residual candidates. Sized at creation; lives where the backend computes. */
+typedef struct flashspec_summaries flashspec_summaries;
+
+/* [context-exclusive] Reserve summaries for up to max_rows target rows and
+ * max_requests requests. Errors: NULL_POINTER, OUT_OF_RANGE, OUT_OF_MEMORY, CUDA. */
+FLASHSPEC_API flashspec_status flashspec_summaries_create(flashspec_context* ctx, int32_t max_rows,
+                                                          int32_t max_requests,
+                                                          flashspec_summaries** out);
+/* [context-exclusive] NULL is a no-op. */
+FLASHSPEC_API void flashspec_summaries_destroy(flashspec_summaries* summaries);
+
+/* Where finalize writes. Arrays live in `memory`.
+ *   accepted_counts[r]   number of draft tokens accepted, 0..n_r;
+ *   emitted_tokens       [draft_offsets[R] + R]: request r's tokens start at
+ *                        draft_offsets[r] + r; the first accepted_counts[r]+1
+ *                        are valid (the accepted drafts, then the recovered
+ *                        or bonus token); the rest are set to −1;
+ *   next_steps[r]        (optional) steps[r] + 1, so a caller, or a replayed
+ *                        CUDA graph, can feed it back as the next steps array
+ *                        (it may alias batch.steps). */
+typedef struct flashspec_verify_result {
+  uint32_t struct_size;
+  flashspec_memory memory;
+  int32_t* accepted_counts;
+  int32_t* emitted_tokens;
+  uint64_t* next_steps;
+} flashspec_verify_result;
+
+/* [thread-safe] Defaults: host memory, all pointers NULL. */
+FLASHSPEC_API void flashspec_verify_result_init(flashspec_verify_result* result);
+
+/* [context-exclusive] [async on the context stream]
+ * One pass over W for all Σ(n_r + 1) target rows, writing only the per-row
+ * summaries. Validates every host-visible argument first. With the CUDA
+ * backend and device-resident index arrays, out-of-range tokens or offsets
+ * cannot be checked without a host sync: they are detected on the device and
+ * finalize then reports the request as emitting nothing (accepted_counts[r]
+ * = −1).
+ * Errors: NULL_POINTER, STRUCT_SIZE, OUT_OF_RANGE (R, offsets, n_r, token ids,
+ * rows of target_hidden or draft_logits, cols), INVALID_ARGUMENT (T < 0 or
+ * NaN, T_d ≤ 0 or NaN, uniforms outside (0,1)), DTYPE_MISMATCH,
+ * DEVICE_MISMATCH, NON_FINITE, WORKSPACE_EXCEEDED (more rows or requests
+ * than summaries hold), CUDA. */
+FLASHSPEC_API flashspec_status flashspec_verify(flashspec_context* ctx, const flashspec_lm_head* head,
+                                                const flashspec_verify_batch* batch,
+                                                flashspec_summaries* summaries);
+
+/* [context-exclusive] [async on the context stream]
+ * Algorithm 1 on the summaries of the last flashspec_verify with the same
+ * batch: for j = 1..n_r accept x_j iff log u_j < log p_j(x_j) − log q_j(x_j)
+ * (T = 0: iff x_j is the argmax); at the first rejection emit the residual
+ * candidate of that row and stop; if all are accepted emit the bonus token.
+ * With the CUDA backend this runs on the device, with no host sync.
+ * Errors: as flashspec_verify for the batch and result arguments. */
+FLASHSPEC_API flashspec_status flashspec_finalize(flashspec_context* ctx,
+                                                  const flashspec_verify_batch* batch,
+                                                  const flashspec_summaries* summaries,
+                                                  const flashspec_verify_result* result);
+
+/* [context-exclusive] [async on the context stream] flashspec_verify then
+ * flashspec_finalize with summaries the context keeps (sized by its
+ * max_rows / max_requests). */
+FLASHSPEC_API flashspec_status flashspec_verify_and_finalize(flashspec_context* ctx,
+                                                             const flashspec_lm_head* head,
+                                                             const flashspec_verify_batch* batch,
+                                                             const flashspec_verify_result* result);
+
+/* ---------------------------------------------------------------------- */
+/* Randomness, exposed for tests and for hosts that mirror the contract    */
+/* ---------------------------------------------------------------------- */
+/* [thread-safe] Philox4x32-10 of (counter, key): out[0..3]. NULL is a no-op. */
+FLASHSPEC_API void flashspec_philox4x32_10(const uint32_t counter[4], const uint32_t key[2],
+                                           uint32_t out[4]);
+/* [thread-safe] The uniform in (0,1) of the contract for one token/purpose. */
+FLASHSPEC_API double flashspec_rng_uniform(uint64_t seed, uint64_t request_id, uint64_t step,
+                                           int32_t position, flashspec_rng_purpose purpose,
+                                           int32_t token);
+
+/* ---------------------------------------------------------------------- */
+/* Plugin entry                                                            */
+/* ---------------------------------------------------------------------- */
+/* A versioned, append-only table of the functions above, so a host can
+ * dlopen the library and resolve a single symbol. Members are never
+ * reordered or removed; new ones are appended and struct_size grows. */
+typedef struct flashspec_api {
+  uint32_t struct_size;
+  uint32_t abi_version;
+  unsigned (*version_number)(void);
+  const char* (*version_string)(void);
+  const char* (*status_string)(flashspec_status);
+  void (*context_params_init)(flashspec_context_params*);
+  flashspec_status (*context_create)(const flashspec_context_params*, flashspec_context**);
+  void (*context_destroy)(flashspec_context*);
+  const char* (*context_last_error)(const flashspec_context*);
+  flashspec_status (*context_synchronize)(flashspec_context*);
+  flashspec_status (*lm_head_create)(flashspec_context*, const flashspec_tensor*,
+                                     flashspec_lm_head_flags, flashspec_lm_head**);
+  void (*lm_head_destroy)(flashspec_lm_head*);
+  void (*draft_params_init)(flashspec_draft_params*);
+  flashspec_status (*draft)(flashspec_context*, const flashspec_lm_head*, const flashspec_tensor*,
+                            const flashspec_draft_params*, int32_t*, float*);
+  void (*verify_batch_init)(flashspec_verify_batch*);
+  void (*verify_result_init)(flashspec_verify_result*);
+  flashspec_status (*summaries_create)(flashspec_context*, int32_t, int32_t, flashspec_summaries**);
+  void (*summaries_destroy)(flashspec_summaries*);
+  flashspec_status (*verify)(flashspec_context*, const flashspec_lm_head*,
+                             const flashspec_verify_batch*, flashspec_summaries*);
+  flashspec_status (*finalize)(flashspec_context*, const flashspec_verify_batch*,
+                               const flashspec_summaries*, const flashspec_verify_result*);
+  flashspec_status (*verify_and_finalize)(flashspec_context*, const flashspec_lm_head*,
+                                          const flashspec_verify_batch*,
+                                          const flashspec_verify_result*);
+} flashspec_api;
+
+/* [thread-safe] The table for abi_version, or NULL if this library cannot
+ * serve that ABI (a host built against another major version). The table is
+ * static and lives as long as the library is loaded. */
+FLASHSPEC_API const flashspec_api* flashspec_get_api(unsigned abi_version);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FLASHSPEC_H */

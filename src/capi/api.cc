@@ -1,0 +1,272 @@
+// The exported functions of flashspec.h: validation, then one backend call,
+// inside guarded() so that no exception crosses the C boundary.
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "capi/guard.h"
+#include "capi/handles.h"
+#include "capi/validate.h"
+#include "flashspec.h"
+#include "util/philox.h"
+
+using namespace flashspec;
+
+namespace flashspec {
+std::string& thread_error_message() {
+  thread_local std::string message;
+  return message;
+}
+}  // namespace flashspec
+
+namespace {
+
+const LmHeadStorage& checked_head(const flashspec_context& ctx, const flashspec_lm_head* head) {
+  require(head != nullptr, FLASHSPEC_ERR_NULL_POINTER, "head", "is NULL");
+  const LmHeadStorage& storage = *head->storage;
+  require(storage.backend == ctx.backend->kind() && storage.device == ctx.backend->device(),
+          FLASHSPEC_ERR_DEVICE_MISMATCH, "head", "was created for another backend or device than this context's");
+  return storage;
+}
+
+SummaryStore& checked_summaries(const flashspec_context& ctx, const flashspec_summaries* summaries) {
+  require(summaries != nullptr, FLASHSPEC_ERR_NULL_POINTER, "summaries", "is NULL");
+  SummaryStore& store = *summaries->store;
+  require(store.backend == ctx.backend->kind() && store.device == ctx.backend->device(),
+          FLASHSPEC_ERR_DEVICE_MISMATCH, "summaries", "were created for another backend or device than this context's");
+  return store;
+}
+
+void run_verify(flashspec_context& ctx, const flashspec_lm_head* head, const flashspec_verify_batch* batch,
+                SummaryStore& store, const char* store_name) {
+  const LmHeadStorage& storage = checked_head(ctx, head);
+  VerifyArgs args = validate_batch(ctx, storage, batch);
+  validate_summaries_capacity(store, args, store_name);
+  ctx.backend->verify(storage, args, store);
+  store.verified_vocab = storage.vocab;
+  store.verified_rows = args.total_rows;
+  store.verified_requests = args.num_requests;
+}
+
+void run_finalize(flashspec_context& ctx, const flashspec_verify_batch* batch, const SummaryStore& store,
+                  const flashspec_verify_result* result) {
+  VerifyArgs args = validate_batch_for_finalize(ctx, batch);
+  require(store.verified_rows == args.total_rows && store.verified_requests == args.num_requests,
+          FLASHSPEC_ERR_INVALID_ARGUMENT, "summaries",
+          "describe a batch of " + std::to_string(store.verified_requests) + " requests and " +
+              std::to_string(store.verified_rows) + " rows, not this one (verify it first)");
+  if (batch->memory == FLASHSPEC_MEMORY_HOST)
+    for (int32_t k = 0; k < args.total_drafts; ++k)
+      require(batch->draft_tokens[k] >= 0 && batch->draft_tokens[k] < store.verified_vocab,
+              FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_tokens",
+              "entry " + std::to_string(k) + " is outside [0, " + std::to_string(store.verified_vocab) + ")");
+  ResultArgs out = validate_result(ctx, result);
+  ctx.backend->finalize(args, store, out);
+}
+
+}  // namespace
+
+extern "C" {
+
+void flashspec_context_params_init(flashspec_context_params* params) {
+  if (!params) return;
+  *params = flashspec_context_params{};
+  params->struct_size = sizeof(flashspec_context_params);
+  params->backend = FLASHSPEC_BACKEND_AUTO;
+  params->device_ordinal = 0;
+  params->cuda_stream = nullptr;
+  params->seed = 0;
+  params->cpu_threads = 0;
+  params->max_rows = 512;
+  params->max_requests = 512;
+}
+
+flashspec_status flashspec_context_create(const flashspec_context_params* params, flashspec_context** out) {
+  return guarded(nullptr, [&] {
+    require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
+    flashspec_context_params p;
+    flashspec_context_params_init(&p);
+    if (params) {
+      validate_struct_size(params->struct_size, sizeof(flashspec_context_params), "params->struct_size");
+      p = *params;
+    }
+    require(p.backend == FLASHSPEC_BACKEND_AUTO || p.backend == FLASHSPEC_BACKEND_CPU ||
+                p.backend == FLASHSPEC_BACKEND_CUDA,
+            FLASHSPEC_ERR_INVALID_ARGUMENT, "params->backend", "unknown backend " + std::to_string(int(p.backend)));
+    require(p.device_ordinal >= 0, FLASHSPEC_ERR_INVALID_ARGUMENT, "params->device_ordinal", "must be >= 0");
+    require(p.cpu_threads >= 0 && p.cpu_threads <= 1024, FLASHSPEC_ERR_INVALID_ARGUMENT, "params->cpu_threads",
+            "must be in [0, 1024]");
+    require(p.max_rows >= 1 && p.max_rows <= (1 << 24), FLASHSPEC_ERR_OUT_OF_RANGE, "params->max_rows",
+            "must be in [1, 2^24]");
+    require(p.max_requests >= 1 && p.max_requests <= (1 << 24), FLASHSPEC_ERR_OUT_OF_RANGE,
+            "params->max_requests", "must be in [1, 2^24]");
+    BackendConfig config{p.device_ordinal, p.cuda_stream, p.cpu_threads, p.max_rows, p.max_requests};
+    auto ctx = std::make_unique<flashspec_context>();
+    bool use_cuda = p.backend == FLASHSPEC_BACKEND_CUDA ||
+                    (p.backend == FLASHSPEC_BACKEND_AUTO && cuda_device_count() > p.device_ordinal);
+    ctx->backend = use_cuda ? make_cuda_backend(config) : make_cpu_backend(config);
+    ctx->seed = p.seed;
+    ctx->max_rows = p.max_rows;
+    ctx->max_requests = p.max_requests;
+    ctx->own_summaries = ctx->backend->create_summaries(p.max_rows, p.max_requests);
+    *out = ctx.release();
+  });
+}
+
+void flashspec_context_destroy(flashspec_context* ctx) {
+  if (!ctx) return;
+  try {
+    ctx->backend->synchronize();
+  } catch (...) {
+    // Destruction goes on: the device error, if any, is not the caller's to handle here.
+  }
+  delete ctx;
+}
+
+const char* flashspec_context_last_error(const flashspec_context* ctx) {
+  return ctx ? ctx->last_error.c_str() : thread_error_message().c_str();
+}
+
+int flashspec_context_last_cuda_error(const flashspec_context* ctx) { return ctx ? ctx->last_cuda_error : 0; }
+
+flashspec_backend flashspec_context_backend(const flashspec_context* ctx) {
+  return ctx ? ctx->backend->kind() : FLASHSPEC_BACKEND_AUTO;
+}
+
+flashspec_status flashspec_context_synchronize(flashspec_context* ctx) {
+  if (!ctx) return FLASHSPEC_ERR_NULL_POINTER;
+  return guarded(ctx, [&] { ctx->backend->synchronize(); });
+}
+
+int flashspec_cuda_device_count(void) {
+  try {
+    return cuda_device_count();
+  } catch (...) {
+    return 0;
+  }
+}
+
+flashspec_status flashspec_lm_head_create(flashspec_context* ctx, const flashspec_tensor* weight,
+                                          flashspec_lm_head_flags flags, flashspec_lm_head** out) {
+  if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
+  return guarded(ctx, [&] {
+    require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
+    validate_tensor(weight, "weight");
+    require(weight->rows <= FLASHSPEC_MAX_VOCAB, FLASHSPEC_ERR_OUT_OF_RANGE, "weight",
+            "rows (vocabulary) " + std::to_string(weight->rows) + " exceed FLASHSPEC_MAX_VOCAB");
+    require(weight->cols <= FLASHSPEC_MAX_HIDDEN, FLASHSPEC_ERR_OUT_OF_RANGE, "weight",
+            "cols (hidden size) " + std::to_string(weight->cols) + " exceed FLASHSPEC_MAX_HIDDEN");
+    require(flags == FLASHSPEC_LM_HEAD_COPY || flags == FLASHSPEC_LM_HEAD_BORROW, FLASHSPEC_ERR_INVALID_ARGUMENT,
+            "flags", "unknown value " + std::to_string(int(flags)));
+    auto head = std::make_unique<flashspec_lm_head>();
+    head->storage = ctx->backend->create_lm_head(*weight, flags);
+    *out = head.release();
+  });
+}
+
+void flashspec_lm_head_destroy(flashspec_lm_head* head) { delete head; }
+
+int64_t flashspec_lm_head_vocab_size(const flashspec_lm_head* head) { return head ? head->storage->vocab : 0; }
+
+int64_t flashspec_lm_head_hidden_size(const flashspec_lm_head* head) { return head ? head->storage->hidden : 0; }
+
+void flashspec_draft_params_init(flashspec_draft_params* params) {
+  if (!params) return;
+  *params = flashspec_draft_params{};
+  params->struct_size = sizeof(flashspec_draft_params);
+  params->memory = FLASHSPEC_MEMORY_HOST;
+  params->temperature = 0.0f;
+}
+
+flashspec_status flashspec_draft(flashspec_context* ctx, const flashspec_lm_head* head,
+                                 const flashspec_tensor* hidden, const flashspec_draft_params* params,
+                                 int32_t* tokens_out, float* scores_out) {
+  if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
+  return guarded(ctx, [&] {
+    const LmHeadStorage& storage = checked_head(*ctx, head);
+    DraftArgs args = validate_draft(*ctx, storage, hidden, params, tokens_out, scores_out);
+    ctx->backend->draft(storage, args);
+  });
+}
+
+void flashspec_verify_batch_init(flashspec_verify_batch* batch) {
+  if (!batch) return;
+  *batch = flashspec_verify_batch{};
+  batch->struct_size = sizeof(flashspec_verify_batch);
+  batch->memory = FLASHSPEC_MEMORY_HOST;
+}
+
+void flashspec_verify_result_init(flashspec_verify_result* result) {
+  if (!result) return;
+  *result = flashspec_verify_result{};
+  result->struct_size = sizeof(flashspec_verify_result);
+  result->memory = FLASHSPEC_MEMORY_HOST;
+}
+
+flashspec_status flashspec_summaries_create(flashspec_context* ctx, int32_t max_rows, int32_t max_requests,
+                                            flashspec_summaries** out) {
+  if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
+  return guarded(ctx, [&] {
+    require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
+    require(max_rows >= 1 && max_rows <= (1 << 24), FLASHSPEC_ERR_OUT_OF_RANGE, "max_rows",
+            "must be in [1, 2^24], got " + std::to_string(max_rows));
+    require(max_requests >= 1 && max_requests <= max_rows, FLASHSPEC_ERR_OUT_OF_RANGE, "max_requests",
+            "must be in [1, max_rows], got " + std::to_string(max_requests));
+    auto summaries = std::make_unique<flashspec_summaries>();
+    summaries->store = ctx->backend->create_summaries(max_rows, max_requests);
+    *out = summaries.release();
+  });
+}
+
+void flashspec_summaries_destroy(flashspec_summaries* summaries) { delete summaries; }
+
+flashspec_status flashspec_verify(flashspec_context* ctx, const flashspec_lm_head* head,
+                                  const flashspec_verify_batch* batch, flashspec_summaries* summaries) {
+  if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
+  return guarded(ctx, [&] { run_verify(*ctx, head, batch, checked_summaries(*ctx, summaries), "summaries"); });
+}
+
+flashspec_status flashspec_finalize(flashspec_context* ctx, const flashspec_verify_batch* batch,
+                                    const flashspec_summaries* summaries, const flashspec_verify_result* result) {
+  if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
+  return guarded(ctx, [&] { run_finalize(*ctx, batch, checked_summaries(*ctx, summaries), result); });
+}
+
+flashspec_status flashspec_verify_and_finalize(flashspec_context* ctx, const flashspec_lm_head* head,
+                                               const flashspec_verify_batch* batch,
+                                               const flashspec_verify_result* result) {
+  if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
+  return guarded(ctx, [&] {
+    // Validate the result before any work, so a bad result leaves the
+    // context's summaries as they were.
+    validate_result(*ctx, result);
+    run_verify(*ctx, head, batch, *ctx->own_summaries, "context workspace");
+    run_finalize(*ctx, batch, *ctx->own_summaries, result);
+  });
+}
+
+void flashspec_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]) {
+  if (!counter || !key || !out) return;
+  Philox4 r = philox4x32_10(counter[0], counter[1], counter[2], counter[3], key[0], key[1]);
+  for (int i = 0; i < 4; ++i) out[i] = r.v[i];
+}
+
+double flashspec_rng_uniform(uint64_t seed, uint64_t request_id, uint64_t step, int32_t position,
+                             flashspec_rng_purpose purpose, int32_t token) {
+  RngRowKey key = make_row_key(seed, request_id, step, position, purpose);
+  return uniform_from_bits(row_word(key, token));
+}
+
+flashspec_tensor flashspec_tensor_make(const void* data, flashspec_dtype dtype, flashspec_memory memory,
+                                       int64_t rows, int64_t cols) {
+  flashspec_tensor t;
+  t.data = data;
+  t.dtype = dtype;
+  t.memory = memory;
+  t.rows = rows;
+  t.cols = cols;
+  t.row_stride = cols;
+  return t;
+}
+
+}  // extern "C"

@@ -1,0 +1,228 @@
+#include "capi/validate.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "util/dtype.h"
+#include "util/status.h"
+
+namespace flashspec {
+
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+bool known_memory(flashspec_memory m) { return m == FLASHSPEC_MEMORY_HOST || m == FLASHSPEC_MEMORY_CUDA; }
+
+void validate_memory(flashspec_memory given, const Backend& backend, const char* argument) {
+  require(known_memory(given), FLASHSPEC_ERR_INVALID_ARGUMENT, argument,
+          "unknown flashspec_memory value " + str(int64_t(given)));
+  require(given == backend_memory(backend), FLASHSPEC_ERR_DEVICE_MISMATCH, argument,
+          given == FLASHSPEC_MEMORY_HOST ? "host memory given to the CUDA backend, which reads device memory"
+                                         : "device memory given to the CPU backend, which reads host memory");
+}
+
+// Optional per-request float array (host): each value a valid temperature.
+void check_temperatures(const float* values, int32_t count, bool strictly_positive, const char* argument) {
+  if (!values) return;
+  for (int32_t i = 0; i < count; ++i) {
+    float t = values[i];
+    require(!std::isnan(t), FLASHSPEC_ERR_INVALID_ARGUMENT, argument, "entry " + str(i) + " is NaN");
+    require(std::isfinite(t), FLASHSPEC_ERR_INVALID_ARGUMENT, argument, "entry " + str(i) + " is infinite");
+    if (strictly_positive)
+      require(t > 0.0f, FLASHSPEC_ERR_INVALID_ARGUMENT, argument, "entry " + str(i) + " must be > 0");
+    else
+      require(t >= 0.0f, FLASHSPEC_ERR_INVALID_ARGUMENT, argument, "entry " + str(i) + " must be >= 0");
+  }
+}
+
+// The checks of a batch that need no head. total_rows comes from
+// target_hidden; host offsets are checked against it.
+VerifyArgs validate_batch_common(const flashspec_context& ctx, const flashspec_verify_batch* batch) {
+  require(batch != nullptr, FLASHSPEC_ERR_NULL_POINTER, "batch", "is NULL");
+  validate_struct_size(batch->struct_size, sizeof(flashspec_verify_batch), "batch->struct_size");
+  const Backend& backend = *ctx.backend;
+  validate_memory(batch->memory, backend, "batch->memory");
+  const int32_t requests = batch->num_requests;
+  require(requests >= 1, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->num_requests", "must be >= 1, got " + str(requests));
+  require(requests <= ctx.max_requests, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, "batch->num_requests",
+          str(requests) + " exceeds the context's max_requests " + str(ctx.max_requests));
+  require(batch->draft_offsets != nullptr, FLASHSPEC_ERR_NULL_POINTER, "batch->draft_offsets", "is NULL");
+  require(batch->target_hidden != nullptr, FLASHSPEC_ERR_NULL_POINTER, "batch->target_hidden", "is NULL");
+  validate_tensor(batch->target_hidden, "batch->target_hidden");
+  validate_memory(batch->target_hidden->memory, backend, "batch->target_hidden->memory");
+
+  const int64_t total_rows = batch->target_hidden->rows;
+  require(total_rows >= requests, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->target_hidden",
+          "has " + str(total_rows) + " rows, fewer than num_requests " + str(requests));
+  require(total_rows <= std::numeric_limits<int32_t>::max() / 2, FLASHSPEC_ERR_OUT_OF_RANGE,
+          "batch->target_hidden", "too many rows: " + str(total_rows));
+  const int32_t total_drafts = int32_t(total_rows - requests);
+  int32_t max_draft_len = batch->max_draft_len == 0 ? FLASHSPEC_MAX_DRAFT_LEN : batch->max_draft_len;
+  require(max_draft_len >= 1 && max_draft_len <= FLASHSPEC_MAX_DRAFT_LEN, FLASHSPEC_ERR_OUT_OF_RANGE,
+          "batch->max_draft_len",
+          "must be in [1, " + str(FLASHSPEC_MAX_DRAFT_LEN) + "] (or 0 for the default), got " + str(max_draft_len));
+  if (total_drafts > 0)
+    require(batch->draft_tokens != nullptr, FLASHSPEC_ERR_NULL_POINTER, "batch->draft_tokens",
+            "is NULL while target_hidden implies " + str(total_drafts) + " draft tokens");
+
+  const bool host = batch->memory == FLASHSPEC_MEMORY_HOST;
+  if (host) {
+    const int32_t* off = batch->draft_offsets;
+    require(off[0] == 0, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_offsets", "entry 0 must be 0, got " + str(off[0]));
+    for (int32_t r = 0; r < requests; ++r) {
+      int64_t n = int64_t(off[r + 1]) - int64_t(off[r]);
+      require(n >= 0, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_offsets",
+              "decreases at entry " + str(r + 1) + " (" + str(off[r]) + " then " + str(off[r + 1]) + ")");
+      require(n <= max_draft_len, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_offsets",
+              "request " + str(r) + " has " + str(n) + " drafts, more than max_draft_len " + str(max_draft_len));
+    }
+    require(off[requests] == total_drafts, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->target_hidden",
+            "has " + str(total_rows) + " rows but draft_offsets[R] + R = " + str(int64_t(off[requests]) + requests));
+    check_temperatures(batch->temperatures, requests, false, "batch->temperatures");
+    check_temperatures(batch->draft_temperatures, requests, true, "batch->draft_temperatures");
+    if (batch->accept_uniforms)
+      for (int32_t k = 0; k < total_drafts; ++k) {
+        float u = batch->accept_uniforms[k];
+        require(u > 0.0f && u < 1.0f, FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->accept_uniforms",
+                "entry " + str(k) + " must lie strictly inside (0, 1)");
+      }
+  }
+
+  if (batch->draft_logits) {
+    validate_tensor(batch->draft_logits, "batch->draft_logits");
+    validate_memory(batch->draft_logits->memory, backend, "batch->draft_logits->memory");
+    require(batch->draft_logits->rows == total_drafts, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_logits",
+            "has " + str(batch->draft_logits->rows) + " rows, expected draft_offsets[R] = " + str(total_drafts));
+  }
+
+  VerifyArgs args;
+  args.num_requests = requests;
+  args.total_drafts = total_drafts;
+  args.total_rows = int32_t(total_rows);
+  args.max_draft_len = max_draft_len;
+  args.draft_offsets = batch->draft_offsets;
+  args.draft_tokens = batch->draft_tokens;
+  args.target_hidden = batch->target_hidden;
+  args.draft_logits = batch->draft_logits;
+  args.temperatures = batch->temperatures;
+  args.draft_temperatures = batch->draft_temperatures;
+  args.seeds = batch->seeds;
+  args.request_ids = batch->request_ids;
+  args.steps = batch->steps;
+  args.accept_uniforms = batch->accept_uniforms;
+  args.default_seed = ctx.seed;
+  return args;
+}
+
+}  // namespace
+
+flashspec_memory backend_memory(const Backend& backend) {
+  return backend.kind() == FLASHSPEC_BACKEND_CUDA ? FLASHSPEC_MEMORY_CUDA : FLASHSPEC_MEMORY_HOST;
+}
+
+void validate_struct_size(uint32_t given, size_t expected, const char* argument) {
+  require(given == expected, FLASHSPEC_ERR_STRUCT_SIZE, argument,
+          "is " + str(given) + ", expected " + str(int64_t(expected)) + " (call the matching *_init first)");
+}
+
+void validate_temperature(float t, const char* argument) {
+  require(!std::isnan(t), FLASHSPEC_ERR_INVALID_ARGUMENT, argument, "is NaN");
+  require(std::isfinite(t), FLASHSPEC_ERR_INVALID_ARGUMENT, argument, "is infinite");
+  require(t >= 0.0f, FLASHSPEC_ERR_INVALID_ARGUMENT, argument, "must be >= 0, got " + std::to_string(t));
+}
+
+void validate_tensor(const flashspec_tensor* t, const char* argument) {
+  require(t != nullptr, FLASHSPEC_ERR_NULL_POINTER, argument, "is NULL");
+  require(t->data != nullptr, FLASHSPEC_ERR_NULL_POINTER, argument, "data is NULL");
+  require(dtype_size(t->dtype) != 0, FLASHSPEC_ERR_DTYPE_MISMATCH, argument,
+          "unknown dtype " + str(int64_t(t->dtype)) + " (bf16, fp16 or fp32)");
+  require(known_memory(t->memory), FLASHSPEC_ERR_INVALID_ARGUMENT, argument,
+          "unknown memory " + str(int64_t(t->memory)));
+  require(t->rows >= 1, FLASHSPEC_ERR_OUT_OF_RANGE, argument, "rows must be >= 1, got " + str(t->rows));
+  require(t->cols >= 1, FLASHSPEC_ERR_OUT_OF_RANGE, argument, "cols must be >= 1, got " + str(t->cols));
+  require(t->row_stride >= t->cols, FLASHSPEC_ERR_OUT_OF_RANGE, argument,
+          "row_stride " + str(t->row_stride) + " is smaller than cols " + str(t->cols));
+  const int64_t limit = std::numeric_limits<int64_t>::max() / 8;
+  require(t->row_stride <= limit / t->rows, FLASHSPEC_ERR_OUT_OF_RANGE, argument,
+          "rows x row_stride overflows");
+}
+
+DraftArgs validate_draft(const flashspec_context& ctx, const LmHeadStorage& head, const flashspec_tensor* hidden,
+                         const flashspec_draft_params* params, int32_t* tokens_out, float* scores_out) {
+  flashspec_draft_params defaults;
+  flashspec_draft_params_init(&defaults);
+  if (params) validate_struct_size(params->struct_size, sizeof(flashspec_draft_params), "params->struct_size");
+  const flashspec_draft_params& p = params ? *params : defaults;
+  const Backend& backend = *ctx.backend;
+  validate_tensor(hidden, "hidden");
+  validate_memory(hidden->memory, backend, "hidden->memory");
+  require(hidden->cols == head.hidden, FLASHSPEC_ERR_OUT_OF_RANGE, "hidden",
+          "has " + str(hidden->cols) + " columns, the LM head's hidden size is " + str(head.hidden));
+  require(hidden->rows <= ctx.max_rows, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, "hidden",
+          str(hidden->rows) + " rows exceed the context's max_rows " + str(ctx.max_rows));
+  require(tokens_out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "tokens_out", "is NULL");
+  validate_memory(p.memory, backend, "params->memory");
+  validate_temperature(p.temperature, "params->temperature");
+  const int32_t rows = int32_t(hidden->rows);
+  if (p.memory == FLASHSPEC_MEMORY_HOST) {
+    check_temperatures(p.temperatures, rows, false, "params->temperatures");
+    if (p.positions)
+      for (int32_t r = 0; r < rows; ++r)
+        require(p.positions[r] >= 0 && p.positions[r] <= FLASHSPEC_MAX_DRAFT_LEN, FLASHSPEC_ERR_OUT_OF_RANGE,
+                "params->positions",
+                "entry " + str(r) + " is " + str(p.positions[r]) + ", outside [0, " + str(FLASHSPEC_MAX_DRAFT_LEN) + "]");
+  }
+  DraftArgs args;
+  args.hidden = hidden;
+  args.rows = rows;
+  args.temperature = p.temperature;
+  args.temperatures = p.temperatures;
+  args.seeds = p.seeds;
+  args.request_ids = p.request_ids;
+  args.steps = p.steps;
+  args.positions = p.positions;
+  args.default_seed = ctx.seed;
+  args.tokens_out = tokens_out;
+  args.scores_out = scores_out;
+  return args;
+}
+
+VerifyArgs validate_batch(const flashspec_context& ctx, const LmHeadStorage& head,
+                          const flashspec_verify_batch* batch) {
+  VerifyArgs args = validate_batch_common(ctx, batch);
+  require(batch->target_hidden->cols == head.hidden, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->target_hidden",
+          "has " + str(batch->target_hidden->cols) + " columns, the LM head's hidden size is " + str(head.hidden));
+  if (batch->draft_logits)
+    require(batch->draft_logits->cols == head.vocab, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_logits",
+            "has " + str(batch->draft_logits->cols) + " columns, the vocabulary has " + str(head.vocab));
+  if (batch->memory == FLASHSPEC_MEMORY_HOST)
+    for (int32_t k = 0; k < args.total_drafts; ++k)
+      require(batch->draft_tokens[k] >= 0 && batch->draft_tokens[k] < head.vocab, FLASHSPEC_ERR_OUT_OF_RANGE,
+              "batch->draft_tokens",
+              "entry " + str(k) + " is " + str(batch->draft_tokens[k]) + ", outside [0, " + str(head.vocab) + ")");
+  return args;
+}
+
+VerifyArgs validate_batch_for_finalize(const flashspec_context& ctx, const flashspec_verify_batch* batch) {
+  return validate_batch_common(ctx, batch);
+}
+
+ResultArgs validate_result(const flashspec_context& ctx, const flashspec_verify_result* result) {
+  require(result != nullptr, FLASHSPEC_ERR_NULL_POINTER, "result", "is NULL");
+  validate_struct_size(result->struct_size, sizeof(flashspec_verify_result), "result->struct_size");
+  validate_memory(result->memory, *ctx.backend, "result->memory");
+  require(result->accepted_counts != nullptr, FLASHSPEC_ERR_NULL_POINTER, "result->accepted_counts", "is NULL");
+  require(result->emitted_tokens != nullptr, FLASHSPEC_ERR_NULL_POINTER, "result->emitted_tokens", "is NULL");
+  return ResultArgs{result->accepted_counts, result->emitted_tokens, result->next_steps};
+}
+
+void validate_summaries_capacity(const SummaryStore& store, const VerifyArgs& args, const char* argument) {
+  require(args.total_rows <= store.max_rows, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, argument,
+          "hold " + str(store.max_rows) + " rows, the batch has " + str(args.total_rows));
+  require(args.num_requests <= store.max_requests, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, argument,
+          "hold " + str(store.max_requests) + " requests, the batch has " + str(args.num_requests));
+}
+
+}  // namespace flashspec

@@ -1,0 +1,38 @@
+// Argument validation for the C API: every check runs before any memory is
+// touched, and each failure names the argument.
+#pragma once
+
+#include <cstdint>
+
+#include "capi/handles.h"
+#include "kernels/backend.h"
+
+namespace flashspec {
+
+flashspec_memory backend_memory(const Backend& backend);
+
+// A view that can be read: data non-NULL, known dtype and memory, sizes
+// positive, row_stride ≥ cols, byte size without overflow.
+void validate_tensor(const flashspec_tensor* t, const char* argument);
+
+void validate_struct_size(uint32_t given, size_t expected, const char* argument);
+
+void validate_temperature(float t, const char* argument);
+
+// Validates a draft call and fills args (defaults resolved).
+DraftArgs validate_draft(const flashspec_context& ctx, const LmHeadStorage& head, const flashspec_tensor* hidden,
+                         const flashspec_draft_params* params, int32_t* tokens_out, float* scores_out);
+
+// Validates a verify batch against the head; total sizes are read from the
+// offsets when they are host memory (CPU backend).
+VerifyArgs validate_batch(const flashspec_context& ctx, const LmHeadStorage& head,
+                          const flashspec_verify_batch* batch);
+
+// Validates the batch as finalize needs it (no head: sizes from the batch).
+VerifyArgs validate_batch_for_finalize(const flashspec_context& ctx, const flashspec_verify_batch* batch);
+
+ResultArgs validate_result(const flashspec_context& ctx, const flashspec_verify_result* result);
+
+void validate_summaries_capacity(const SummaryStore& store, const VerifyArgs& args, const char* argument);
+
+}  // namespace flashspec
