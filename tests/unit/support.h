@@ -1,0 +1,181 @@
+// Helpers shared by the unit tests: owning handles, a seeded generator,
+// LM heads and hidden rows in every dtype with their exact values, and the
+// float64 reference logits with a rigorous fp32 accumulation error bound.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "flashspec.h"
+#include "util/dtype.h"
+
+namespace fstest {
+
+struct ContextDeleter {
+  void operator()(flashspec_context* c) const { flashspec_context_destroy(c); }
+};
+struct HeadDeleter {
+  void operator()(flashspec_lm_head* h) const { flashspec_lm_head_destroy(h); }
+};
+struct SummariesDeleter {
+  void operator()(flashspec_summaries* s) const { flashspec_summaries_destroy(s); }
+};
+using ContextPtr = std::unique_ptr<flashspec_context, ContextDeleter>;
+using HeadPtr = std::unique_ptr<flashspec_lm_head, HeadDeleter>;
+using SummariesPtr = std::unique_ptr<flashspec_summaries, SummariesDeleter>;
+
+inline ContextPtr make_cpu_context(int threads = 2, uint64_t seed = 0, int32_t max_rows = 512,
+                                   int32_t max_requests = 512) {
+  flashspec_context_params p;
+  flashspec_context_params_init(&p);
+  p.backend = FLASHSPEC_BACKEND_CPU;
+  p.cpu_threads = threads;
+  p.seed = seed;
+  p.max_rows = max_rows;
+  p.max_requests = max_requests;
+  flashspec_context* ctx = nullptr;
+  flashspec_status s = flashspec_context_create(&p, &ctx);
+  EXPECT_EQ(s, FLASHSPEC_OK) << flashspec_context_last_error(nullptr);
+  return ContextPtr(ctx);
+}
+
+// splitmix64: small, seeded, the same on every platform.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return (double(next() >> 11) + 0.5) * 0x1.0p-53; }  // (0, 1)
+  double normal() {
+    return std::sqrt(-2.0 * std::log(uniform())) * std::cos(6.283185307179586 * uniform());
+  }
+  int32_t below(int64_t n) { return int32_t(next() % uint64_t(n)); }
+
+ private:
+  uint64_t state_;
+};
+
+// A [rows, cols] matrix stored in one dtype, with the exact value of every
+// element (what the library reads) kept as double.
+struct Matrix {
+  flashspec_dtype dtype = FLASHSPEC_DTYPE_F32;
+  int64_t rows = 0, cols = 0;
+  std::vector<float> f32;
+  std::vector<uint16_t> half;
+  std::vector<double> exact;
+
+  Matrix() = default;
+  Matrix(flashspec_dtype t, int64_t r, int64_t c) : dtype(t), rows(r), cols(c), exact(size_t(r * c)) {
+    if (t == FLASHSPEC_DTYPE_F32) f32.resize(size_t(r * c));
+    else half.resize(size_t(r * c));
+  }
+  // Stores v rounded to the dtype; the exact value is what was stored.
+  void set(int64_t r, int64_t c, double v) {
+    size_t i = size_t(r * cols + c);
+    switch (dtype) {
+      case FLASHSPEC_DTYPE_F32: f32[i] = float(v); exact[i] = f32[i]; break;
+      case FLASHSPEC_DTYPE_BF16:
+        half[i] = flashspec::float_to_bf16(float(v));
+        exact[i] = flashspec::bf16_to_float(half[i]);
+        break;
+      default:
+        half[i] = flashspec::float_to_fp16(float(v));
+        exact[i] = flashspec::fp16_to_float(half[i]);
+        break;
+    }
+  }
+  double at(int64_t r, int64_t c) const { return exact[size_t(r * cols + c)]; }
+  void copy_row(int64_t to, const Matrix& from, int64_t from_row) {
+    for (int64_t c = 0; c < cols; ++c) set(to, c, from.at(from_row, c));
+  }
+  const void* data() const {
+    return dtype == FLASHSPEC_DTYPE_F32 ? static_cast<const void*>(f32.data()) : static_cast<const void*>(half.data());
+  }
+  flashspec_tensor view() const { return flashspec_tensor_make(data(), dtype, FLASHSPEC_MEMORY_HOST, rows, cols); }
+};
+
+inline Matrix random_matrix(flashspec_dtype dtype, int64_t rows, int64_t cols, Rng& rng, double scale) {
+  Matrix m(dtype, rows, cols);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) m.set(r, c, scale * rng.normal());
+  return m;
+}
+
+inline HeadPtr make_head(flashspec_context* ctx, const Matrix& w) {
+  flashspec_tensor t = w.view();
+  flashspec_lm_head* head = nullptr;
+  flashspec_status s = flashspec_lm_head_create(ctx, &t, FLASHSPEC_LM_HEAD_COPY, &head);
+  EXPECT_EQ(s, FLASHSPEC_OK) << flashspec_context_last_error(ctx);
+  return HeadPtr(head);
+}
+
+// Exact float64 logits of one hidden row, and for each logit the bound on
+// the error of any fp32 evaluation of the same dot product: the products and
+// the d − 1 additions each round once (unit roundoff 2^-24), whatever the
+// summation order, so |fl(l) − l| ≤ γ_(d+1) Σ|w h| with γ_n = n u / (1 − n u).
+struct ReferenceLogits {
+  std::vector<double> logit;
+  std::vector<double> error_bound;
+  double max_error = 0.0;
+};
+
+inline ReferenceLogits reference_logits(const Matrix& w, const Matrix& hidden, int64_t row) {
+  ReferenceLogits out;
+  out.logit.resize(size_t(w.rows));
+  out.error_bound.resize(size_t(w.rows));
+  const double u = std::ldexp(1.0, -24);
+  const double n = double(w.cols + 1);
+  const double gamma = n * u / (1.0 - n * u);
+  for (int64_t v = 0; v < w.rows; ++v) {
+    double sum = 0.0, magnitude = 0.0;
+    for (int64_t c = 0; c < w.cols; ++c) {
+      double p = w.at(v, c) * hidden.at(row, c);
+      sum += p;
+      magnitude += std::fabs(p);
+    }
+    out.logit[size_t(v)] = sum;
+    // A tiny absolute term covers the float64 reference's own rounding.
+    out.error_bound[size_t(v)] = gamma * magnitude + 1e-12 * (1.0 + magnitude);
+    out.max_error = std::max(out.max_error, out.error_bound[size_t(v)]);
+  }
+  return out;
+}
+
+// Index of the largest value, ties → smallest index.
+inline int32_t argmax(const std::vector<double>& values) {
+  int32_t best = 0;
+  for (size_t i = 1; i < values.size(); ++i)
+    if (values[i] > values[size_t(best)]) best = int32_t(i);
+  return best;
+}
+
+// The largest value over all indices but `best`; −Inf if there is none.
+inline double runner_up(const std::vector<double>& values, int32_t best) {
+  double m = -INFINITY;
+  for (size_t i = 0; i < values.size(); ++i)
+    if (int32_t(i) != best) m = std::max(m, values[i]);
+  return m;
+}
+
+inline double log_sum_exp(const std::vector<double>& values, double scale) {
+  double m = -INFINITY;
+  for (double v : values) m = std::max(m, v * scale);
+  double s = 0.0;
+  for (double v : values) s += std::exp(v * scale - m);
+  return m + std::log(s);
+}
+
+inline const char* dtype_name(flashspec_dtype t) {
+  return t == FLASHSPEC_DTYPE_F32 ? "f32" : t == FLASHSPEC_DTYPE_BF16 ? "bf16" : "f16";
+}
+
+}  // namespace fstest
