@@ -60,7 +60,8 @@ struct TilePartial {
   float second_score;    // runner-up score
   float tracked_scaled;  // l/T of the tracked token, if in this tile
   bool has_tracked;
-  bool finite;
+  bool finite;         // every logit l is finite
+  bool scaled_finite;  // every l/T is finite (a tiny T can overflow it)
 };
 
 struct RowResult {
@@ -126,12 +127,13 @@ void update_winner(float score, float scaled, int32_t token, TilePartial& p) {
 
 // Reduces scaled logits of one row over tokens [begin, begin + count).
 TilePartial reduce_tile(const RowPlan& plan, const float* logits, int64_t begin, int64_t count) {
-  TilePartial p{kNegInf, 0.0, kNegInf, 0.0f, -1, kNegInf, 0.0f, false, true};
+  TilePartial p{kNegInf, 0.0, kNegInf, 0.0f, -1, kNegInf, 0.0f, false, true, true};
   for (int64_t k = 0; k < count; ++k) {
     float l = logits[k];
     if (!std::isfinite(l)) p.finite = false;
     int32_t token = int32_t(begin + k);
     float scaled = plan.greedy ? l : l * plan.inv_temperature;
+    if (!std::isfinite(scaled)) p.scaled_finite = false;
     if (token == plan.tracked_token) {
       p.tracked_scaled = scaled;
       p.has_tracked = true;
@@ -148,11 +150,19 @@ TilePartial reduce_tile(const RowPlan& plan, const float* logits, int64_t begin,
   return p;
 }
 
-RowResult combine_tiles(const RowPlan& plan, const TilePartial* partials, int64_t tiles, int64_t row_count) {
+// Names of the arguments a non-finite logit is blamed on, per call.
+struct ScanArguments {
+  const char* hidden;
+  const char* temperature;
+};
+
+RowResult combine_tiles(const RowPlan& plan, const TilePartial* partials, int64_t tiles, int64_t row_count,
+                        int64_t row, const ScanArguments& names) {
   TilePartial acc = partials[0];
   for (int64_t t = 1; t < tiles; ++t) {
     const TilePartial& p = partials[t * row_count];
     if (!p.finite) acc.finite = false;
+    if (!p.scaled_finite) acc.scaled_finite = false;
     if (p.has_tracked) {
       acc.tracked_scaled = p.tracked_scaled;
       acc.has_tracked = true;
@@ -172,7 +182,14 @@ RowResult combine_tiles(const RowPlan& plan, const TilePartial* partials, int64_
       acc.second_score = std::max(acc.second_score, p.best_score);
     }
   }
-  if (!acc.finite) fail(FLASHSPEC_ERR_NON_FINITE, "logits: a logit overflowed to a non-finite value");
+  if (!acc.finite)
+    fail(FLASHSPEC_ERR_NON_FINITE, std::string(names.hidden) + ": row " + std::to_string(row) +
+                                       " gives a logit that overflows fp32");
+  // l/T = ±Inf would make the log-sum-exp Inf − Inf = NaN and the winner a
+  // tie among infinities: refuse the row instead of returning either.
+  if (!acc.scaled_finite)
+    fail(FLASHSPEC_ERR_NON_FINITE, std::string(names.temperature) + ": row " + std::to_string(row) +
+                                       ": a logit divided by the temperature overflows fp32 (temperature too small)");
   RowResult r;
   r.lse = plan.greedy ? 0.0f : float(double(acc.max_scaled) + std::log(acc.sum_exp));
   r.best_score = acc.best_score;
@@ -249,7 +266,7 @@ class CpuBackend final : public Backend {
                                       FLASHSPEC_RNG_DRAFT_NOISE);
       }
     }
-    std::vector<RowResult> results = scan(head, hidden, plans);
+    std::vector<RowResult> results = scan(head, hidden, plans, {"hidden", "params->temperature"});
     for (int32_t r = 0; r < args.rows; ++r) {
       const RowResult& res = results[size_t(r)];
       args.tokens_out[r] = res.best_token;
@@ -283,7 +300,7 @@ class CpuBackend final : public Backend {
                                         bonus ? FLASHSPEC_RNG_BONUS_NOISE : FLASHSPEC_RNG_RESIDUAL_NOISE);
       }
     }
-    std::vector<RowResult> results = scan(head, hidden, plans);
+    std::vector<RowResult> results = scan(head, hidden, plans, {"batch->target_hidden", "batch->temperatures"});
 
     std::vector<RowSummary> out(static_cast<size_t>(args.total_rows));
     for (int32_t r = 0; r < args.num_requests; ++r) {
@@ -384,7 +401,7 @@ class CpuBackend final : public Backend {
   // One pass over the LM head for all rows: tiles in parallel, partials
   // combined in tile order.
   std::vector<RowResult> scan(const LmHeadStorage& head, const std::vector<float>& hidden,
-                              const std::vector<RowPlan>& plans) {
+                              const std::vector<RowPlan>& plans, const ScanArguments& names) {
     const int64_t rows = int64_t(plans.size());
     const int64_t d = head.hidden;
     const int64_t tiles = (head.vocab + kTileTokens - 1) / kTileTokens;
@@ -404,7 +421,8 @@ class CpuBackend final : public Backend {
         partials[size_t(tile * rows + r)] = reduce_tile(plans[size_t(r)], logits.data() + r * count, begin, count);
     });
     std::vector<RowResult> results(static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r) results[size_t(r)] = combine_tiles(plans[size_t(r)], partials.data() + r, tiles, rows);
+    for (int64_t r = 0; r < rows; ++r)
+      results[size_t(r)] = combine_tiles(plans[size_t(r)], partials.data() + r, tiles, rows, r, names);
     return results;
   }
 
