@@ -29,6 +29,36 @@ const LmHeadStorage& checked_head(const flashspec_context& ctx, const flashspec_
   return storage;
 }
 
+// FNV-1a over the effective per-request values both verify and finalize
+// read, so finalize can refuse a batch of the same shape that the summaries
+// do not describe (their rows would be scored against the wrong tokens).
+VerifiedBatch fingerprint(const flashspec_verify_batch& batch, const VerifyArgs& args) {
+  VerifiedBatch v;
+  if (batch.memory != FLASHSPEC_MEMORY_HOST) return v;  // not readable without a device sync
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const void* data, size_t bytes) {
+    const unsigned char* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  };
+  mix(&args.num_requests, sizeof args.num_requests);
+  mix(args.draft_offsets, sizeof(int32_t) * size_t(args.num_requests + 1));
+  if (args.total_drafts > 0) mix(args.draft_tokens, sizeof(int32_t) * size_t(args.total_drafts));
+  for (int32_t r = 0; r < args.num_requests; ++r) {
+    float t = args.temperatures ? args.temperatures[r] : 1.0f;
+    if (t == 0.0f) t = 0.0f;  // −0 and +0 are the same greedy request
+    uint64_t seed = args.seeds ? args.seeds[r] : args.default_seed;
+    uint64_t id = args.request_ids ? args.request_ids[r] : uint64_t(r);
+    uint64_t step = args.steps ? args.steps[r] : 0;
+    mix(&t, sizeof t);
+    mix(&seed, sizeof seed);
+    mix(&id, sizeof id);
+    mix(&step, sizeof step);
+  }
+  v.known = true;
+  v.fingerprint = h;
+  return v;
+}
+
 SummaryStore& checked_summaries(const flashspec_context& ctx, const flashspec_summaries* summaries) {
   require(summaries != nullptr, FLASHSPEC_ERR_NULL_POINTER, "summaries", "is NULL");
   SummaryStore& store = *summaries->store;
@@ -38,18 +68,20 @@ SummaryStore& checked_summaries(const flashspec_context& ctx, const flashspec_su
 }
 
 void run_verify(flashspec_context& ctx, const flashspec_lm_head* head, const flashspec_verify_batch* batch,
-                SummaryStore& store, const char* store_name) {
+                SummaryStore& store, VerifiedBatch& verified, const char* store_name) {
   const LmHeadStorage& storage = checked_head(ctx, head);
   VerifyArgs args = validate_batch(ctx, storage, batch);
   validate_summaries_capacity(store, args, store_name);
+  VerifiedBatch described = fingerprint(*batch, args);
   ctx.backend->verify(storage, args, store);
   store.verified_vocab = storage.vocab;
   store.verified_rows = args.total_rows;
   store.verified_requests = args.num_requests;
+  verified = described;
 }
 
 void run_finalize(flashspec_context& ctx, const flashspec_verify_batch* batch, const SummaryStore& store,
-                  const flashspec_verify_result* result) {
+                  const VerifiedBatch& verified, const flashspec_verify_result* result) {
   VerifyArgs args = validate_batch_for_finalize(ctx, batch);
   require(store.verified_rows == args.total_rows && store.verified_requests == args.num_requests,
           FLASHSPEC_ERR_INVALID_ARGUMENT, "summaries",
@@ -60,6 +92,12 @@ void run_finalize(flashspec_context& ctx, const flashspec_verify_batch* batch, c
       require(batch->draft_tokens[k] >= 0 && batch->draft_tokens[k] < store.verified_vocab,
               FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_tokens",
               "entry " + std::to_string(k) + " is outside [0, " + std::to_string(store.verified_vocab) + ")");
+  if (verified.known) {
+    VerifiedBatch given = fingerprint(*batch, args);
+    require(given.known && given.fingerprint == verified.fingerprint, FLASHSPEC_ERR_INVALID_ARGUMENT, "summaries",
+            "describe another batch of the same shape (draft offsets, tokens, temperatures, seeds, request ids or "
+            "steps differ; verify this batch first)");
+  }
   ResultArgs out = validate_result(ctx, result);
   ctx.backend->finalize(args, store, out);
 }
@@ -223,13 +261,19 @@ void flashspec_summaries_destroy(flashspec_summaries* summaries) { delete summar
 flashspec_status flashspec_verify(flashspec_context* ctx, const flashspec_lm_head* head,
                                   const flashspec_verify_batch* batch, flashspec_summaries* summaries) {
   if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
-  return guarded(ctx, [&] { run_verify(*ctx, head, batch, checked_summaries(*ctx, summaries), "summaries"); });
+  return guarded(ctx, [&] {
+    SummaryStore& store = checked_summaries(*ctx, summaries);
+    run_verify(*ctx, head, batch, store, summaries->verified, "summaries");
+  });
 }
 
 flashspec_status flashspec_finalize(flashspec_context* ctx, const flashspec_verify_batch* batch,
                                     const flashspec_summaries* summaries, const flashspec_verify_result* result) {
   if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
-  return guarded(ctx, [&] { run_finalize(*ctx, batch, checked_summaries(*ctx, summaries), result); });
+  return guarded(ctx, [&] {
+    const SummaryStore& store = checked_summaries(*ctx, summaries);
+    run_finalize(*ctx, batch, store, summaries->verified, result);
+  });
 }
 
 flashspec_status flashspec_verify_and_finalize(flashspec_context* ctx, const flashspec_lm_head* head,
@@ -240,8 +284,8 @@ flashspec_status flashspec_verify_and_finalize(flashspec_context* ctx, const fla
     // Validate the result before any work, so a bad result leaves the
     // context's summaries as they were.
     validate_result(*ctx, result);
-    run_verify(*ctx, head, batch, *ctx->own_summaries, "context workspace");
-    run_finalize(*ctx, batch, *ctx->own_summaries, result);
+    run_verify(*ctx, head, batch, *ctx->own_summaries, ctx->own_verified, "context workspace");
+    run_finalize(*ctx, batch, *ctx->own_summaries, ctx->own_verified, result);
   });
 }
 
