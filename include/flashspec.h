@@ -417,6 +417,385 @@ FLASHSPEC_API double flashspec_rng_uniform(uint64_t seed, uint64_t request_id, u
                                            int32_t position, flashspec_rng_purpose purpose,
                                            int32_t token);
 
+/* ====================================================================== */
+/* Engine: drafters, drafter selection, metrics and the speculative loop    */
+/* ====================================================================== */
+/* The engine runs speculative decoding for one sequence at a time on top of
+ * the functions above. Each step it
+ *   1. picks an arm — a (drafter, draft length k) pair — with a bandit policy;
+ *   2. asks that drafter for up to k draft tokens;
+ *   3. asks the host's target model, through a callback, to append the
+ *      pending tokens and the drafts to its KV cache and return the hidden
+ *      rows that score them;
+ *   4. verifies the drafts with flashspec_verify_and_finalize (the fused
+ *      LM head and Algorithm 1): the emitted tokens are distributed exactly
+ *      as sampling from the target alone, and at temperature 0 they are the
+ *      target's greedy tokens, whatever the drafter proposed;
+ *   5. rolls the host's KV cache back past the rejected drafts, streams the
+ *      emitted tokens to the host, records metrics and rewards the arm.
+ *
+ * Backends: the engine passes host-memory index arrays to the verify call,
+ * so it runs on a context with the CPU backend; engine creation on a CUDA
+ * context returns FLASHSPEC_ERR_UNSUPPORTED.
+ *
+ * Lifetimes: an engine borrows its context, target LM head and drafters;
+ * destroy the engine first. A drafter serves at most one engine.
+ *
+ * Callbacks are plain C function pointers with a void* user_data. They
+ * return 0 on success; any other value (or, from a C++ host, an exception)
+ * makes the engine call fail with FLASHSPEC_ERR_CALLBACK and a message
+ * naming the callback. The engine stays usable after any failure. A
+ * callback must not call flashspec_engine_generate on its own engine (that
+ * call fails with FLASHSPEC_ERR_INVALID_ARGUMENT); it may call
+ * flashspec_engine_cancel and any function on other objects. */
+typedef struct flashspec_drafter flashspec_drafter;
+typedef struct flashspec_engine flashspec_engine;
+
+/* ---- Drafters ---------------------------------------------------------- */
+
+/* Cost of a drafter in the bandit's cost model (see flashspec_engine_params):
+ * call_cost per step it is asked, token_cost per token it proposes, both in
+ * units of one target forward; ≥ 0 and finite. */
+
+/* Built-in prompt-lookup drafter. Finds the longest suffix of the sequence
+ * (prompt and emitted tokens) with length n in [min_n, max_n] that occurred
+ * earlier, and proposes up to k tokens that followed its most recent earlier
+ * occurrence. When that occurrence ends fewer than k tokens before the end
+ * of the sequence, the copy runs on into the tokens it is proposing (so a
+ * periodic text drafts its period again and again). No match: no draft, and
+ * the step decodes one token. Its index is updated incrementally, O(max_n²)
+ * per token, independent of the sequence length. */
+typedef struct flashspec_ngram_params {
+  uint32_t struct_size; /* sizeof(flashspec_ngram_params) */
+  int32_t min_n;        /* shortest suffix matched, 1..32; default 1 */
+  int32_t max_n;        /* longest suffix matched, min_n..32; default 4 */
+  double call_cost;     /* default 0 */
+  double token_cost;    /* default 0 */
+} flashspec_ngram_params;
+
+/* [thread-safe] Defaults as above. NULL is a no-op. */
+FLASHSPEC_API void flashspec_ngram_params_init(flashspec_ngram_params* params);
+
+/* [context-exclusive] Create an n-gram drafter. params may be NULL (defaults).
+ * Errors: NULL_POINTER (ctx, out), STRUCT_SIZE, OUT_OF_RANGE (min_n, max_n),
+ * INVALID_ARGUMENT (a cost negative or not finite). */
+FLASHSPEC_API flashspec_status flashspec_drafter_create_ngram(flashspec_context* ctx,
+                                                             const flashspec_ngram_params* params,
+                                                             flashspec_drafter** out);
+
+/* What a callback drafter hands back. */
+typedef enum flashspec_draft_kind {
+  /* Tokens only: a greedy, point-mass draft (q(x) = 1). Draft models decoded
+   * greedily, lookup tables, retrieval. */
+  FLASHSPEC_DRAFT_TOKENS = 0,
+  /* Tokens and, for each, the draft logits row it was sampled from:
+   * q = softmax(row / draft_temperature). The host samples the tokens from q
+   * itself; verification uses the whole row, so the result stays exact. */
+  FLASHSPEC_DRAFT_LOGITS = 1,
+  /* Draft hidden rows; FlashSpec drafts them greedily with its fused draft
+   * (flashspec_draft at T = 0) over `head`. EAGLE / MTP / Medusa-style
+   * heads that share an LM head: return one row per call (autoregressive)
+   * or several at once (one per future position). */
+  FLASHSPEC_DRAFT_HIDDEN = 2,
+  FLASHSPEC_DRAFT_KIND_FORCE_32BIT_ = 0x7fffffff
+} flashspec_draft_kind;
+
+/* One request to a callback drafter. The library fills the inputs and the
+ * tokens buffer; the callback fills the outputs of its kind. */
+typedef struct flashspec_draft_call {
+  uint32_t struct_size;    /* sizeof(flashspec_draft_call), set by the library */
+  const int32_t* context;  /* the sequence so far: prompt, then emitted tokens */
+  int32_t context_len;     /* ≥ 1; between two generations it only grows */
+  const int32_t* drafted;  /* HIDDEN: the tokens drafted earlier in this step */
+  int32_t num_drafted;     /* HIDDEN: their count (0 on the first call of a step) */
+  int32_t max_tokens;      /* most tokens (TOKENS, LOGITS) or rows (HIDDEN) to return, ≥ 1 */
+  uint64_t step;           /* the engine's step within the generation */
+  /* Outputs. */
+  int32_t* tokens;         /* TOKENS, LOGITS: library buffer of max_tokens entries */
+  int32_t num_tokens;      /* tokens written, or HIDDEN rows returned; 0..max_tokens
+                              (0: no draft this step; HIDDEN: stop drafting) */
+  flashspec_tensor logits; /* LOGITS: a [num_tokens, V] view of host-owned memory
+                              (the backend's memory), valid until the step ends */
+  flashspec_tensor hidden; /* HIDDEN: a [num_tokens, d of head] view of host-owned
+                              memory, valid until the callback is called again */
+} flashspec_draft_call;
+
+/* Fill call's outputs; return 0 on success. Called once per step for TOKENS
+ * and LOGITS, and for HIDDEN repeatedly until k tokens are drafted or it
+ * returns 0 rows. */
+typedef int (*flashspec_draft_fn)(void* user_data, flashspec_draft_call* call);
+
+typedef struct flashspec_callback_drafter_params {
+  uint32_t struct_size;            /* sizeof(flashspec_callback_drafter_params) */
+  flashspec_draft_kind kind;       /* default FLASHSPEC_DRAFT_TOKENS */
+  flashspec_draft_fn draft;        /* required */
+  void* user_data;                 /* passed to draft */
+  float draft_temperature;         /* LOGITS: T_d > 0 of q; default 1 */
+  const flashspec_lm_head* head;   /* HIDDEN: the LM head drafted with (may be the
+                                      target's); borrowed, outlives the drafter */
+  double call_cost;                /* default 0 */
+  double token_cost;               /* default 0 */
+} flashspec_callback_drafter_params;
+
+/* [thread-safe] Defaults as above (draft NULL). NULL is a no-op. */
+FLASHSPEC_API void flashspec_callback_drafter_params_init(flashspec_callback_drafter_params* params);
+
+/* [context-exclusive] Create a drafter backed by a host callback.
+ * Errors: NULL_POINTER (ctx, params, params->draft, params->head for HIDDEN,
+ * out), STRUCT_SIZE, INVALID_ARGUMENT (unknown kind, draft_temperature ≤ 0
+ * or not finite for LOGITS, a cost negative or not finite),
+ * DEVICE_MISMATCH (head of another backend or device). */
+FLASHSPEC_API flashspec_status flashspec_drafter_create_callback(
+    flashspec_context* ctx, const flashspec_callback_drafter_params* params, flashspec_drafter** out);
+
+/* [context-exclusive] Destroy a drafter that no engine uses any more.
+ * NULL is a no-op. */
+FLASHSPEC_API void flashspec_drafter_destroy(flashspec_drafter* drafter);
+
+/* ---- The target model, as the engine sees it ---------------------------- */
+
+/* One forward of the host's target model. */
+typedef struct flashspec_target_call {
+  uint32_t struct_size;   /* sizeof(flashspec_target_call), set by the library */
+  const int32_t* tokens;  /* tokens to append to the KV cache */
+  int32_t num_tokens;     /* ≥ 1 */
+  int32_t num_past;       /* tokens the cache must hold before these: the host drops
+                             any beyond (0: a new sequence, clear the cache) */
+  int32_t num_rows;       /* hidden rows wanted: those of the last num_rows tokens,
+                             1..num_tokens; row j scores the token after tokens
+                             [0 .. num_tokens − num_rows + j] */
+  uint64_t step;          /* the engine's step within the generation */
+  /* Output: a [num_rows, d] view of the final hidden rows (the LM head's
+   * input) in host-owned memory of the backend, any dtype; valid until the
+   * step ends. */
+  flashspec_tensor hidden;
+} flashspec_target_call;
+
+/* Append call->tokens to the target's cache and point call->hidden at the
+ * rows; return 0 on success. */
+typedef int (*flashspec_target_forward_fn)(void* user_data, flashspec_target_call* call);
+/* Optional: truncate the target's KV cache to its first num_keep tokens (the
+ * rejected drafts are dropped). Without it, the host truncates to num_past
+ * at the next forward. Return 0 on success. */
+typedef int (*flashspec_target_rollback_fn)(void* user_data, int32_t num_keep);
+
+/* ---- Drafter selection -------------------------------------------------- */
+
+typedef enum flashspec_bandit_policy {
+  /* UCB1 (Auer et al. 2002): each arm once, then the arm maximising
+   * mean + ucb_exploration · sqrt(2 ln t / n_arm) on scaled rewards. */
+  FLASHSPEC_BANDIT_UCB1 = 0,
+  /* Thompson sampling with Beta posteriors: a scaled reward r becomes a
+   * Bernoulli(r) outcome (Agrawal & Goyal 2012), each arm's posterior is
+   * Beta(1 + successes, 1 + failures), and each step plays the arm with the
+   * largest posterior draw. Draws are Philox of (bandit_seed, step, arm),
+   * so the policy is deterministic given its seed. */
+  FLASHSPEC_BANDIT_THOMPSON = 1,
+  /* Always params->fixed_arm. */
+  FLASHSPEC_BANDIT_FIXED = 2,
+  /* Always the arm with the largest params->oracle_rewards entry (ties: the
+   * smallest index); a yardstick for tests and experiments. */
+  FLASHSPEC_BANDIT_ORACLE = 3,
+  FLASHSPEC_BANDIT_FORCE_32BIT_ = 0x7fffffff
+} flashspec_bandit_policy;
+
+/* An arm: drafter index (into params->drafters) and draft length k. An arm
+ * with k = 0 decodes without drafting (its drafter index is ignored). This
+ * struct is frozen: it never grows. */
+typedef struct flashspec_arm {
+  int32_t drafter;
+  int32_t draft_len;
+} flashspec_arm;
+
+/* The engine. Cost model and reward, per step of an arm whose drafter
+ * proposed n tokens of which `accepted` were accepted:
+ *   cost   = target_step_cost + target_row_cost · (n + 1)
+ *          + drafter call_cost (if the drafter was asked) + drafter token_cost · n
+ *   reward = (accepted + 1) / cost
+ * i.e. tokens emitted per unit cost (the +1 is the token the target emits
+ * every step), so the policy maximises throughput. Policies see the reward
+ * divided by the largest reward any arm can earn, in [0, 1]. */
+typedef struct flashspec_engine_params {
+  uint32_t struct_size;                   /* sizeof(flashspec_engine_params) */
+  flashspec_target_forward_fn target_forward;   /* required */
+  flashspec_target_rollback_fn target_rollback; /* optional */
+  void* target_user_data;
+  flashspec_drafter* const* drafters;     /* [num_drafters], borrowed */
+  int32_t num_drafters;                   /* ≥ 0; default 0 */
+  const flashspec_arm* arms;              /* [num_arms]; NULL: one arm per drafter of
+                                             length default_draft_len (none: one k = 0 arm) */
+  int32_t num_arms;                       /* with arms; 1..1024 */
+  int32_t default_draft_len;              /* default 4 */
+  flashspec_bandit_policy policy;         /* default UCB1 */
+  uint64_t bandit_seed;                   /* THOMPSON; default 0 */
+  double ucb_exploration;                 /* UCB1; ≥ 0, default 1 */
+  int32_t fixed_arm;                      /* FIXED; default 0 */
+  const double* oracle_rewards;           /* ORACLE: expected reward per arm; required then */
+  double target_step_cost;                /* > 0; default 1 */
+  double target_row_cost;                 /* ≥ 0; default 0.02 (extra rows of a
+                                             memory-bound forward are nearly free) */
+  int32_t max_context;                    /* most tokens the target's cache holds;
+                                             0 = unlimited (default) */
+} flashspec_engine_params;
+
+/* [thread-safe] Defaults as above (target_forward NULL). NULL is a no-op. */
+FLASHSPEC_API void flashspec_engine_params_init(flashspec_engine_params* params);
+
+/* [context-exclusive] Create an engine whose target model has LM head
+ * target_head. Draft lengths must satisfy k + 1 ≤ the context's max_rows and
+ * k ≤ FLASHSPEC_MAX_DRAFT_LEN.
+ * Errors: NULL_POINTER (ctx, target_head, params, params->target_forward,
+ * params->drafters or an entry, params->oracle_rewards for ORACLE, out),
+ * STRUCT_SIZE, OUT_OF_RANGE (num_drafters, num_arms, an arm's drafter or
+ * draft_len, default_draft_len, fixed_arm, max_context), INVALID_ARGUMENT
+ * (unknown policy, a cost or ucb_exploration out of range, a drafter listed
+ * twice or serving another engine, an oracle reward not finite),
+ * DEVICE_MISMATCH (target_head or a drafter's head from another backend or
+ * device), UNSUPPORTED (a CUDA context). On error *out is untouched. */
+FLASHSPEC_API flashspec_status flashspec_engine_create(flashspec_context* ctx,
+                                                       const flashspec_lm_head* target_head,
+                                                       const flashspec_engine_params* params,
+                                                       flashspec_engine** out);
+/* [context-exclusive] NULL is a no-op. Releases the engine's drafters, which
+ * the caller then destroys (or gives to another engine). */
+FLASHSPEC_API void flashspec_engine_destroy(flashspec_engine* engine);
+
+/* ---- Generation --------------------------------------------------------- */
+
+/* Return 0 to go on, anything else to stop after this token
+ * (FLASHSPEC_FINISH_HOST_STOP). */
+typedef int (*flashspec_token_fn)(void* user_data, int32_t token);
+
+typedef struct flashspec_generate_params {
+  uint32_t struct_size;         /* sizeof(flashspec_generate_params) */
+  float temperature;            /* target T ≥ 0; 0 = greedy; default 1 */
+  uint64_t seed;                /* Philox key of the verify steps; default 0 */
+  uint64_t request_id;          /* default 0 */
+  int32_t max_tokens;           /* new tokens, ≥ 1; default 256 */
+  const int32_t* stop_tokens;   /* [num_stop_tokens], each in [0, V); may be NULL if 0 */
+  int32_t num_stop_tokens;      /* default 0 */
+  flashspec_token_fn on_token;  /* optional streaming callback, once per emitted token */
+  void* on_token_user_data;
+} flashspec_generate_params;
+
+/* [thread-safe] Defaults as above. NULL is a no-op. */
+FLASHSPEC_API void flashspec_generate_params_init(flashspec_generate_params* params);
+
+typedef enum flashspec_finish_reason {
+  FLASHSPEC_FINISH_NONE = 0,         /* not finished (a failure stopped it) */
+  FLASHSPEC_FINISH_LENGTH = 1,       /* max_tokens emitted */
+  FLASHSPEC_FINISH_STOP_TOKEN = 2,   /* a stop token was emitted (it is included) */
+  FLASHSPEC_FINISH_HOST_STOP = 3,    /* on_token returned non-zero */
+  FLASHSPEC_FINISH_CONTEXT_FULL = 4, /* the target's cache reached max_context */
+  FLASHSPEC_FINISH_CANCELLED = 5,    /* flashspec_engine_cancel */
+  FLASHSPEC_FINISH_FORCE_32BIT_ = 0x7fffffff
+} flashspec_finish_reason;
+
+typedef struct flashspec_generate_result {
+  uint32_t struct_size;                  /* sizeof(flashspec_generate_result) */
+  int32_t num_tokens;                    /* tokens emitted */
+  flashspec_finish_reason finish_reason;
+  int32_t steps;                         /* verify steps run */
+} flashspec_generate_result;
+
+/* [thread-safe] Zeroes the result and sets struct_size. NULL is a no-op. */
+FLASHSPEC_API void flashspec_generate_result_init(flashspec_generate_result* result);
+
+/* [context-exclusive] Generate up to params->max_tokens tokens after prompt
+ * (prompt_len ≥ 1 tokens in [0, V)). The first target forward gets the whole
+ * prompt with num_past = 0. The emitted tokens go to tokens_out (capacity ≥
+ * max_tokens; tokens_out may be NULL only with capacity 0, for streaming
+ * only) and, one by one, to on_token. params may be NULL (defaults).
+ * The same prompt, params, seed and drafter proposals give the same tokens.
+ * Errors before generation starts leave every output untouched:
+ * NULL_POINTER (engine, prompt, result, stop_tokens with a count),
+ * STRUCT_SIZE, OUT_OF_RANGE (prompt_len, a prompt or stop token id,
+ * max_tokens, capacity, prompt longer than max_context), INVALID_ARGUMENT
+ * (temperature < 0 or not finite; the engine is already generating).
+ * Errors during generation: CALLBACK (a callback failed or returned bad
+ * sizes, tokens or views; the message says which), CANCELLED
+ * (flashspec_engine_cancel), NON_FINITE (a hidden row or draft logit), and
+ * the errors of flashspec_verify_and_finalize and flashspec_draft. Then
+ * tokens_out[0 .. result->num_tokens) and *result describe the tokens
+ * emitted (and streamed) before the failure; the finish reason is NONE, or
+ * CANCELLED. Metrics and the policy keep the steps that completed. */
+FLASHSPEC_API flashspec_status flashspec_engine_generate(flashspec_engine* engine, const int32_t* prompt,
+                                                         int32_t prompt_len,
+                                                         const flashspec_generate_params* params,
+                                                         int32_t* tokens_out, int32_t tokens_capacity,
+                                                         flashspec_generate_result* result);
+
+/* [thread-safe] Ask the generation in progress to stop: it returns
+ * FLASHSPEC_ERR_CANCELLED before its next step. No effect when the engine is
+ * idle (each generation starts uncancelled). NULL is a no-op. */
+FLASHSPEC_API void flashspec_engine_cancel(flashspec_engine* engine);
+
+/* ---- Metrics -------------------------------------------------------------- */
+
+/* Totals since creation or the last reset. */
+typedef struct flashspec_engine_metrics {
+  uint32_t struct_size;          /* sizeof(flashspec_engine_metrics) */
+  uint64_t steps;                /* verify steps */
+  uint64_t drafts;               /* steps that verified ≥ 1 draft token */
+  uint64_t draft_tokens;         /* draft tokens verified */
+  uint64_t accepted_tokens;      /* of those, accepted (≤ draft_tokens) */
+  uint64_t emitted_tokens;       /* tokens handed to the host */
+  double acceptance_rate;        /* accepted_tokens / draft_tokens (0 if none) */
+  double mean_accepted_length;   /* accepted_tokens / drafts (0 if none) */
+  double tokens_per_step;        /* emitted_tokens / steps (0 if none) */
+  double step_latency_p50_us;    /* wall time of a step (drafting, target forward,
+                                    verify, rollback), from a log histogram with
+                                    buckets 2^(1/16) wide: within ±2.2% */
+  double step_latency_p99_us;
+  int32_t num_positions;         /* longest draft verified: entries of the per-position counts */
+  int32_t num_arms;
+} flashspec_engine_metrics;
+
+/* [thread-safe] Zeroes the struct and sets struct_size. NULL is a no-op. */
+FLASHSPEC_API void flashspec_engine_metrics_init(flashspec_engine_metrics* metrics);
+
+/* [context-exclusive] Snapshot of the totals into *out (out->struct_size
+ * set by flashspec_engine_metrics_init).
+ * Errors: NULL_POINTER (engine, out), STRUCT_SIZE. */
+FLASHSPEC_API flashspec_status flashspec_engine_get_metrics(const flashspec_engine* engine,
+                                                            flashspec_engine_metrics* out);
+
+/* [context-exclusive] Per-position acceptance: drafted[j] = steps whose draft
+ * had at least j + 1 tokens, accepted[j] = steps that accepted at least j + 1
+ * (both non-increasing in j, accepted[j] ≤ drafted[j]); the acceptance rate
+ * at position j is accepted[j] / drafted[j]. Fills entries 0 .. min(capacity,
+ * num_positions) − 1; *num_positions_out (optional) gets num_positions.
+ * Errors: NULL_POINTER (engine; drafted or accepted with capacity > 0),
+ * OUT_OF_RANGE (capacity < 0). */
+FLASHSPEC_API flashspec_status flashspec_engine_get_position_metrics(const flashspec_engine* engine,
+                                                                     int32_t capacity, uint64_t* drafted,
+                                                                     uint64_t* accepted,
+                                                                     int32_t* num_positions_out);
+
+/* Statistics of one arm. */
+typedef struct flashspec_arm_metrics {
+  uint32_t struct_size;      /* sizeof(flashspec_arm_metrics) */
+  int32_t drafter;           /* the arm's drafter index (−1 for a k = 0 arm) */
+  int32_t draft_len;         /* its k */
+  uint64_t pulls;            /* steps it was played */
+  uint64_t draft_tokens;
+  uint64_t accepted_tokens;
+  double mean_reward;        /* mean of (accepted + 1) / cost, unscaled; 0 if unplayed */
+  double mean_cost;          /* 0 if unplayed */
+} flashspec_arm_metrics;
+
+/* [thread-safe] Zeroes the struct and sets struct_size. NULL is a no-op. */
+FLASHSPEC_API void flashspec_arm_metrics_init(flashspec_arm_metrics* metrics);
+
+/* [context-exclusive] Statistics of arm `arm` (0 .. num_arms − 1).
+ * Errors: NULL_POINTER (engine, out), STRUCT_SIZE, OUT_OF_RANGE (arm). */
+FLASHSPEC_API flashspec_status flashspec_engine_get_arm_metrics(const flashspec_engine* engine, int32_t arm,
+                                                                flashspec_arm_metrics* out);
+
+/* [context-exclusive] Zero all metrics (the policy keeps what it learned).
+ * Errors: NULL_POINTER (engine), INVALID_ARGUMENT (called during generation). */
+FLASHSPEC_API flashspec_status flashspec_engine_reset_metrics(flashspec_engine* engine);
+
 /* ---------------------------------------------------------------------- */
 /* Plugin entry                                                            */
 /* ---------------------------------------------------------------------- */
@@ -451,6 +830,31 @@ typedef struct flashspec_api {
   flashspec_status (*verify_and_finalize)(flashspec_context*, const flashspec_lm_head*,
                                           const flashspec_verify_batch*,
                                           const flashspec_verify_result*);
+  /* Engine (appended). */
+  void (*ngram_params_init)(flashspec_ngram_params*);
+  flashspec_status (*drafter_create_ngram)(flashspec_context*, const flashspec_ngram_params*,
+                                           flashspec_drafter**);
+  void (*callback_drafter_params_init)(flashspec_callback_drafter_params*);
+  flashspec_status (*drafter_create_callback)(flashspec_context*, const flashspec_callback_drafter_params*,
+                                              flashspec_drafter**);
+  void (*drafter_destroy)(flashspec_drafter*);
+  void (*engine_params_init)(flashspec_engine_params*);
+  flashspec_status (*engine_create)(flashspec_context*, const flashspec_lm_head*,
+                                    const flashspec_engine_params*, flashspec_engine**);
+  void (*engine_destroy)(flashspec_engine*);
+  void (*generate_params_init)(flashspec_generate_params*);
+  void (*generate_result_init)(flashspec_generate_result*);
+  flashspec_status (*engine_generate)(flashspec_engine*, const int32_t*, int32_t,
+                                      const flashspec_generate_params*, int32_t*, int32_t,
+                                      flashspec_generate_result*);
+  void (*engine_cancel)(flashspec_engine*); /* [thread-safe] */
+  void (*engine_metrics_init)(flashspec_engine_metrics*);
+  flashspec_status (*engine_get_metrics)(const flashspec_engine*, flashspec_engine_metrics*);
+  flashspec_status (*engine_get_position_metrics)(const flashspec_engine*, int32_t, uint64_t*, uint64_t*,
+                                                  int32_t*);
+  void (*arm_metrics_init)(flashspec_arm_metrics*);
+  flashspec_status (*engine_get_arm_metrics)(const flashspec_engine*, int32_t, flashspec_arm_metrics*);
+  flashspec_status (*engine_reset_metrics)(flashspec_engine*);
 } flashspec_api;
 
 /* [thread-safe] The table for abi_version, or NULL if this library cannot

@@ -1,0 +1,263 @@
+// Shared by the engine tests: owning handles, a seeded generator, a
+// synthetic target model (a fixed random LM head, hidden rows a
+// deterministic function of the context) with a host KV cache that checks
+// the engine's forward/rollback protocol, and exact reference decoders.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "flashspec.h"
+
+namespace enginetest {
+
+struct ContextDeleter {
+  void operator()(flashspec_context* c) const { flashspec_context_destroy(c); }
+};
+struct HeadDeleter {
+  void operator()(flashspec_lm_head* h) const { flashspec_lm_head_destroy(h); }
+};
+struct DrafterDeleter {
+  void operator()(flashspec_drafter* d) const { flashspec_drafter_destroy(d); }
+};
+struct EngineDeleter {
+  void operator()(flashspec_engine* e) const { flashspec_engine_destroy(e); }
+};
+using ContextPtr = std::unique_ptr<flashspec_context, ContextDeleter>;
+using HeadPtr = std::unique_ptr<flashspec_lm_head, HeadDeleter>;
+using DrafterPtr = std::unique_ptr<flashspec_drafter, DrafterDeleter>;
+using EnginePtr = std::unique_ptr<flashspec_engine, EngineDeleter>;
+
+inline ContextPtr make_cpu_context(int32_t max_rows = 64) {
+  flashspec_context_params p;
+  flashspec_context_params_init(&p);
+  p.backend = FLASHSPEC_BACKEND_CPU;
+  p.cpu_threads = 1;
+  p.max_rows = max_rows;
+  p.max_requests = 4;
+  flashspec_context* ctx = nullptr;
+  EXPECT_EQ(flashspec_context_create(&p, &ctx), FLASHSPEC_OK) << flashspec_context_last_error(nullptr);
+  return ContextPtr(ctx);
+}
+
+// splitmix64.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return (double(next() >> 11) + 0.5) * 0x1.0p-53; }
+  double normal() { return std::sqrt(-2.0 * std::log(uniform())) * std::cos(6.283185307179586 * uniform()); }
+  int32_t below(int32_t n) { return int32_t(next() % uint64_t(n)); }
+
+ private:
+  uint64_t state_;
+};
+
+// A synthetic target: W [V, d] and token embeddings E [V, d] with N(0, 1)
+// entries scaled by `scale`; the hidden row after a context is
+//   h = E[t−1] + 0.6 E[t−2] + 0.3 E[t−3] + 0.1 · length · u
+// (u a fixed vector), so the text tends to settle into cycles a prompt
+// lookup can draft, while still depending on the whole context.
+class SyntheticModel {
+ public:
+  SyntheticModel(int32_t vocab, int32_t hidden, uint64_t seed, float scale)
+      : vocab_(vocab), hidden_(hidden), weight_(size_t(vocab) * size_t(hidden)), embed_(weight_.size()),
+        drift_(size_t(hidden)) {
+    Rng rng(seed);
+    for (float& w : weight_) w = float(rng.normal()) * scale;
+    for (float& e : embed_) e = float(rng.normal());
+    for (float& u : drift_) u = float(rng.normal()) * 0.1f;
+  }
+  int32_t vocab() const { return vocab_; }
+  int32_t hidden() const { return hidden_; }
+  const std::vector<float>& weight() const { return weight_; }
+
+  void hidden_row(const int32_t* context, int32_t length, float* out) const {
+    static const float kDecay[3] = {1.0f, 0.6f, 0.3f};
+    for (int32_t c = 0; c < hidden_; ++c) out[c] = drift_[size_t(c)] * float(length % 7);
+    for (int32_t back = 0; back < 3 && back < length; ++back) {
+      const float* e = embed_.data() + size_t(context[length - 1 - back]) * size_t(hidden_);
+      for (int32_t c = 0; c < hidden_; ++c) out[c] += kDecay[back] * e[c];
+    }
+  }
+
+  // Exact target probabilities at temperature t > 0, in double.
+  std::vector<double> probabilities(const int32_t* context, int32_t length, double t) const {
+    std::vector<float> h(size_t(hidden_), 0.0f);
+    hidden_row(context, length, h.data());
+    std::vector<double> p(static_cast<size_t>(vocab_));
+    double max_l = -1e300;
+    for (int32_t v = 0; v < vocab_; ++v) {
+      double l = 0.0;
+      for (int32_t c = 0; c < hidden_; ++c) l += double(h[size_t(c)]) * double(weight_[size_t(v) * size_t(hidden_) + size_t(c)]);
+      p[size_t(v)] = l / t;
+      max_l = std::max(max_l, p[size_t(v)]);
+    }
+    double sum = 0.0;
+    for (double& x : p) sum += (x = std::exp(x - max_l));
+    for (double& x : p) x /= sum;
+    return p;
+  }
+
+  HeadPtr make_head(flashspec_context* ctx) const {
+    flashspec_tensor w = flashspec_tensor_make(weight_.data(), FLASHSPEC_DTYPE_F32, FLASHSPEC_MEMORY_HOST, vocab_, hidden_);
+    flashspec_lm_head* head = nullptr;
+    EXPECT_EQ(flashspec_lm_head_create(ctx, &w, FLASHSPEC_LM_HEAD_COPY, &head), FLASHSPEC_OK)
+        << flashspec_context_last_error(ctx);
+    return HeadPtr(head);
+  }
+
+ private:
+  int32_t vocab_, hidden_;
+  std::vector<float> weight_, embed_, drift_;
+};
+
+// The host side of the target: a KV cache of tokens; hidden rows from the
+// model. Checks the engine's protocol on every call.
+struct TargetHost {
+  const SyntheticModel* model = nullptr;
+  std::vector<int32_t> cache;
+  std::vector<float> rows;
+  bool rollback_enabled = true;  // engine told to call rollback
+  int forwards = 0;
+  int rollbacks = 0;
+  std::string protocol_error;    // first violation seen
+  // Fault injection: at forward call number fail_at (0-based), do `fault`.
+  enum class Fault { kNone, kReturnError, kThrow, kWrongRows, kWrongCols, kNullData, kNaN, kWrongMemory };
+  Fault fault = Fault::kNone;
+  int fail_at = -1;
+  int rollback_fail_at = -1;
+
+  void note(const std::string& what) {
+    if (protocol_error.empty()) protocol_error = what;
+  }
+
+  static int forward(void* user_data, flashspec_target_call* call) {
+    auto* self = static_cast<TargetHost*>(user_data);
+    return self->do_forward(call);
+  }
+  static int rollback(void* user_data, int32_t keep) {
+    auto* self = static_cast<TargetHost*>(user_data);
+    if (self->rollbacks++ == self->rollback_fail_at) return 7;
+    if (keep < 0 || size_t(keep) > self->cache.size()) self->note("rollback past the cache");
+    self->cache.resize(size_t(std::max(0, keep)));
+    return 0;
+  }
+
+  int do_forward(flashspec_target_call* call) {
+    const int index = forwards++;
+    if (call->struct_size != sizeof(flashspec_target_call)) note("struct_size");
+    if (call->num_tokens < 1 || call->num_rows < 1 || call->num_rows > call->num_tokens) note("sizes");
+    if (call->num_past < 0 || size_t(call->num_past) > cache.size()) note("num_past beyond the cache");
+    if (rollback_enabled && call->num_past != 0 && size_t(call->num_past) != cache.size()) note("cache not rolled back to num_past");
+    cache.resize(size_t(std::min<int64_t>(call->num_past, int64_t(cache.size()))));
+    cache.insert(cache.end(), call->tokens, call->tokens + call->num_tokens);
+    const int32_t d = model->hidden();
+    rows.assign(size_t(call->num_rows) * size_t(d), 0.0f);
+    for (int32_t r = 0; r < call->num_rows; ++r) {
+      const int32_t length = int32_t(cache.size()) - call->num_rows + 1 + r;
+      model->hidden_row(cache.data(), length, rows.data() + size_t(r) * size_t(d));
+    }
+    call->hidden = flashspec_tensor_make(rows.data(), FLASHSPEC_DTYPE_F32, FLASHSPEC_MEMORY_HOST, call->num_rows, d);
+    if (index == fail_at) {
+      switch (fault) {
+        case Fault::kReturnError: return 42;
+        case Fault::kThrow: throw std::runtime_error("host model failed");
+        case Fault::kWrongRows: call->hidden.rows += 1; break;
+        case Fault::kWrongCols: call->hidden.cols -= 1; call->hidden.row_stride = call->hidden.cols; break;
+        case Fault::kNullData: call->hidden.data = nullptr; break;
+        case Fault::kNaN: rows[0] = std::nanf(""); break;
+        case Fault::kWrongMemory: call->hidden.memory = FLASHSPEC_MEMORY_CUDA; break;
+        case Fault::kNone: break;
+      }
+    }
+    return 0;
+  }
+};
+
+// Plain greedy decoding with the same LM head: flashspec_draft at T = 0 on
+// the hidden row of the context.
+inline std::vector<int32_t> greedy_reference(flashspec_context* ctx, const flashspec_lm_head* head,
+                                             const SyntheticModel& model, std::vector<int32_t> context,
+                                             int32_t count) {
+  std::vector<int32_t> out;
+  std::vector<float> h(size_t(model.hidden()));
+  for (int32_t i = 0; i < count; ++i) {
+    model.hidden_row(context.data(), int32_t(context.size()), h.data());
+    flashspec_tensor view = flashspec_tensor_make(h.data(), FLASHSPEC_DTYPE_F32, FLASHSPEC_MEMORY_HOST, 1, model.hidden());
+    int32_t token = -1;
+    EXPECT_EQ(flashspec_draft(ctx, head, &view, nullptr, &token, nullptr), FLASHSPEC_OK)
+        << flashspec_context_last_error(ctx);
+    out.push_back(token);
+    context.push_back(token);
+  }
+  return out;
+}
+
+// Upper tail of the chi-square distribution: Q(k/2, x/2).
+inline double chi_square_sf(double x, double dof) {
+  const double a = dof / 2.0, z = x / 2.0;
+  if (z <= 0.0) return 1.0;
+  const double log_prefix = a * std::log(z) - z - std::lgamma(a);
+  if (z < a + 1.0) {  // series for P
+    double term = 1.0 / a, sum = term;
+    for (int n = 1; n < 10000; ++n) {
+      term *= z / (a + n);
+      sum += term;
+      if (term < sum * 1e-15) break;
+    }
+    return 1.0 - sum * std::exp(log_prefix);
+  }
+  // Continued fraction for Q (Lentz).
+  double b = z + 1.0 - a, c = 1e300, d = 1.0 / b, h = d;
+  for (int i = 1; i < 10000; ++i) {
+    const double an = -i * (i - a);
+    b += 2.0;
+    d = an * d + b;
+    if (std::fabs(d) < 1e-300) d = 1e-300;
+    c = b + an / c;
+    if (std::fabs(c) < 1e-300) c = 1e-300;
+    d = 1.0 / d;
+    const double delta = d * c;
+    h *= delta;
+    if (std::fabs(delta - 1.0) < 1e-15) break;
+  }
+  return std::exp(log_prefix) * h;
+}
+
+// Pearson chi-square of observed counts against expected probabilities;
+// cells with expected count < 5 are pooled into one. Returns the p-value.
+inline double chi_square_p_value(const std::vector<double>& counts, const std::vector<double>& probs) {
+  double total = 0.0;
+  for (double c : counts) total += c;
+  double stat = 0.0, pooled_obs = 0.0, pooled_exp = 0.0;
+  int cells = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    const double expected = probs[i] * total;
+    if (expected < 5.0) {
+      pooled_obs += counts[i];
+      pooled_exp += expected;
+      continue;
+    }
+    stat += (counts[i] - expected) * (counts[i] - expected) / expected;
+    ++cells;
+  }
+  if (pooled_exp > 0.0) {
+    stat += (pooled_obs - pooled_exp) * (pooled_obs - pooled_exp) / std::max(pooled_exp, 1e-12);
+    ++cells;
+  }
+  return chi_square_sf(stat, double(cells - 1));
+}
+
+}  // namespace enginetest
