@@ -197,9 +197,10 @@ typedef struct flashspec_context_params {
 FLASHSPEC_API void flashspec_context_params_init(flashspec_context_params* params);
 
 /* [thread-safe] Create a context. params may be NULL (all defaults).
- * Errors: NULL_POINTER (out), STRUCT_SIZE, INVALID_ARGUMENT (negative
- * sizes, unknown backend), NO_DEVICE (CUDA asked for but not built or no
- * device), CUDA, OUT_OF_MEMORY. On error *out is untouched; there is no
+ * Errors: NULL_POINTER (out), STRUCT_SIZE, INVALID_ARGUMENT (unknown
+ * backend, negative device_ordinal, cpu_threads outside [0, 1024]),
+ * OUT_OF_RANGE (max_rows or max_requests outside [1, 2^24]), NO_DEVICE
+ * (CUDA asked for but not built or no device), CUDA, OUT_OF_MEMORY. On error *out is untouched; there is no
  * context to ask for a message, so the message is kept per thread and read
  * with flashspec_context_last_error(NULL). */
 FLASHSPEC_API flashspec_status flashspec_context_create(const flashspec_context_params* params,
@@ -288,8 +289,9 @@ FLASHSPEC_API void flashspec_draft_params_init(flashspec_draft_params* params);
  * params may be NULL (greedy).
  * Errors: NULL_POINTER, STRUCT_SIZE, OUT_OF_RANGE (rows, cols ≠ d, position),
  * INVALID_ARGUMENT (temperature < 0 or NaN), DTYPE_MISMATCH, DEVICE_MISMATCH,
- * NON_FINITE (a NaN/Inf hidden value; CPU backend, or host inputs),
- * WORKSPACE_EXCEEDED, CUDA. */
+ * NON_FINITE (a NaN/Inf hidden value; CPU backend, or host inputs; or a
+ * logit, or a logit divided by T, beyond the fp32 range), WORKSPACE_EXCEEDED,
+ * CUDA. */
 FLASHSPEC_API flashspec_status flashspec_draft(flashspec_context* ctx, const flashspec_lm_head* head,
                                                const flashspec_tensor* hidden,
                                                const flashspec_draft_params* params,
@@ -392,7 +394,10 @@ FLASHSPEC_API flashspec_status flashspec_verify(flashspec_context* ctx, const fl
  * (T = 0: iff x_j is the argmax); at the first rejection emit the residual
  * candidate of that row and stop; if all are accepted emit the bonus token.
  * With the CUDA backend this runs on the device, with no host sync.
- * Errors: as flashspec_verify for the batch and result arguments. */
+ * Errors: as flashspec_verify for the batch and result arguments;
+ * INVALID_ARGUMENT naming "summaries" when they describe another batch
+ * (never verified, another shape, or, for a host-memory batch, other
+ * offsets, tokens, temperatures, seeds, request ids or steps). */
 FLASHSPEC_API flashspec_status flashspec_finalize(flashspec_context* ctx,
                                                   const flashspec_verify_batch* batch,
                                                   const flashspec_summaries* summaries,
