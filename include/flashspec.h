@@ -510,7 +510,7 @@ typedef enum flashspec_draft_kind {
 typedef struct flashspec_draft_call {
   uint32_t struct_size;    /* sizeof(flashspec_draft_call), set by the library */
   const int32_t* context;  /* the sequence so far: prompt, then emitted tokens */
-  int32_t context_len;     /* ≥ 1; between two generations it only grows */
+  int32_t context_len;     /* ≥ 1; within one generation the context only grows */
   const int32_t* drafted;  /* HIDDEN: the tokens drafted earlier in this step */
   int32_t num_drafted;     /* HIDDEN: their count (0 on the first call of a step) */
   int32_t max_tokens;      /* most tokens (TOKENS, LOGITS) or rows (HIDDEN) to return, ≥ 1 */
