@@ -1,0 +1,602 @@
+// Package flashspec is the Go binding of FlashSpec, a fused LM head and
+// speculative-decoding sampler (libflashspec). It wraps the SWIG-generated
+// raw layer (internal/capi) with error values and Close methods.
+//
+// Memory: cgo forbids C memory that holds Go pointers, so each call copies
+// its Go slices into C buffers and the outputs back. Those copies are of the
+// hidden rows and index arrays (the LM-head pass reads V times more); the
+// LM head itself is copied once, at NewLMHead. The Go binding runs the
+// library on host memory; with the CUDA backend it waits for each call.
+package flashspec
+
+// #include <stdlib.h>
+// static unsigned flashspec_go_call_unsigned(void* fn) { return ((unsigned (*)(void))fn)(); }
+import "C"
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"flashspec/internal/capi"
+)
+
+// Status is a flashspec_status. Statuses other than OK are errors, so
+// errors.Is(err, flashspec.ErrOutOfRange) tells what went wrong.
+type Status int
+
+// The status codes of flashspec.h (numbers pinned forever).
+var (
+	OK                   = Status(capi.FLASHSPEC_OK)
+	ErrInvalidArgument   = Status(capi.FLASHSPEC_ERR_INVALID_ARGUMENT)
+	ErrNullPointer       = Status(capi.FLASHSPEC_ERR_NULL_POINTER)
+	ErrStructSize        = Status(capi.FLASHSPEC_ERR_STRUCT_SIZE)
+	ErrOutOfRange        = Status(capi.FLASHSPEC_ERR_OUT_OF_RANGE)
+	ErrDtypeMismatch     = Status(capi.FLASHSPEC_ERR_DTYPE_MISMATCH)
+	ErrDeviceMismatch    = Status(capi.FLASHSPEC_ERR_DEVICE_MISMATCH)
+	ErrNonFinite         = Status(capi.FLASHSPEC_ERR_NON_FINITE)
+	ErrOutOfMemory       = Status(capi.FLASHSPEC_ERR_OUT_OF_MEMORY)
+	ErrWorkspaceExceeded = Status(capi.FLASHSPEC_ERR_WORKSPACE_EXCEEDED)
+	ErrUnsupported       = Status(capi.FLASHSPEC_ERR_UNSUPPORTED)
+	ErrNoDevice          = Status(capi.FLASHSPEC_ERR_NO_DEVICE)
+	ErrCUDA              = Status(capi.FLASHSPEC_ERR_CUDA)
+	ErrCallback          = Status(capi.FLASHSPEC_ERR_CALLBACK)
+	ErrCancelled         = Status(capi.FLASHSPEC_ERR_CANCELLED)
+	ErrInternal          = Status(capi.FLASHSPEC_ERR_INTERNAL)
+)
+
+// Name is the C name of the status ("FLASHSPEC_ERR_OUT_OF_RANGE").
+func (s Status) Name() string { return capi.Flashspec_status_name(capi.Enum_SS_flashspec_status(s)) }
+
+// Error is the library's description of the status.
+func (s Status) Error() string {
+	return capi.Flashspec_status_string(capi.Enum_SS_flashspec_status(s))
+}
+
+// Error is a failed call: its status and the library's detail message,
+// which names the argument that was wrong.
+type Error struct {
+	Status  Status
+	Message string
+}
+
+func (e *Error) Error() string { return e.Status.Name() + ": " + e.Message }
+
+// Is matches a Status, so errors.Is(err, ErrOutOfRange) works.
+func (e *Error) Is(target error) bool {
+	s, ok := target.(Status)
+	return ok && s == e.Status
+}
+
+// Unwrap gives the Status.
+func (e *Error) Unwrap() error { return e.Status }
+
+var nullContext = capi.SwigcptrStruct_SS_flashspec_context(0)
+
+func check(status capi.Enum_SS_flashspec_status, ctx capi.Struct_SS_flashspec_context) error {
+	if Status(status) == OK {
+		return nil
+	}
+	return &Error{Status: Status(status), Message: capi.Flashspec_context_last_error(ctx)}
+}
+
+// Version is the version string of the library actually loaded.
+func Version() string { return capi.Flashspec_version_string() }
+
+// VersionNumber is MAJOR*10000 + MINOR*100 + PATCH of the library loaded.
+func VersionNumber() uint { return capi.Flashspec_version_number() }
+
+// ABIVersion is the ABI version of the library loaded; the binding was
+// built for ABIVersionCompiled.
+func ABIVersion() uint { return capi.Flashspec_abi_version() }
+
+// ABIVersionCompiled is FLASHSPEC_ABI_VERSION of the header the binding was built with.
+const ABIVersionCompiled = capi.FLASHSPEC_ABI_VERSION
+
+// CUDADeviceCount is the number of CUDA devices this build can use (0 without CUDA).
+func CUDADeviceCount() int { return capi.Flashspec_cuda_device_count() }
+
+// ---- C buffers ------------------------------------------------------------
+
+// arena holds the C buffers of one call.
+type arena struct{ blocks []unsafe.Pointer }
+
+func (a *arena) alloc(bytes uintptr) unsafe.Pointer {
+	if bytes == 0 {
+		bytes = 1
+	}
+	p := C.malloc(C.size_t(bytes))
+	if p == nil {
+		panic("flashspec: out of memory")
+	}
+	a.blocks = append(a.blocks, p)
+	return p
+}
+
+func (a *arena) free() {
+	for _, p := range a.blocks {
+		C.free(p)
+	}
+	a.blocks = nil
+}
+
+// in copies s into a C buffer; nil gives 0 (NULL).
+func in[T any](a *arena, s []T) uintptr {
+	if s == nil {
+		return 0
+	}
+	var zero T
+	p := a.alloc(uintptr(len(s)) * unsafe.Sizeof(zero))
+	copy(unsafe.Slice((*T)(p), len(s)), s)
+	return uintptr(p)
+}
+
+// out allocates a C buffer of n elements.
+func out[T any](a *arena, n int) unsafe.Pointer {
+	var zero T
+	return a.alloc(uintptr(n) * unsafe.Sizeof(zero))
+}
+
+func back[T any](p unsafe.Pointer, n int) []T {
+	s := make([]T, n)
+	copy(s, unsafe.Slice((*T)(p), n))
+	return s
+}
+
+func readHandle(slot unsafe.Pointer) uintptr { return *(*uintptr)(slot) }
+
+// ---- Context --------------------------------------------------------------
+
+// Backend selects where the work runs.
+type Backend int
+
+// Backends.
+var (
+	BackendAuto = Backend(capi.FLASHSPEC_BACKEND_AUTO)
+	BackendCPU  = Backend(capi.FLASHSPEC_BACKEND_CPU)
+	BackendCUDA = Backend(capi.FLASHSPEC_BACKEND_CUDA)
+)
+
+// ContextOptions are the context parameters; the zero value of a field
+// keeps the library default (NewContext(nil) takes all defaults).
+type ContextOptions struct {
+	Backend     Backend // BackendAuto by default
+	Device      int
+	Seed        uint64
+	CPUThreads  int // 0: one per core
+	MaxRows     int // 0: the library default (512)
+	MaxRequests int // 0: the library default (512)
+}
+
+// Context owns a backend, its workspace and the last error message. Its
+// methods are serialised by a mutex (the C context is one-thread-at-a-time).
+type Context struct {
+	mu      sync.Mutex
+	raw     capi.Struct_SS_flashspec_context
+	backend Backend
+}
+
+// NewContext creates a context. Close it when done.
+func NewContext(o *ContextOptions) (*Context, error) {
+	params := capi.NewFlashspec_context_params()
+	defer capi.DeleteFlashspec_context_params(params)
+	capi.Flashspec_context_params_init(params)
+	if o != nil {
+		params.SetBackend(capi.Enum_SS_flashspec_backend(o.Backend))
+		params.SetDevice_ordinal(int(o.Device))
+		params.SetSeed(o.Seed)
+		params.SetCpu_threads(int(o.CPUThreads))
+		if o.MaxRows != 0 {
+			params.SetMax_rows(int(o.MaxRows))
+		}
+		if o.MaxRequests != 0 {
+			params.SetMax_requests(int(o.MaxRequests))
+		}
+	}
+	var a arena
+	defer a.free()
+	slot := out[uintptr](&a, 1)
+	if err := check(capi.Flashspec_context_create(params, uintptr(slot)), nullContext); err != nil {
+		return nil, err
+	}
+	raw := capi.SwigcptrStruct_SS_flashspec_context(readHandle(slot))
+	c := &Context{raw: raw, backend: Backend(capi.Flashspec_context_backend(raw))}
+	return c, nil
+}
+
+// Close frees the context; LM heads and summaries created on it must be
+// closed first. Closing twice is a no-op.
+func (c *Context) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.raw != nil {
+		capi.Flashspec_context_destroy(c.raw)
+		c.raw = nil
+	}
+	return nil
+}
+
+// Backend is the backend actually chosen (never BackendAuto).
+func (c *Context) Backend() Backend { return c.backend }
+
+// LastError is the detail message of the last failed call on c.
+func (c *Context) LastError() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.raw == nil {
+		return ""
+	}
+	return capi.Flashspec_context_last_error(c.raw)
+}
+
+var errClosed = fmt.Errorf("flashspec: use of a closed object")
+
+func (c *Context) lock() (capi.Struct_SS_flashspec_context, error) {
+	c.mu.Lock()
+	if c.raw == nil {
+		c.mu.Unlock()
+		return nil, errClosed
+	}
+	return c.raw, nil
+}
+
+// call runs fn with the context locked and, for the CUDA backend, waits for
+// the work, since the outputs are copied back right after.
+func (c *Context) call(fn func(raw capi.Struct_SS_flashspec_context) capi.Enum_SS_flashspec_status) error {
+	raw, err := c.lock()
+	if err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	if err := check(fn(raw), raw); err != nil {
+		return err
+	}
+	if c.backend == BackendCUDA {
+		return check(capi.Flashspec_context_synchronize(raw), raw)
+	}
+	return nil
+}
+
+// ---- LM head --------------------------------------------------------------
+
+// LMHead is an uploaded LM head W, [vocab, hidden], immutable.
+type LMHead struct {
+	raw           capi.Struct_SS_flashspec_lm_head
+	vocab, hidden int
+}
+
+// NewLMHead uploads W, row-major [vocab, hidden] float32 (copied).
+func (c *Context) NewLMHead(w []float32, vocab, hidden int) (*LMHead, error) {
+	if vocab < 0 || hidden < 0 || len(w) != vocab*hidden {
+		return nil, &Error{Status: ErrOutOfRange, Message: fmt.Sprintf("weight: %d values for [%d, %d]", len(w), vocab, hidden)}
+	}
+	var a arena
+	defer a.free()
+	t := capi.Flashspec_tensor_make(in(&a, w), capi.FLASHSPEC_DTYPE_F32, capi.FLASHSPEC_MEMORY_HOST, int64(vocab), int64(hidden))
+	defer capi.DeleteFlashspec_tensor(t)
+	slot := out[uintptr](&a, 1)
+	err := c.call(func(raw capi.Struct_SS_flashspec_context) capi.Enum_SS_flashspec_status {
+		return capi.Flashspec_lm_head_create(raw, t, capi.FLASHSPEC_LM_HEAD_COPY, uintptr(slot))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &LMHead{raw: capi.SwigcptrStruct_SS_flashspec_lm_head(readHandle(slot)), vocab: vocab, hidden: hidden}, nil
+}
+
+// Close frees the head. Closing twice is a no-op.
+func (h *LMHead) Close() error {
+	if h.raw != nil {
+		capi.Flashspec_lm_head_destroy(h.raw)
+		h.raw = nil
+	}
+	return nil
+}
+
+// VocabSize is V.
+func (h *LMHead) VocabSize() int { return int(capi.Flashspec_lm_head_vocab_size(h.raw)) }
+
+// HiddenSize is d.
+func (h *LMHead) HiddenSize() int { return int(capi.Flashspec_lm_head_hidden_size(h.raw)) }
+
+func (h *LMHead) handle() (capi.Struct_SS_flashspec_lm_head, error) {
+	if h == nil || h.raw == nil {
+		return nil, errClosed
+	}
+	return h.raw, nil
+}
+
+// ---- Draft ----------------------------------------------------------------
+
+// DraftOptions are the per-call randomness and temperature of Draft; nil
+// slices take the library defaults (see flashspec_draft_params).
+type DraftOptions struct {
+	Temperature  float32 // 0: greedy
+	Temperatures []float32
+	Seeds        []uint64
+	RequestIDs   []uint64
+	Steps        []uint64
+	Positions    []int32
+}
+
+// Draft drafts one token per row of hidden ([rows, d] row-major). scores
+// are the token logits (T = 0) or log q(x) (T > 0).
+func (c *Context) Draft(head *LMHead, hidden []float32, o *DraftOptions) (tokens []int32, scores []float32, err error) {
+	hr, err := head.handle()
+	if err != nil {
+		return nil, nil, err
+	}
+	rows, err := rowsOf(hidden, head.hidden, "hidden")
+	if err != nil {
+		return nil, nil, err
+	}
+	if o == nil {
+		o = &DraftOptions{}
+	}
+	for name, n := range map[string]int{"Temperatures": len(o.Temperatures), "Seeds": len(o.Seeds),
+		"RequestIDs": len(o.RequestIDs), "Steps": len(o.Steps), "Positions": len(o.Positions)} {
+		if n != 0 && n < rows {
+			return nil, nil, &Error{Status: ErrOutOfRange, Message: fmt.Sprintf("%s: %d entries for %d rows", name, n, rows)}
+		}
+	}
+	var a arena
+	defer a.free()
+	t := capi.Flashspec_tensor_make(in(&a, hidden), capi.FLASHSPEC_DTYPE_F32, capi.FLASHSPEC_MEMORY_HOST, int64(rows), int64(head.hidden))
+	defer capi.DeleteFlashspec_tensor(t)
+	p := capi.NewFlashspec_draft_params()
+	defer capi.DeleteFlashspec_draft_params(p)
+	capi.Flashspec_draft_params_init(p)
+	p.SetTemperature(o.Temperature)
+	p.SetTemperatures(in(&a, o.Temperatures))
+	p.SetSeeds(in(&a, o.Seeds))
+	p.SetRequest_ids(in(&a, o.RequestIDs))
+	p.SetSteps(in(&a, o.Steps))
+	p.SetPositions(in(&a, o.Positions))
+	tp, sp := out[int32](&a, rows), out[float32](&a, rows)
+	err = c.call(func(raw capi.Struct_SS_flashspec_context) capi.Enum_SS_flashspec_status {
+		return capi.Flashspec_draft(raw, hr, t, p, uintptr(tp), uintptr(sp))
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return back[int32](tp, rows), back[float32](sp, rows), nil
+}
+
+func rowsOf(values []float32, cols int, name string) (int, error) {
+	if cols <= 0 || len(values)%cols != 0 {
+		return 0, &Error{Status: ErrOutOfRange, Message: fmt.Sprintf("%s: %d values are not whole rows of %d", name, len(values), cols)}
+	}
+	return len(values) / cols, nil
+}
+
+// ---- Verify and finalize --------------------------------------------------
+
+// VerifyBatch is a ragged batch of requests (see flashspec_verify_batch):
+// request r drafted DraftTokens[DraftOffsets[r]:DraftOffsets[r+1]], and its
+// n_r + 1 target hidden rows start at row DraftOffsets[r] + r of
+// TargetHidden ([DraftOffsets[R] + R, d] row-major). DraftLogits nil means
+// greedy drafts; else [DraftOffsets[R], V]. Nil optional slices take the
+// library defaults.
+type VerifyBatch struct {
+	DraftOffsets      []int32
+	DraftTokens       []int32
+	TargetHidden      []float32
+	DraftLogits       []float32
+	Temperatures      []float32
+	DraftTemperatures []float32
+	Seeds             []uint64
+	RequestIDs        []uint64
+	Steps             []uint64
+	AcceptUniforms    []float32
+	MaxDraftLen       int
+}
+
+// VerifyResult is what finalize wrote.
+type VerifyResult struct {
+	AcceptedCounts []int32  // [R]
+	EmittedTokens  []int32  // [DraftOffsets[R] + R]; unused entries are -1
+	NextSteps      []uint64 // [R]: Steps + 1
+	offsets        []int32
+}
+
+// Tokens are request r's emitted tokens: the accepted drafts, then the
+// recovered or bonus token.
+func (r *VerifyResult) Tokens(request int) []int32 {
+	start := int(r.offsets[request]) + request
+	return r.EmittedTokens[start : start+int(r.AcceptedCounts[request])+1]
+}
+
+// cBatch builds the C batch in a's buffers.
+func (b *VerifyBatch) cBatch(a *arena, head *LMHead) (capi.Flashspec_verify_batch, func(), error) {
+	if len(b.DraftOffsets) < 1 {
+		return nil, nil, &Error{Status: ErrOutOfRange, Message: "DraftOffsets: needs R + 1 ≥ 2 entries"}
+	}
+	rows, err := rowsOf(b.TargetHidden, head.hidden, "TargetHidden")
+	if err != nil {
+		return nil, nil, err
+	}
+	var cleanup []func()
+	hidden := capi.Flashspec_tensor_make(in(a, b.TargetHidden), capi.FLASHSPEC_DTYPE_F32, capi.FLASHSPEC_MEMORY_HOST, int64(rows), int64(head.hidden))
+	cleanup = append(cleanup, func() { capi.DeleteFlashspec_tensor(hidden) })
+	batch := capi.NewFlashspec_verify_batch()
+	cleanup = append(cleanup, func() { capi.DeleteFlashspec_verify_batch(batch) })
+	capi.Flashspec_verify_batch_init(batch)
+	batch.SetNum_requests(len(b.DraftOffsets) - 1)
+	batch.SetDraft_offsets(in(a, b.DraftOffsets))
+	batch.SetDraft_tokens(in(a, b.DraftTokens))
+	batch.SetTarget_hidden(hidden)
+	if b.DraftLogits != nil {
+		lrows, err := rowsOf(b.DraftLogits, head.vocab, "DraftLogits")
+		if err != nil {
+			return nil, nil, err
+		}
+		logits := capi.Flashspec_tensor_make(in(a, b.DraftLogits), capi.FLASHSPEC_DTYPE_F32, capi.FLASHSPEC_MEMORY_HOST, int64(lrows), int64(head.vocab))
+		cleanup = append(cleanup, func() { capi.DeleteFlashspec_tensor(logits) })
+		batch.SetDraft_logits(logits)
+	}
+	batch.SetTemperatures(in(a, b.Temperatures))
+	batch.SetDraft_temperatures(in(a, b.DraftTemperatures))
+	batch.SetSeeds(in(a, b.Seeds))
+	batch.SetRequest_ids(in(a, b.RequestIDs))
+	batch.SetSteps(in(a, b.Steps))
+	batch.SetAccept_uniforms(in(a, b.AcceptUniforms))
+	batch.SetMax_draft_len(b.MaxDraftLen)
+	return batch, func() {
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			cleanup[i]()
+		}
+	}, nil
+}
+
+func (c *Context) finalizeWith(b *VerifyBatch, head *LMHead, fn func(raw capi.Struct_SS_flashspec_context, batch capi.Flashspec_verify_batch, result capi.Flashspec_verify_result) capi.Enum_SS_flashspec_status) (*VerifyResult, error) {
+	var a arena
+	defer a.free()
+	batch, release, err := b.cBatch(&a, head)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	requests := len(b.DraftOffsets) - 1
+	emitted := int(b.DraftOffsets[requests]) + requests
+	if emitted < 0 {
+		emitted = 0
+	}
+	result := capi.NewFlashspec_verify_result()
+	defer capi.DeleteFlashspec_verify_result(result)
+	capi.Flashspec_verify_result_init(result)
+	ap, ep, np := out[int32](&a, requests), out[int32](&a, emitted), out[uint64](&a, requests)
+	result.SetAccepted_counts(uintptr(ap))
+	result.SetEmitted_tokens(uintptr(ep))
+	result.SetNext_steps(uintptr(np))
+	if err := c.call(func(raw capi.Struct_SS_flashspec_context) capi.Enum_SS_flashspec_status {
+		return fn(raw, batch, result)
+	}); err != nil {
+		return nil, err
+	}
+	offsets := append([]int32(nil), b.DraftOffsets...)
+	return &VerifyResult{AcceptedCounts: back[int32](ap, requests), EmittedTokens: back[int32](ep, emitted),
+		NextSteps: back[uint64](np, requests), offsets: offsets}, nil
+}
+
+// VerifyAndFinalize verifies the batch and runs Algorithm 1 on it.
+func (c *Context) VerifyAndFinalize(head *LMHead, b *VerifyBatch) (*VerifyResult, error) {
+	hr, err := head.handle()
+	if err != nil {
+		return nil, err
+	}
+	return c.finalizeWith(b, head, func(raw capi.Struct_SS_flashspec_context, batch capi.Flashspec_verify_batch, result capi.Flashspec_verify_result) capi.Enum_SS_flashspec_status {
+		return capi.Flashspec_verify_and_finalize(raw, hr, batch, result)
+	})
+}
+
+// Summaries are the per-row summaries written by Verify and read by Finalize.
+type Summaries struct {
+	raw capi.Struct_SS_flashspec_summaries
+}
+
+// NewSummaries reserves summaries for maxRows target rows and maxRequests requests.
+func (c *Context) NewSummaries(maxRows, maxRequests int) (*Summaries, error) {
+	var a arena
+	defer a.free()
+	slot := out[uintptr](&a, 1)
+	if err := c.call(func(raw capi.Struct_SS_flashspec_context) capi.Enum_SS_flashspec_status {
+		return capi.Flashspec_summaries_create(raw, maxRows, maxRequests, uintptr(slot))
+	}); err != nil {
+		return nil, err
+	}
+	return &Summaries{raw: capi.SwigcptrStruct_SS_flashspec_summaries(readHandle(slot))}, nil
+}
+
+// Close frees the summaries. Closing twice is a no-op.
+func (s *Summaries) Close() error {
+	if s.raw != nil {
+		capi.Flashspec_summaries_destroy(s.raw)
+		s.raw = nil
+	}
+	return nil
+}
+
+// Verify makes one pass over W for the batch, writing only summaries.
+func (c *Context) Verify(head *LMHead, b *VerifyBatch, s *Summaries) error {
+	hr, err := head.handle()
+	if err != nil {
+		return err
+	}
+	if s == nil || s.raw == nil {
+		return errClosed
+	}
+	var a arena
+	defer a.free()
+	batch, release, err := b.cBatch(&a, head)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return c.call(func(raw capi.Struct_SS_flashspec_context) capi.Enum_SS_flashspec_status {
+		return capi.Flashspec_verify(raw, hr, batch, s.raw)
+	})
+}
+
+// Finalize runs Algorithm 1 on the summaries of the last Verify of b.
+func (c *Context) Finalize(head *LMHead, b *VerifyBatch, s *Summaries) (*VerifyResult, error) {
+	if _, err := head.handle(); err != nil {
+		return nil, err
+	}
+	if s == nil || s.raw == nil {
+		return nil, errClosed
+	}
+	return c.finalizeWith(b, head, func(raw capi.Struct_SS_flashspec_context, batch capi.Flashspec_verify_batch, result capi.Flashspec_verify_result) capi.Enum_SS_flashspec_status {
+		return capi.Flashspec_finalize(raw, batch, s.raw, result)
+	})
+}
+
+// ---- Randomness and the plugin table --------------------------------------
+
+// RNGPurpose is a flashspec_rng_purpose.
+type RNGPurpose int
+
+// Purposes of the randomness contract.
+var (
+	RNGDraftNoise    = RNGPurpose(capi.FLASHSPEC_RNG_DRAFT_NOISE)
+	RNGAcceptUniform = RNGPurpose(capi.FLASHSPEC_RNG_ACCEPT_UNIFORM)
+	RNGResidualNoise = RNGPurpose(capi.FLASHSPEC_RNG_RESIDUAL_NOISE)
+	RNGBonusNoise    = RNGPurpose(capi.FLASHSPEC_RNG_BONUS_NOISE)
+)
+
+// Philox4x32_10 is Philox4x32-10 of (counter, key).
+func Philox4x32_10(counter [4]uint32, key [2]uint32) [4]uint32 {
+	var a arena
+	defer a.free()
+	o := out[uint32](&a, 4)
+	capi.Flashspec_philox4x32_10(in(&a, counter[:]), in(&a, key[:]), uintptr(o))
+	var r [4]uint32
+	copy(r[:], back[uint32](o, 4))
+	return r
+}
+
+// RNGUniform is the contract's uniform in (0, 1) for one token and purpose.
+func RNGUniform(seed, requestID, step uint64, position int32, purpose RNGPurpose, token int32) float64 {
+	return capi.Flashspec_rng_uniform(seed, requestID, step, int(position), capi.Enum_SS_flashspec_rng_purpose(purpose), int(token))
+}
+
+// PluginTable describes the flashspec_api table a dlopen host resolves.
+type PluginTable struct {
+	StructSize uint32
+	ABIVersion uint32
+	api        capi.Flashspec_api
+}
+
+// GetAPI is flashspec_get_api: the table for abiVersion, or ok false.
+func GetAPI(abiVersion uint) (table PluginTable, ok bool) {
+	api := capi.Flashspec_get_api(abiVersion)
+	if api == nil || api.Swigcptr() == 0 {
+		return PluginTable{}, false
+	}
+	return PluginTable{StructSize: uint32(api.GetStruct_size()), ABIVersion: uint32(api.GetAbi_version()), api: api}, true
+}
+
+// VersionNumber calls the table's version_number member.
+func (t PluginTable) VersionNumber() uint {
+	fn := t.api.GetVersion_number()
+	return uint(C.flashspec_go_call_unsigned(unsafe.Pointer(fn)))
+}

@@ -1,0 +1,3 @@
+module flashspec
+
+go 1.19

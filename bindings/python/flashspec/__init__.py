@@ -1,0 +1,67 @@
+"""FlashSpec for Python: a fused LM head + speculative-decoding sampler.
+
+    import flashspec
+    with flashspec.Context("cpu", seed=7) as ctx:
+        head = ctx.lm_head(W)                       # [V, d] numpy / torch / cupy
+        tokens, logprobs = ctx.draft(head, h, temperature=1.0)
+        batch = flashspec.VerifyBatch(offsets, drafts, target_hidden)
+        result = ctx.verify_and_finalize(head, batch)
+
+The raw SWIG layer is flashspec.capi (every C function and struct as is).
+"""
+from . import capi
+from ._core import Context, LMHead, Summaries, VerifyBatch, VerifyResult, stream_handle
+from .errors import FlashSpecError, error_class
+from .errors import *  # noqa: F401,F403  (one exception class per status)
+
+__version__ = capi.flashspec_version_string()
+ABI_VERSION = capi.FLASHSPEC_ABI_VERSION
+
+
+def version():
+    """Version string of the library actually loaded."""
+    return capi.flashspec_version_string()
+
+
+def version_number():
+    return capi.flashspec_version_number()
+
+
+def abi_version():
+    """ABI version of the library actually loaded."""
+    return capi.flashspec_abi_version()
+
+
+def status_string(status):
+    return capi.flashspec_status_string(status)
+
+
+def status_name(status):
+    return capi.flashspec_status_name(status)
+
+
+def cuda_device_count():
+    """CUDA devices usable by this build of the library (0 without CUDA)."""
+    return capi.flashspec_cuda_device_count()
+
+
+def philox4x32_10(counter, key):
+    """Philox4x32-10 of a 4-word counter and 2-word key: a 4-tuple of words."""
+    return capi.flashspec_philox4x32_10(counter, key)
+
+
+RNG_PURPOSES = {"draft_noise": capi.FLASHSPEC_RNG_DRAFT_NOISE,
+                "accept_uniform": capi.FLASHSPEC_RNG_ACCEPT_UNIFORM,
+                "residual_noise": capi.FLASHSPEC_RNG_RESIDUAL_NOISE,
+                "bonus_noise": capi.FLASHSPEC_RNG_BONUS_NOISE}
+
+
+def rng_uniform(seed, request_id, step, position, purpose, token):
+    """The contract's uniform in (0, 1); purpose is a name of RNG_PURPOSES or its value."""
+    purpose = RNG_PURPOSES.get(purpose, purpose)
+    return capi.flashspec_rng_uniform(seed, request_id, step, position, purpose, token)
+
+
+def get_api(abi_version=capi.FLASHSPEC_ABI_VERSION):
+    """The plugin table (flashspec_api) for abi_version, or None."""
+    return capi.flashspec_get_api(abi_version)

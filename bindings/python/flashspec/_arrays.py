@@ -1,0 +1,306 @@
+"""Zero-copy views of caller arrays for the C API.
+
+Host memory: anything numpy can view (``__array_interface__``, the buffer
+protocol, or a host ``__dlpack__`` such as a CPU torch tensor). Device
+memory: any object with ``__dlpack__`` on a CUDA device, or with
+``__cuda_array_interface__`` (PyTorch, CuPy, Numba). Device arrays are never
+copied; a device array of the wrong dtype or layout is an error.
+
+Streams. The library works on its context's CUDA stream. For DLPack the
+context stream is passed to ``__dlpack__(stream=...)``, so the producer
+orders its pending work before it (the DLPack contract). For the CUDA array
+interface, a producer ``stream`` other than the context's is waited on with
+an event (cudaEventRecord + cudaStreamWaitEvent), as that protocol asks of
+consumers; neither path blocks the host.
+"""
+import ctypes
+
+import numpy as np
+
+from . import capi as _capi
+
+HOST = _capi.FLASHSPEC_MEMORY_HOST
+CUDA = _capi.FLASHSPEC_MEMORY_CUDA
+
+# DLPack device types and dtype codes (dlpack.h, stable since v0.2).
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
+_DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT = 0, 1, 2, 4
+
+# Element types the C API takes, by name.
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint64": 8, "int64": 8}
+_TENSOR_DTYPES = {"float32": _capi.FLASHSPEC_DTYPE_F32, "bfloat16": _capi.FLASHSPEC_DTYPE_BF16,
+                  "float16": _capi.FLASHSPEC_DTYPE_F16}
+
+
+class View:
+    """A strided view: address, element type name, shape, strides in
+    elements, memory kind, CUDA device id, the object keeping the memory
+    alive (owner) and the object the caller passed (source)."""
+
+    __slots__ = ("address", "dtype", "shape", "strides", "memory", "device", "owner", "source")
+
+    def __init__(self, address, dtype, shape, strides, memory, device, owner, source=None):
+        self.address, self.dtype, self.shape = address, dtype, tuple(shape)
+        self.strides, self.memory, self.device, self.owner = tuple(strides), memory, device, owner
+        self.source = owner if source is None else source
+
+    def reshaped(self, shape, strides):
+        return View(self.address, self.dtype, shape, strides, self.memory, self.device,
+                    self.owner, self.source)
+
+    @property
+    def size(self):
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def is_contiguous(self):
+        expected = 1
+        for extent, stride in zip(reversed(self.shape), reversed(self.strides)):
+            if extent != 1 and stride != expected:
+                return False
+            expected *= extent
+        return True
+
+
+def _c_strides(shape):
+    strides, step = [], 1
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= extent
+    return list(reversed(strides))
+
+
+def _typestr_name(typestr, descr_name=None):
+    if descr_name == "bfloat16":
+        return "bfloat16"
+    kind, size = typestr[1], int(typestr[2:])
+    return {("f", 4): "float32", ("f", 2): "float16", ("i", 4): "int32", ("u", 8): "uint64",
+            ("i", 8): "int64"}.get((kind, size), typestr)
+
+
+def _byte_strides_to_elements(strides, shape, itemsize, what):
+    if strides is None:
+        return _c_strides(shape)
+    out = []
+    for s in strides:
+        if s % itemsize:
+            raise ValueError(f"{what}: stride {s} bytes is not a multiple of the element size")
+        out.append(s // itemsize)
+    return out
+
+
+# ---- DLPack ---------------------------------------------------------------
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+_DL_DTYPES = {(_DL_FLOAT, 32): "float32", (_DL_FLOAT, 16): "float16", (_DL_BFLOAT, 16): "bfloat16",
+              (_DL_INT, 32): "int32", (_DL_UINT, 64): "uint64", (_DL_INT, 64): "int64"}
+
+
+def _from_dlpack(obj, what, stream):
+    device_type, device_id = obj.__dlpack_device__()
+    device_type = int(device_type)
+    if device_type in (_DL_CUDA, _DL_CUDA_MANAGED):
+        # DLPack: 1 is the legacy default stream; 0 is not allowed for CUDA.
+        capsule = obj.__dlpack__(stream=stream if stream else 1)
+        memory = CUDA
+    elif device_type in (_DL_CPU, _DL_CUDA_HOST):
+        capsule = obj.__dlpack__()
+        memory = HOST
+    else:
+        raise ValueError(f"{what}: DLPack device type {device_type} is neither host nor CUDA")
+    # The capsule keeps its name "dltensor": its destructor then calls the
+    # producer's deleter once the view (which owns the capsule) is released.
+    managed = _DLManagedTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+    t = managed.dl_tensor
+    dtype = _DL_DTYPES.get((t.dtype.code, t.dtype.bits))
+    if dtype is None or t.dtype.lanes != 1:
+        raise TypeError(f"{what}: unsupported DLPack dtype (code {t.dtype.code}, bits {t.dtype.bits})")
+    shape = [t.shape[i] for i in range(t.ndim)]
+    strides = [t.strides[i] for i in range(t.ndim)] if t.strides else _c_strides(shape)
+    address = (t.data or 0) + t.byte_offset
+    return View(address, dtype, shape, strides, memory, int(device_id), capsule, obj)
+
+
+# ---- CUDA array interface -------------------------------------------------
+_cudart = None
+
+
+def _cuda_runtime():
+    global _cudart
+    if _cudart is None:
+        for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"):
+            try:
+                _cudart = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        else:
+            raise RuntimeError("the CUDA runtime library (libcudart) could not be loaded "
+                               "to order a __cuda_array_interface__ producer stream")
+    return _cudart
+
+
+def _order_after(producer_stream, consumer_stream):
+    """Make consumer_stream wait for the work enqueued so far on producer_stream."""
+    rt = _cuda_runtime()
+    event = ctypes.c_void_p()
+    disable_timing = 0x02
+    for call in (lambda: rt.cudaEventCreateWithFlags(ctypes.byref(event), disable_timing),
+                 lambda: rt.cudaEventRecord(event, ctypes.c_void_p(producer_stream)),
+                 lambda: rt.cudaStreamWaitEvent(ctypes.c_void_p(consumer_stream), event, 0)):
+        err = call()
+        if err != 0:
+            if event.value:
+                rt.cudaEventDestroy(event)
+            raise RuntimeError(f"CUDA error {err} while ordering array-interface streams")
+    rt.cudaEventDestroy(event)
+
+
+def _from_cuda_array_interface(obj, what, stream):
+    cai = obj.__cuda_array_interface__
+    if cai.get("mask") is not None:
+        raise ValueError(f"{what}: masked CUDA arrays are not supported")
+    shape = list(cai["shape"])
+    dtype = _typestr_name(cai["typestr"])
+    if dtype not in _ITEMSIZE:
+        raise TypeError(f"{what}: unsupported CUDA array dtype {cai['typestr']}")
+    strides = _byte_strides_to_elements(cai.get("strides"), shape, _ITEMSIZE[dtype], what)
+    producer = cai.get("stream")
+    consumer = stream if stream else 1  # a NULL context stream is the legacy default stream
+    if producer is not None and producer != consumer:
+        _order_after(producer, consumer)
+    device = _cuda_device_of(obj)
+    return View(cai["data"][0], dtype, shape, strides, CUDA, device, obj)
+
+
+def _cuda_device_of(obj):
+    device = getattr(obj, "device", None)
+    index = getattr(device, "index", None)  # torch.device
+    if index is None:
+        index = getattr(device, "id", None)  # cupy.cuda.Device
+    return int(index) if index is not None else 0
+
+
+# ---- entry point ----------------------------------------------------------
+def view(obj, what, *, stream=0, dtype=None):
+    """A zero-copy View of obj. ``dtype`` (a name) converts host inputs that
+    are not numpy arrays of that type (a copy, which only host memory allows);
+    device inputs must already have it."""
+    if isinstance(obj, View):
+        return obj
+    if not isinstance(obj, np.ndarray) and not hasattr(obj, "__array_interface__"):
+        if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+            v = _from_dlpack(obj, what, stream)
+            if v.memory == CUDA or dtype is None or v.dtype == dtype:
+                return _checked(v, what, dtype)
+            obj = np.from_dlpack(obj)
+        elif hasattr(obj, "__cuda_array_interface__"):
+            return _checked(_from_cuda_array_interface(obj, what, stream), what, dtype)
+    arr = np.asarray(obj)
+    if dtype is not None and arr.dtype.name != dtype:
+        if dtype == "bfloat16":
+            raise TypeError(f"{what}: expected a bfloat16 array, got {arr.dtype}")
+        if dtype in ("int32", "uint64") and arr.size and arr.dtype.kind not in "iub":
+            raise TypeError(f"{what}: expected integers, got {arr.dtype}")
+        arr = arr.astype(dtype)
+    name = "bfloat16" if arr.dtype.name == "bfloat16" else arr.dtype.name
+    if name not in _ITEMSIZE:
+        raise TypeError(f"{what}: unsupported dtype {arr.dtype}")
+    strides = _byte_strides_to_elements(arr.strides, arr.shape, arr.itemsize, what)
+    address = arr.__array_interface__["data"][0]
+    return _checked(View(address, name, arr.shape, strides, HOST, 0, arr), what, dtype)
+
+
+def _checked(v, what, dtype):
+    if dtype == "uint64" and v.dtype == "int64":
+        # Same width; torch has no usable uint64, so int64 carries the bits.
+        v.dtype = "uint64"
+    if dtype is not None and v.dtype != dtype:
+        raise TypeError(f"{what}: expected a {dtype} array on the device, got {v.dtype} "
+                        "(device arrays are never converted)")
+    return v
+
+
+def vector(obj, what, dtype, *, stream=0):
+    """A contiguous 1-D view (host inputs are made contiguous; device inputs must be)."""
+    v = view(obj, what, stream=stream, dtype=dtype)
+    if len(v.shape) != 1:
+        raise ValueError(f"{what}: expected a 1-D array, got shape {v.shape}")
+    if not v.is_contiguous():
+        if v.memory == CUDA:
+            raise ValueError(f"{what}: device arrays must be contiguous")
+        v = view(np.ascontiguousarray(v.source), what, dtype=dtype)
+    return v
+
+
+def tensor(obj, what, *, stream=0):
+    """A 2-D row-major view (1-D means one row) for a flashspec_tensor: unit
+    column stride, row stride ≥ columns; host inputs are fixed up by a copy."""
+    v = view(obj, what, stream=stream)
+    if v.dtype not in _TENSOR_DTYPES:
+        if v.memory == CUDA:
+            raise TypeError(f"{what}: expected float32, bfloat16 or float16, got {v.dtype}")
+        v = view(np.asarray(v.source, dtype=np.float32), what)
+    if len(v.shape) == 1:
+        v = v.reshaped((1, v.shape[0]), (v.shape[0], 1))
+    if len(v.shape) != 2:
+        raise ValueError(f"{what}: expected a 2-D array, got shape {v.shape}")
+    rows, cols = v.shape
+    row_stride = v.strides[0] if rows > 1 else max(cols, v.strides[0])
+    if (cols > 1 and v.strides[1] != 1) or row_stride < cols:
+        if v.memory == CUDA:
+            raise ValueError(f"{what}: device tensors need unit column stride and row stride >= columns")
+        return tensor(np.ascontiguousarray(v.source), what)
+    return v.reshaped(v.shape, (row_stride, 1))
+
+
+def c_tensor(v):
+    """The flashspec_tensor of a 2-D View from tensor()."""
+    t = _capi.flashspec_tensor()
+    t.data = v.address
+    t.dtype = _TENSOR_DTYPES[v.dtype]
+    t.memory = v.memory
+    t.rows, t.cols = v.shape
+    t.row_stride = v.strides[0]
+    return t
+
+
+def empty_like_memory(proto, shape, dtype):
+    """An output array in the memory of ``proto`` (a View): numpy on the host;
+    on the device, an array of the framework proto came from (torch or cupy).
+    torch gets int64 where the C API writes uint64 (same bits)."""
+    if proto is None or proto.memory == HOST:
+        return np.empty(shape, dtype=dtype)
+    module = type(proto.source).__module__.split(".")[0]
+    if module == "torch":
+        import torch
+        torch_dtype = torch.int64 if dtype == "uint64" else getattr(torch, dtype)
+        return torch.empty(shape, dtype=torch_dtype, device=f"cuda:{proto.device}")
+    if module == "cupy":
+        import cupy
+        with cupy.cuda.Device(proto.device):
+            return cupy.empty(shape, dtype=dtype)
+    raise TypeError("pass the output arrays (tokens_out=, out=...) for device inputs that are "
+                    "neither torch tensors nor cupy arrays")

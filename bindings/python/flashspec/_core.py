@@ -1,0 +1,371 @@
+"""The Pythonic layer over the SWIG module: Context, LMHead, Summaries,
+VerifyBatch and VerifyResult, with RAII-style close() and exceptions."""
+import threading
+import weakref
+
+import numpy as np
+
+from . import _arrays
+from . import capi as _capi
+from .errors import check
+
+__all__ = ["Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "stream_handle"]
+
+_BACKENDS = {"auto": _capi.FLASHSPEC_BACKEND_AUTO, "cpu": _capi.FLASHSPEC_BACKEND_CPU,
+             "cuda": _capi.FLASHSPEC_BACKEND_CUDA}
+_BACKEND_NAMES = {v: k for k, v in _BACKENDS.items()}
+
+
+def stream_handle(stream):
+    """The cudaStream_t of ``stream`` as an integer: an int, a torch.cuda.Stream
+    (``.cuda_stream``), a cupy Stream (``.ptr``), or None (0, the legacy
+    default stream)."""
+    if stream is None:
+        return 0
+    for attribute in ("cuda_stream", "ptr", "handle"):
+        value = getattr(stream, attribute, None)
+        if isinstance(value, int):
+            return value
+    return int(stream)
+
+
+class _Handle:
+    """Owns one C handle; close() is idempotent and also runs on collection."""
+
+    _destroy = None
+
+    def __init__(self, raw):
+        self._raw = raw
+
+    @property
+    def raw(self):
+        if self._raw is None:
+            raise ValueError(f"{type(self).__name__} is closed")
+        return self._raw
+
+    @property
+    def closed(self):
+        return self._raw is None
+
+    def close(self):
+        raw, self._raw = self._raw, None
+        if raw is not None:
+            type(self)._destroy(raw)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Context(_Handle):
+    """A FlashSpec context: backend, device, CUDA stream, seed and workspace.
+
+    Use one context per thread (the C API's [context-exclusive]); the calls of
+    one context are serialised by a lock, so sharing it is safe but serial.
+    close() destroys the LM heads and summaries created from it first.
+    """
+
+    _destroy = staticmethod(_capi.flashspec_context_destroy)
+
+    def __init__(self, backend="auto", *, device=0, cuda_stream=None, seed=0, cpu_threads=0,
+                 max_rows=512, max_requests=512):
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend must be one of {sorted(_BACKENDS)}, not {backend!r}")
+        params = _capi.flashspec_context_params()
+        _capi.flashspec_context_params_init(params)
+        params.backend = _BACKENDS[backend]
+        params.device_ordinal = device
+        self.stream = stream_handle(cuda_stream)
+        params.cuda_stream = self.stream or None
+        params.seed = seed
+        params.cpu_threads = cpu_threads
+        params.max_rows = max_rows
+        params.max_requests = max_requests
+        status, raw = _capi.flashspec_context_create(params)
+        check(status, None)
+        super().__init__(raw)
+        self._lock = threading.RLock()
+        self._children = weakref.WeakSet()
+        self.seed = seed
+
+    def close(self):
+        if self._raw is None:
+            return
+        with self._lock:
+            for child in list(self._children):
+                child.close()
+            super().close()
+
+    def _call(self, fn, *args):
+        with self._lock:
+            raw = self.raw
+            check(fn(raw, *args), raw)
+
+    @property
+    def backend(self):
+        """"cpu" or "cuda": the backend actually chosen."""
+        return _BACKEND_NAMES[_capi.flashspec_context_backend(self.raw)]
+
+    @property
+    def last_error(self):
+        return _capi.flashspec_context_last_error(self.raw)
+
+    def synchronize(self):
+        """Wait for all work enqueued on the context."""
+        self._call(_capi.flashspec_context_synchronize)
+
+    def _sync_host_outputs(self, memory):
+        # The CUDA backend writes host outputs asynchronously too; a numpy
+        # array handed back must be complete.
+        if memory == _arrays.HOST and self.backend == "cuda":
+            self.synchronize()
+
+    # ---- objects -----------------------------------------------------------
+    def lm_head(self, weight, *, borrow=False):
+        """Upload the LM head W, [V, d] (float32, bfloat16 or float16)."""
+        return LMHead(self, weight, borrow=borrow)
+
+    def summaries(self, max_rows, max_requests):
+        """Reserve summaries for verify/finalize."""
+        return Summaries(self, max_rows, max_requests)
+
+    # ---- draft -------------------------------------------------------------
+    def draft(self, head, hidden, *, temperature=0.0, temperatures=None, seeds=None,
+              request_ids=None, steps=None, positions=None, tokens_out=None, scores_out=None):
+        """Draft one token per hidden row. Returns (tokens, scores): int32
+        token ids and, per row, the token's logit (T = 0) or log q(x) (T > 0).
+        Outputs (unless given) live with the per-row arrays, else with
+        ``hidden``: numpy on the host, torch or cupy arrays on the device."""
+        hv = _arrays.tensor(hidden, "hidden", stream=self.stream)
+        rows = hv.shape[0]
+        arrays = {name: (value, dtype) for name, value, dtype in (
+            ("temperatures", temperatures, "float32"), ("seeds", seeds, "uint64"),
+            ("request_ids", request_ids, "uint64"), ("steps", steps, "uint64"),
+            ("positions", positions, "int32")) if value is not None}
+        if tokens_out is not None:
+            arrays["tokens_out"] = (tokens_out, "int32")
+        if scores_out is not None:
+            arrays["scores_out"] = (scores_out, "float32")
+        views = {name: _arrays.vector(value, name, dtype, stream=self.stream)
+                 for name, (value, dtype) in arrays.items()}
+        # Per-row arrays and outputs share one memory (params->memory): that
+        # of the arrays given, else that of the hidden rows.
+        memory = _common_memory(views.values(), default=hv.memory)
+        proto = next(iter(views.values()), hv)
+        for name, dtype in (("tokens_out", "int32"), ("scores_out", "float32")):
+            if name not in views:
+                created = _arrays.empty_like_memory(proto, (rows,), dtype)
+                views[name] = _arrays.vector(created, name, dtype, stream=self.stream)
+        for name, v in views.items():
+            _require_rows(name, v, rows)
+        tv, sv = views.pop("tokens_out"), views.pop("scores_out")
+
+        params = _capi.flashspec_draft_params()
+        _capi.flashspec_draft_params_init(params)
+        params.memory = memory
+        params.temperature = temperature
+        for name, v in views.items():
+            setattr(params, name, v.address)
+        self._call(_capi.flashspec_draft, head.raw, _arrays.c_tensor(hv), params, tv.address, sv.address)
+        self._sync_host_outputs(memory)
+        return tv.source, sv.source
+
+    # ---- verify / finalize -------------------------------------------------
+    def verify(self, head, batch, summaries):
+        """One pass over W for the batch, writing only the per-row summaries."""
+        self._call(_capi.flashspec_verify, head.raw, batch.c_batch(self.stream), summaries.raw)
+
+    def finalize(self, batch, summaries, *, out=None):
+        """Algorithm 1 on the summaries of the last verify of this batch."""
+        result = out if out is not None else VerifyResult.like(batch, self.stream)
+        self._call(_capi.flashspec_finalize, batch.c_batch(self.stream), summaries.raw,
+                   result.c_result(self.stream))
+        self._sync_host_outputs(batch.memory)
+        return result
+
+    def verify_and_finalize(self, head, batch, *, out=None):
+        """verify then finalize with summaries the context keeps."""
+        result = out if out is not None else VerifyResult.like(batch, self.stream)
+        self._call(_capi.flashspec_verify_and_finalize, head.raw, batch.c_batch(self.stream),
+                   result.c_result(self.stream))
+        self._sync_host_outputs(batch.memory)
+        return result
+
+
+def _common_memory(views, default):
+    memories = {v.memory for v in views}
+    if len(memories) > 1:
+        raise ValueError("index arrays must all live in host memory or all on the device")
+    return memories.pop() if memories else default
+
+
+def _require_memory(named_views, memory):
+    for name, v in named_views:
+        if v.memory != memory:
+            where = "the device" if memory == _arrays.CUDA else "host memory"
+            raise ValueError(f"{name} must live in {where}, like the other index arrays")
+
+
+def _require_rows(name, v, rows):
+    if v.shape[0] < rows:
+        raise ValueError(f"{name} has {v.shape[0]} entries, fewer than the {rows} rows")
+
+
+class LMHead(_Handle):
+    """An uploaded LM head (immutable). borrow=True keeps a device W by
+    pointer (CUDA backend); the array is then kept alive by this object."""
+
+    _destroy = staticmethod(_capi.flashspec_lm_head_destroy)
+
+    def __init__(self, context, weight, *, borrow=False):
+        wv = _arrays.tensor(weight, "weight", stream=context.stream)
+        flags = _capi.FLASHSPEC_LM_HEAD_BORROW if borrow else _capi.FLASHSPEC_LM_HEAD_COPY
+        with context._lock:
+            status, raw = _capi.flashspec_lm_head_create(context.raw, _arrays.c_tensor(wv), flags)
+            check(status, context.raw)
+        super().__init__(raw)
+        self.context = context
+        self._borrowed = wv if borrow else None
+        if not borrow and wv.memory == _arrays.CUDA:
+            # The device-to-device copy is asynchronous: W must outlive it.
+            context.synchronize()
+        context._children.add(self)
+
+    @property
+    def vocab_size(self):
+        return _capi.flashspec_lm_head_vocab_size(self.raw)
+
+    @property
+    def hidden_size(self):
+        return _capi.flashspec_lm_head_hidden_size(self.raw)
+
+
+class Summaries(_Handle):
+    """Per-row summaries written by verify and read by finalize."""
+
+    _destroy = staticmethod(_capi.flashspec_summaries_destroy)
+
+    def __init__(self, context, max_rows, max_requests):
+        with context._lock:
+            status, raw = _capi.flashspec_summaries_create(context.raw, max_rows, max_requests)
+            check(status, context.raw)
+        super().__init__(raw)
+        self.context = context
+        context._children.add(self)
+
+
+class VerifyBatch:
+    """A ragged batch of requests to verify (see flashspec_verify_batch).
+
+    draft_offsets: [R+1] int32; draft_tokens: [offsets[R]] int32;
+    target_hidden: [offsets[R] + R, d]; draft_logits: None (greedy drafts)
+    or [offsets[R], V]. Per-request arrays are optional. Index arrays must
+    all be host arrays (numpy, lists) or all device arrays.
+    """
+
+    _ARRAYS = (("draft_offsets", "int32"), ("draft_tokens", "int32"), ("temperatures", "float32"),
+               ("draft_temperatures", "float32"), ("seeds", "uint64"), ("request_ids", "uint64"),
+               ("steps", "uint64"), ("accept_uniforms", "float32"))
+
+    def __init__(self, draft_offsets, draft_tokens, target_hidden, *, draft_logits=None,
+                 temperatures=None, draft_temperatures=None, seeds=None, request_ids=None,
+                 steps=None, accept_uniforms=None, max_draft_len=0):
+        given = dict(draft_offsets=draft_offsets, draft_tokens=draft_tokens, temperatures=temperatures,
+                     draft_temperatures=draft_temperatures, seeds=seeds, request_ids=request_ids,
+                     steps=steps, accept_uniforms=accept_uniforms)
+        self._inputs = {k: v for k, v in given.items() if v is not None}
+        self.target_hidden = target_hidden
+        self.draft_logits = draft_logits
+        self.max_draft_len = max_draft_len
+        self._stream = None
+        self._built = None
+
+    def c_batch(self, stream):
+        """The flashspec_verify_batch (built once per stream; keeps its views)."""
+        if self._built is not None and self._stream == stream:
+            return self._built[0]
+        views = {name: _arrays.vector(self._inputs[name], name, dtype, stream=stream)
+                 for name, dtype in self._ARRAYS if name in self._inputs}
+        memory = _common_memory(views.values(), default=_arrays.HOST)
+        hidden = _arrays.tensor(self.target_hidden, "target_hidden", stream=stream)
+        logits = (_arrays.tensor(self.draft_logits, "draft_logits", stream=stream)
+                  if self.draft_logits is not None else None)
+        batch = _capi.flashspec_verify_batch()
+        _capi.flashspec_verify_batch_init(batch)
+        batch.memory = memory
+        offsets = views["draft_offsets"]
+        batch.num_requests = offsets.shape[0] - 1
+        for name, v in views.items():
+            setattr(batch, name, v.address)
+        hidden_c = _arrays.c_tensor(hidden)
+        batch.target_hidden = hidden_c
+        logits_c = _arrays.c_tensor(logits) if logits is not None else None
+        batch.draft_logits = logits_c
+        batch.max_draft_len = self.max_draft_len
+        self.memory = memory
+        self._proto = offsets
+        self.num_requests = batch.num_requests
+        self.total_rows = hidden.shape[0]
+        self._built = (batch, views, hidden, logits, hidden_c, logits_c)
+        self._stream = stream
+        return batch
+
+    @property
+    def draft_offsets(self):
+        return self._inputs["draft_offsets"]
+
+
+class VerifyResult:
+    """accepted_counts [R], emitted_tokens [offsets[R] + R] and next_steps [R],
+    in the memory of the batch's index arrays."""
+
+    def __init__(self, accepted_counts, emitted_tokens, next_steps=None, *, draft_offsets=None):
+        self.accepted_counts = accepted_counts
+        self.emitted_tokens = emitted_tokens
+        self.next_steps = next_steps
+        self._draft_offsets = draft_offsets
+
+    @classmethod
+    def like(cls, batch, stream=0):
+        """Outputs sized for batch, in the memory of its draft_offsets."""
+        offsets = _arrays.vector(batch.draft_offsets, "draft_offsets", "int32", stream=stream)
+        if offsets.memory == _arrays.HOST:
+            count = offsets.shape[0] - 1
+            total = int(np.asarray(offsets.source)[-1]) + count if count >= 0 else 0
+        else:
+            batch.c_batch(stream)
+            count, total = batch.num_requests, batch.total_rows
+        make = lambda shape, dtype: _arrays.empty_like_memory(offsets, shape, dtype)  # noqa: E731
+        return cls(make((max(count, 0),), "int32"), make((max(total, 0),), "int32"),
+                   make((max(count, 0),), "uint64"), draft_offsets=batch.draft_offsets)
+
+    def c_result(self, stream):
+        result = _capi.flashspec_verify_result()
+        _capi.flashspec_verify_result_init(result)
+        views = [_arrays.vector(self.accepted_counts, "accepted_counts", "int32", stream=stream),
+                 _arrays.vector(self.emitted_tokens, "emitted_tokens", "int32", stream=stream)]
+        if self.next_steps is not None:
+            views.append(_arrays.vector(self.next_steps, "next_steps", "uint64", stream=stream))
+        _require_memory([("result arrays", v) for v in views[1:]], views[0].memory)
+        result.memory = views[0].memory
+        result.accepted_counts = views[0].address
+        result.emitted_tokens = views[1].address
+        result.next_steps = views[2].address if len(views) > 2 else None
+        self._views = views
+        return result
+
+    def tokens(self, request):
+        """The emitted tokens of one request (host results): the accepted
+        drafts, then the recovered or bonus token."""
+        offsets = np.asarray(self._draft_offsets)
+        counts = np.asarray(self.accepted_counts)
+        start = int(offsets[request]) + request
+        return [int(t) for t in np.asarray(self.emitted_tokens)[start:start + int(counts[request]) + 1]]

@@ -1,0 +1,97 @@
+/* SWIG interface of the FlashSpec C API for Python: the raw layer under the
+ * `flashspec` package. Every function and struct of include/flashspec.h is
+ * wrapped as is; only three kinds of argument are mapped by hand:
+ *   - data pointers (tensor data, index arrays, outputs, cuda_stream) are
+ *     plain integer addresses, so host (numpy) and device (CUDA array
+ *     interface, DLPack) memory pass through without a copy;
+ *   - `T** out` handle outputs are returned after the status;
+ *   - the fixed-size arrays of flashspec_philox4x32_10 are tuples.
+ * New handle types or pointer element types go in the lists below. */
+%module(package="flashspec") capi
+
+%{
+#include "flashspec.h"
+%}
+
+%include <stdint.i>
+
+/* ---- data pointers as integer addresses (None = NULL) ------------------ */
+%define FLASHSPEC_ADDRESS(TYPE)
+%typemap(in) TYPE {
+  if ($input == Py_None) {
+    $1 = NULL;
+  } else {
+    void* address_ = PyLong_AsVoidPtr($input);
+    if (address_ == NULL && PyErr_Occurred()) SWIG_fail;
+    $1 = ($1_ltype)address_;
+  }
+}
+%typemap(out) TYPE { $result = PyLong_FromVoidPtr((void*)$1); }
+%typemap(typecheck, precedence=SWIG_TYPECHECK_POINTER) TYPE {
+  $1 = ($input == Py_None || PyLong_Check($input)) ? 1 : 0;
+}
+%enddef
+
+FLASHSPEC_ADDRESS(void*)
+FLASHSPEC_ADDRESS(const void*)
+FLASHSPEC_ADDRESS(int32_t*)
+FLASHSPEC_ADDRESS(const int32_t*)
+FLASHSPEC_ADDRESS(uint64_t*)
+FLASHSPEC_ADDRESS(const uint64_t*)
+FLASHSPEC_ADDRESS(float*)
+FLASHSPEC_ADDRESS(const float*)
+
+/* ---- handle outputs: status, handle = f(..) ------------------------------ */
+%define FLASHSPEC_OUT_HANDLE(TYPE)
+%typemap(in, numinputs=0) TYPE** out (TYPE* handle_ = NULL) { $1 = &handle_; }
+%typemap(argout) TYPE** out {
+  $result = SWIG_Python_AppendOutput($result, handle_$argnum ?
+      SWIG_NewPointerObj(SWIG_as_voidptr(handle_$argnum), $*1_descriptor, 0) :
+      SWIG_Py_Void());
+}
+%enddef
+
+FLASHSPEC_OUT_HANDLE(flashspec_context)
+FLASHSPEC_OUT_HANDLE(flashspec_lm_head)
+FLASHSPEC_OUT_HANDLE(flashspec_summaries)
+
+/* ---- fixed-size uint32 arrays of the Philox helper ---------------------- */
+%define FLASHSPEC_U32_IN(NAME, N)
+%typemap(in) const uint32_t NAME[N] (uint32_t words_[N]) {
+  if (!PySequence_Check($input) || PySequence_Size($input) != N) {
+    PyErr_SetString(PyExc_ValueError, "expected a sequence of " #N " integers");
+    SWIG_fail;
+  }
+  for (Py_ssize_t i_ = 0; i_ < N; ++i_) {
+    PyObject* item_ = PySequence_GetItem($input, i_);
+    unsigned long value_ = item_ ? PyLong_AsUnsignedLong(item_) : 0;
+    Py_XDECREF(item_);
+    if (PyErr_Occurred()) SWIG_fail;
+    if (value_ > 0xffffffffUL) {
+      PyErr_SetString(PyExc_OverflowError, "word does not fit in 32 bits");
+      SWIG_fail;
+    }
+    words_[i_] = (uint32_t)value_;
+  }
+  $1 = words_;
+}
+%enddef
+FLASHSPEC_U32_IN(counter, 4)
+FLASHSPEC_U32_IN(key, 2)
+
+%typemap(in, numinputs=0) uint32_t out[4] (uint32_t words_[4]) { $1 = words_; }
+%typemap(argout) uint32_t out[4] {
+  $result = SWIG_Python_AppendOutput($result,
+      Py_BuildValue("(kkkk)", (unsigned long)$1[0], (unsigned long)$1[1],
+                    (unsigned long)$1[2], (unsigned long)$1[3]));
+}
+
+/* The engine section of the header (drafters, bandit, metrics, engine loop)
+ * is wrapped when FLASHSPEC_BINDINGS_ENGINE is defined (Meson defines it
+ * when the header declares the engine; option bindings_engine). */
+#ifndef FLASHSPEC_BINDINGS_ENGINE
+%rename("$ignore", regextarget=1) "^flashspec_(engine|drafter|ngram|callback_drafter|draft_call|draft_fn|draft_kind|target_|bandit|arm|generate|token_fn|finish_reason)";
+%rename("$ignore", regextarget=1) "^FLASHSPEC_(DRAFT_TOKENS|DRAFT_LOGITS|DRAFT_HIDDEN|DRAFT_KIND|BANDIT_|FINISH_)";
+#endif
+
+%include "flashspec.h"

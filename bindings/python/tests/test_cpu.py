@@ -1,0 +1,229 @@
+"""CPU tests of the Python binding: results against numpy references,
+errors, handles, RNG helpers and the plugin table."""
+import ctypes
+import gc
+import math
+
+import numpy as np
+import pytest
+
+import flashspec
+from flashspec import capi
+
+V, D = 50, 16
+
+
+@pytest.fixture
+def ctx():
+    with flashspec.Context("cpu", seed=1234, cpu_threads=2, max_rows=64, max_requests=8) as c:
+        yield c
+
+
+@pytest.fixture
+def weights():
+    rng = np.random.default_rng(7)
+    return rng.standard_normal((V, D)).astype(np.float32)
+
+
+def logits_of(w, h):
+    return np.asarray(h, np.float64) @ np.asarray(w, np.float64).T
+
+
+def test_version_and_status():
+    assert flashspec.version() == "%d.%d.%d" % (capi.FLASHSPEC_VERSION_MAJOR, capi.FLASHSPEC_VERSION_MINOR,
+                                                capi.FLASHSPEC_VERSION_PATCH)
+    assert flashspec.version_number() == capi.FLASHSPEC_VERSION_NUMBER
+    assert flashspec.abi_version() == flashspec.ABI_VERSION
+    assert flashspec.status_name(capi.FLASHSPEC_ERR_OUT_OF_RANGE) == "FLASHSPEC_ERR_OUT_OF_RANGE"
+    assert flashspec.status_string(capi.FLASHSPEC_OK) == "success"
+    assert flashspec.status_name(999) == "FLASHSPEC_UNKNOWN_STATUS"
+
+
+def test_every_status_has_its_exception_class():
+    names = [n for n in dir(capi) if n.startswith("FLASHSPEC_ERR_")]
+    assert len(names) >= 15
+    for n in names:
+        cls = flashspec.error_class(getattr(capi, n))
+        assert issubclass(cls, flashspec.FlashSpecError) and cls is not flashspec.FlashSpecError
+    assert issubclass(flashspec.OutOfRangeError, ValueError)
+    assert flashspec.error_class(999) is flashspec.FlashSpecError
+
+
+def test_greedy_draft_matches_numpy(ctx, weights):
+    h = np.random.default_rng(1).standard_normal((5, D)).astype(np.float32)
+    head = ctx.lm_head(weights)
+    assert (head.vocab_size, head.hidden_size) == (V, D)
+    tokens, scores = ctx.draft(head, h)
+    ref = logits_of(weights, h)
+    np.testing.assert_array_equal(tokens, ref.argmax(axis=1))
+    np.testing.assert_allclose(scores, ref.max(axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_draft_reads_strided_and_half_inputs_without_copy(ctx, weights):
+    big = np.zeros((V, D + 7), np.float16)
+    big[:, :D] = weights
+    head = ctx.lm_head(big[:, :D])  # row stride D + 7, fp16
+    w16 = big[:, :D].astype(np.float32)
+    hbig = np.random.default_rng(2).standard_normal((3, 2 * D)).astype(np.float32)
+    tokens, scores = ctx.draft(head, hbig[:, :D])
+    ref = logits_of(w16, hbig[:, :D])
+    np.testing.assert_array_equal(tokens, ref.argmax(axis=1))
+    np.testing.assert_allclose(scores, ref.max(axis=1), rtol=1e-4, atol=1e-4)
+
+
+def test_sampled_draft_follows_the_randomness_contract(ctx, weights):
+    rows, temperature = 4, 0.7
+    h = np.random.default_rng(3).standard_normal((rows, D)).astype(np.float32)
+    seeds = np.array([11, 12, 13, 14], np.uint64)
+    request_ids = np.array([100, 7, 100, 5], np.uint64)
+    steps = np.array([0, 3, 9, 1], np.uint64)
+    positions = np.array([0, 1, 2, 0], np.int32)
+    head = ctx.lm_head(weights)
+    tokens, logq = ctx.draft(head, h, temperature=temperature, seeds=seeds, request_ids=request_ids,
+                             steps=steps, positions=positions)
+    scaled = logits_of(weights, h) / temperature
+    for r in range(rows):
+        u = np.array([flashspec.rng_uniform(int(seeds[r]), int(request_ids[r]), int(steps[r]),
+                                            int(positions[r]), "draft_noise", i) for i in range(V)])
+        expected = int(np.argmax(scaled[r] - np.log(-np.log(u))))
+        assert tokens[r] == expected
+        lse = np.log(np.exp(scaled[r] - scaled[r].max()).sum()) + scaled[r].max()
+        assert logq[r] == pytest.approx(scaled[r, expected] - lse, abs=1e-4)
+
+
+def test_draft_into_given_outputs(ctx, weights):
+    head = ctx.lm_head(weights)
+    h = np.random.default_rng(4).standard_normal((2, D)).astype(np.float32)
+    tokens = np.full(2, -5, np.int32)
+    scores = np.zeros(2, np.float32)
+    out_t, out_s = ctx.draft(head, h, tokens_out=tokens, scores_out=scores)
+    assert out_t is tokens and out_s is scores
+    np.testing.assert_array_equal(tokens, logits_of(weights, h).argmax(axis=1))
+
+
+def greedy_batch(weights, rng, lengths, *, correct):
+    """Drafts that agree with the target argmax (correct=True) or not."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    hidden = rng.standard_normal((int(offsets[-1]) + len(lengths), D)).astype(np.float32)
+    argmax = logits_of(weights, hidden).argmax(axis=1)
+    drafts = []
+    for r, n in enumerate(lengths):
+        base = int(offsets[r]) + r
+        for j in range(n):
+            t = int(argmax[base + j])
+            drafts.append(t if correct[r] > j else (t + 1) % V)
+    return offsets, np.array(drafts, np.int32), hidden, argmax
+
+
+def test_greedy_verify_equals_greedy_decoding(ctx, weights):
+    rng = np.random.default_rng(5)
+    lengths = [3, 0, 4, 2]
+    correct = [3, 0, 1, 0]  # request 0 all accepted, 2 rejected at its 2nd draft
+    offsets, drafts, hidden, argmax = greedy_batch(weights, rng, lengths, correct=correct)
+    batch = flashspec.VerifyBatch(offsets, drafts, hidden, temperatures=np.zeros(4, np.float32),
+                                  steps=np.array([5, 6, 7, 8], np.uint64))
+    result = ctx.verify_and_finalize(ctx.lm_head(weights), batch)
+    np.testing.assert_array_equal(result.accepted_counts, [3, 0, 1, 0])
+    for r in range(4):
+        base = int(offsets[r]) + r
+        k = correct[r]
+        assert result.tokens(r) == [int(t) for t in drafts[offsets[r]:offsets[r] + k]] + [int(argmax[base + k])]
+        tail = np.asarray(result.emitted_tokens)[base + k + 1: base + lengths[r] + 1]
+        assert (tail == -1).all()
+    np.testing.assert_array_equal(result.next_steps, [6, 7, 8, 9])
+
+
+def test_verify_then_finalize_matches_the_fused_call(ctx, weights):
+    rng = np.random.default_rng(6)
+    offsets, drafts, hidden, _ = greedy_batch(weights, rng, [2, 3], correct=[1, 3])
+    batch = flashspec.VerifyBatch(offsets, drafts, hidden, seeds=[3, 4], request_ids=[10, 11])
+    head = ctx.lm_head(weights)
+    summaries = ctx.summaries(max_rows=16, max_requests=4)
+    ctx.verify(head, batch, summaries)
+    split = ctx.finalize(batch, summaries)
+    fused = ctx.verify_and_finalize(head, batch)
+    np.testing.assert_array_equal(split.accepted_counts, fused.accepted_counts)
+    np.testing.assert_array_equal(split.emitted_tokens, fused.emitted_tokens)
+
+
+def test_caller_uniforms_decide_acceptance(ctx, weights):
+    rng = np.random.default_rng(8)
+    lengths = [4]
+    offsets, drafts, hidden, _ = greedy_batch(weights, rng, lengths, correct=[4])
+    temperature = 1.5
+    logp = logits_of(weights, hidden) / temperature
+    logp -= np.log(np.exp(logp - logp.max(axis=1, keepdims=True)).sum(axis=1, keepdims=True)) + \
+        logp.max(axis=1, keepdims=True)
+    p = np.array([math.exp(logp[j, drafts[j]]) for j in range(4)])
+    # Accept positions 0 and 1, reject position 2: u below p, then above.
+    uniforms = np.array([p[0] * 0.5, p[1] * 0.5, min(p[2] * 1.5, 0.999999), 0.5], np.float32)
+    batch = flashspec.VerifyBatch(offsets, drafts, hidden, temperatures=[temperature],
+                                  accept_uniforms=uniforms)
+    result = ctx.verify_and_finalize(ctx.lm_head(weights), batch)
+    assert int(result.accepted_counts[0]) == 2
+    tokens = result.tokens(0)
+    assert tokens[:2] == [int(drafts[0]), int(drafts[1])]
+    assert tokens[2] != int(drafts[2]) and 0 <= tokens[2] < V  # the residual excludes the draft
+
+
+def test_errors_carry_status_and_message(ctx, weights):
+    head = ctx.lm_head(weights)
+    offsets = np.array([0, 2], np.int32)
+    hidden = np.zeros((3, D), np.float32)
+    batch = flashspec.VerifyBatch(offsets, np.array([1, V + 3], np.int32), hidden)
+    with pytest.raises(flashspec.OutOfRangeError) as info:
+        ctx.verify_and_finalize(head, batch)
+    assert info.value.status == capi.FLASHSPEC_ERR_OUT_OF_RANGE
+    assert "draft_tokens" in info.value.message
+    assert ctx.last_error == info.value.message
+
+    bad = np.ones((1, D), np.float32)
+    bad[0, 3] = np.nan
+    with pytest.raises(flashspec.NonFiniteError):
+        ctx.draft(head, bad)
+    with pytest.raises(flashspec.OutOfRangeError, match="cols|hidden"):
+        ctx.draft(head, np.ones((1, D + 1), np.float32))
+    with pytest.raises(flashspec.InvalidArgumentError):
+        ctx.draft(head, np.ones((1, D), np.float32), temperature=-1.0)
+
+
+def test_failed_create_reports_through_the_thread_message():
+    if flashspec.cuda_device_count() > 0:
+        pytest.skip("a CUDA device is present, so a CUDA context would succeed")
+    with pytest.raises(flashspec.NoDeviceError) as info:
+        flashspec.Context("cuda")
+    assert info.value.status == capi.FLASHSPEC_ERR_NO_DEVICE and info.value.message
+    with pytest.raises(flashspec.OutOfRangeError, match="max_rows"):
+        flashspec.Context("cpu", max_rows=-1)
+
+
+def test_handles_close_once_and_children_first(weights):
+    c = flashspec.Context("cpu")
+    head = c.lm_head(weights)
+    summaries = c.summaries(4, 2)
+    c.close()
+    assert head.closed and summaries.closed and c.closed
+    c.close()
+    with pytest.raises(ValueError, match="closed"):
+        c.draft(head, np.zeros((1, D), np.float32))
+    del c, head, summaries
+    gc.collect()
+
+
+def test_philox_known_answer():
+    # Random123 known-answer vector for philox4x32-10 with zero counter and key.
+    assert flashspec.philox4x32_10([0, 0, 0, 0], [0, 0]) == (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)
+    u = flashspec.rng_uniform(1, 2, 3, 4, "accept_uniform", 0)
+    assert 0.0 < u < 1.0
+    assert u != flashspec.rng_uniform(1, 2, 3, 4, "bonus_noise", 0)
+
+
+def test_plugin_table_resolves_the_same_functions():
+    api = flashspec.get_api()
+    assert api.abi_version == flashspec.ABI_VERSION
+    assert api.struct_size >= 20 * ctypes.sizeof(ctypes.c_void_p)
+    version_number = ctypes.CFUNCTYPE(ctypes.c_uint)(int(api.version_number))
+    assert version_number() == flashspec.version_number()
+    status_string = ctypes.CFUNCTYPE(ctypes.c_char_p, ctypes.c_int)(int(api.status_string))
+    assert status_string(capi.FLASHSPEC_ERR_CUDA).decode() == flashspec.status_string(capi.FLASHSPEC_ERR_CUDA)
+    assert flashspec.get_api(flashspec.ABI_VERSION + 1) is None

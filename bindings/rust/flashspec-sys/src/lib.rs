@@ -1,0 +1,390 @@
+//! Raw declarations of the FlashSpec C API (`include/flashspec.h`), written
+//! by hand and checked against the header by `tests/header_drift.rs`
+//! (function prototypes, struct fields, sizes and offsets, enum values).
+//! The safe API is the `flashspec` crate.
+#![allow(non_camel_case_types)]
+#![no_std]
+
+pub use core::ffi::{c_char, c_int, c_uint, c_void};
+
+pub const FLASHSPEC_VERSION_MAJOR: c_uint = 0;
+pub const FLASHSPEC_VERSION_MINOR: c_uint = 1;
+pub const FLASHSPEC_VERSION_PATCH: c_uint = 0;
+pub const FLASHSPEC_VERSION_NUMBER: c_uint =
+    FLASHSPEC_VERSION_MAJOR * 10000 + FLASHSPEC_VERSION_MINOR * 100 + FLASHSPEC_VERSION_PATCH;
+pub const FLASHSPEC_ABI_VERSION: c_uint = 0;
+pub const FLASHSPEC_MAX_VOCAB: i32 = 1 << 20;
+pub const FLASHSPEC_MAX_DRAFT_LEN: i32 = 1023;
+pub const FLASHSPEC_MAX_HIDDEN: i32 = 65536;
+
+// ---- enumerations (C enums: 32-bit, fixed values) -------------------------
+pub type flashspec_status = c_uint;
+pub const FLASHSPEC_OK: flashspec_status = 0;
+pub const FLASHSPEC_ERR_INVALID_ARGUMENT: flashspec_status = 1;
+pub const FLASHSPEC_ERR_NULL_POINTER: flashspec_status = 2;
+pub const FLASHSPEC_ERR_STRUCT_SIZE: flashspec_status = 3;
+pub const FLASHSPEC_ERR_OUT_OF_RANGE: flashspec_status = 4;
+pub const FLASHSPEC_ERR_DTYPE_MISMATCH: flashspec_status = 5;
+pub const FLASHSPEC_ERR_DEVICE_MISMATCH: flashspec_status = 6;
+pub const FLASHSPEC_ERR_NON_FINITE: flashspec_status = 7;
+pub const FLASHSPEC_ERR_OUT_OF_MEMORY: flashspec_status = 8;
+pub const FLASHSPEC_ERR_WORKSPACE_EXCEEDED: flashspec_status = 9;
+pub const FLASHSPEC_ERR_UNSUPPORTED: flashspec_status = 10;
+pub const FLASHSPEC_ERR_NO_DEVICE: flashspec_status = 11;
+pub const FLASHSPEC_ERR_CUDA: flashspec_status = 12;
+pub const FLASHSPEC_ERR_CALLBACK: flashspec_status = 13;
+pub const FLASHSPEC_ERR_CANCELLED: flashspec_status = 14;
+pub const FLASHSPEC_ERR_INTERNAL: flashspec_status = 15;
+pub type flashspec_backend = c_uint;
+pub const FLASHSPEC_BACKEND_AUTO: flashspec_backend = 0;
+pub const FLASHSPEC_BACKEND_CPU: flashspec_backend = 1;
+pub const FLASHSPEC_BACKEND_CUDA: flashspec_backend = 2;
+pub type flashspec_dtype = c_uint;
+pub const FLASHSPEC_DTYPE_F32: flashspec_dtype = 0;
+pub const FLASHSPEC_DTYPE_BF16: flashspec_dtype = 1;
+pub const FLASHSPEC_DTYPE_F16: flashspec_dtype = 2;
+pub type flashspec_memory = c_uint;
+pub const FLASHSPEC_MEMORY_HOST: flashspec_memory = 0;
+pub const FLASHSPEC_MEMORY_CUDA: flashspec_memory = 1;
+pub type flashspec_rng_purpose = c_uint;
+pub const FLASHSPEC_RNG_DRAFT_NOISE: flashspec_rng_purpose = 1;
+pub const FLASHSPEC_RNG_ACCEPT_UNIFORM: flashspec_rng_purpose = 2;
+pub const FLASHSPEC_RNG_RESIDUAL_NOISE: flashspec_rng_purpose = 3;
+pub const FLASHSPEC_RNG_BONUS_NOISE: flashspec_rng_purpose = 4;
+pub type flashspec_lm_head_flags = c_uint;
+pub const FLASHSPEC_LM_HEAD_COPY: flashspec_lm_head_flags = 0;
+pub const FLASHSPEC_LM_HEAD_BORROW: flashspec_lm_head_flags = 1;
+pub type flashspec_draft_kind = c_uint;
+pub const FLASHSPEC_DRAFT_TOKENS: flashspec_draft_kind = 0;
+pub const FLASHSPEC_DRAFT_LOGITS: flashspec_draft_kind = 1;
+pub const FLASHSPEC_DRAFT_HIDDEN: flashspec_draft_kind = 2;
+pub type flashspec_bandit_policy = c_uint;
+pub const FLASHSPEC_BANDIT_UCB1: flashspec_bandit_policy = 0;
+pub const FLASHSPEC_BANDIT_THOMPSON: flashspec_bandit_policy = 1;
+pub const FLASHSPEC_BANDIT_FIXED: flashspec_bandit_policy = 2;
+pub const FLASHSPEC_BANDIT_ORACLE: flashspec_bandit_policy = 3;
+pub type flashspec_finish_reason = c_uint;
+pub const FLASHSPEC_FINISH_NONE: flashspec_finish_reason = 0;
+pub const FLASHSPEC_FINISH_LENGTH: flashspec_finish_reason = 1;
+pub const FLASHSPEC_FINISH_STOP_TOKEN: flashspec_finish_reason = 2;
+pub const FLASHSPEC_FINISH_HOST_STOP: flashspec_finish_reason = 3;
+pub const FLASHSPEC_FINISH_CONTEXT_FULL: flashspec_finish_reason = 4;
+pub const FLASHSPEC_FINISH_CANCELLED: flashspec_finish_reason = 5;
+
+// ---- opaque handles ---------------------------------------------------------
+macro_rules! opaque {
+    ($($name:ident),*) => {$(
+        #[repr(C)]
+        pub struct $name {
+            _private: [u8; 0],
+            _not_send_sync: core::marker::PhantomData<(*mut u8, core::marker::PhantomPinned)>,
+        }
+    )*};
+}
+opaque!(flashspec_context, flashspec_lm_head, flashspec_summaries, flashspec_drafter, flashspec_engine);
+
+// ---- callbacks ----------------------------------------------------------------
+pub type flashspec_draft_fn =
+    Option<unsafe extern "C" fn(user_data: *mut c_void, call: *mut flashspec_draft_call) -> c_int>;
+pub type flashspec_target_forward_fn =
+    Option<unsafe extern "C" fn(user_data: *mut c_void, call: *mut flashspec_target_call) -> c_int>;
+pub type flashspec_target_rollback_fn =
+    Option<unsafe extern "C" fn(user_data: *mut c_void, num_keep: i32) -> c_int>;
+pub type flashspec_token_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, token: i32) -> c_int>;
+
+// ---- structs --------------------------------------------------------------------
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_tensor {
+    pub data: *const c_void,
+    pub dtype: flashspec_dtype,
+    pub memory: flashspec_memory,
+    pub rows: i64,
+    pub cols: i64,
+    pub row_stride: i64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_context_params {
+    pub struct_size: u32,
+    pub backend: flashspec_backend,
+    pub device_ordinal: i32,
+    pub cuda_stream: *mut c_void,
+    pub seed: u64,
+    pub cpu_threads: i32,
+    pub max_rows: i32,
+    pub max_requests: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_draft_params {
+    pub struct_size: u32,
+    pub memory: flashspec_memory,
+    pub temperature: f32,
+    pub temperatures: *const f32,
+    pub seeds: *const u64,
+    pub request_ids: *const u64,
+    pub steps: *const u64,
+    pub positions: *const i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_verify_batch {
+    pub struct_size: u32,
+    pub memory: flashspec_memory,
+    pub num_requests: i32,
+    pub draft_offsets: *const i32,
+    pub draft_tokens: *const i32,
+    pub target_hidden: *const flashspec_tensor,
+    pub draft_logits: *const flashspec_tensor,
+    pub temperatures: *const f32,
+    pub draft_temperatures: *const f32,
+    pub seeds: *const u64,
+    pub request_ids: *const u64,
+    pub steps: *const u64,
+    pub accept_uniforms: *const f32,
+    pub max_draft_len: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_verify_result {
+    pub struct_size: u32,
+    pub memory: flashspec_memory,
+    pub accepted_counts: *mut i32,
+    pub emitted_tokens: *mut i32,
+    pub next_steps: *mut u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_ngram_params {
+    pub struct_size: u32,
+    pub min_n: i32,
+    pub max_n: i32,
+    pub call_cost: f64,
+    pub token_cost: f64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_draft_call {
+    pub struct_size: u32,
+    pub context: *const i32,
+    pub context_len: i32,
+    pub drafted: *const i32,
+    pub num_drafted: i32,
+    pub max_tokens: i32,
+    pub step: u64,
+    pub tokens: *mut i32,
+    pub num_tokens: i32,
+    pub logits: flashspec_tensor,
+    pub hidden: flashspec_tensor,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_callback_drafter_params {
+    pub struct_size: u32,
+    pub kind: flashspec_draft_kind,
+    pub draft: flashspec_draft_fn,
+    pub user_data: *mut c_void,
+    pub draft_temperature: f32,
+    pub head: *const flashspec_lm_head,
+    pub call_cost: f64,
+    pub token_cost: f64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_target_call {
+    pub struct_size: u32,
+    pub tokens: *const i32,
+    pub num_tokens: i32,
+    pub num_past: i32,
+    pub num_rows: i32,
+    pub step: u64,
+    pub hidden: flashspec_tensor,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_arm {
+    pub drafter: i32,
+    pub draft_len: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_engine_params {
+    pub struct_size: u32,
+    pub target_forward: flashspec_target_forward_fn,
+    pub target_rollback: flashspec_target_rollback_fn,
+    pub target_user_data: *mut c_void,
+    pub drafters: *const *mut flashspec_drafter,
+    pub num_drafters: i32,
+    pub arms: *const flashspec_arm,
+    pub num_arms: i32,
+    pub default_draft_len: i32,
+    pub policy: flashspec_bandit_policy,
+    pub bandit_seed: u64,
+    pub ucb_exploration: f64,
+    pub fixed_arm: i32,
+    pub oracle_rewards: *const f64,
+    pub target_step_cost: f64,
+    pub target_row_cost: f64,
+    pub max_context: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_generate_params {
+    pub struct_size: u32,
+    pub temperature: f32,
+    pub seed: u64,
+    pub request_id: u64,
+    pub max_tokens: i32,
+    pub stop_tokens: *const i32,
+    pub num_stop_tokens: i32,
+    pub on_token: flashspec_token_fn,
+    pub on_token_user_data: *mut c_void,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_generate_result {
+    pub struct_size: u32,
+    pub num_tokens: i32,
+    pub finish_reason: flashspec_finish_reason,
+    pub steps: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_engine_metrics {
+    pub struct_size: u32,
+    pub steps: u64,
+    pub drafts: u64,
+    pub draft_tokens: u64,
+    pub accepted_tokens: u64,
+    pub emitted_tokens: u64,
+    pub acceptance_rate: f64,
+    pub mean_accepted_length: f64,
+    pub tokens_per_step: f64,
+    pub step_latency_p50_us: f64,
+    pub step_latency_p99_us: f64,
+    pub num_positions: i32,
+    pub num_arms: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_arm_metrics {
+    pub struct_size: u32,
+    pub drafter: i32,
+    pub draft_len: i32,
+    pub pulls: u64,
+    pub draft_tokens: u64,
+    pub accepted_tokens: u64,
+    pub mean_reward: f64,
+    pub mean_cost: f64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_api {
+    pub struct_size: u32,
+    pub abi_version: u32,
+    pub version_number: Option<unsafe extern "C" fn() -> c_uint>,
+    pub version_string: Option<unsafe extern "C" fn() -> *const c_char>,
+    pub status_string: Option<unsafe extern "C" fn(flashspec_status) -> *const c_char>,
+    pub context_params_init: Option<unsafe extern "C" fn(*mut flashspec_context_params)>,
+    pub context_create: Option<unsafe extern "C" fn(*const flashspec_context_params, *mut *mut flashspec_context) -> flashspec_status>,
+    pub context_destroy: Option<unsafe extern "C" fn(*mut flashspec_context)>,
+    pub context_last_error: Option<unsafe extern "C" fn(*const flashspec_context) -> *const c_char>,
+    pub context_synchronize: Option<unsafe extern "C" fn(*mut flashspec_context) -> flashspec_status>,
+    pub lm_head_create: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_tensor, flashspec_lm_head_flags, *mut *mut flashspec_lm_head) -> flashspec_status>,
+    pub lm_head_destroy: Option<unsafe extern "C" fn(*mut flashspec_lm_head)>,
+    pub draft_params_init: Option<unsafe extern "C" fn(*mut flashspec_draft_params)>,
+    pub draft: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_lm_head, *const flashspec_tensor, *const flashspec_draft_params, *mut i32, *mut f32) -> flashspec_status>,
+    pub verify_batch_init: Option<unsafe extern "C" fn(*mut flashspec_verify_batch)>,
+    pub verify_result_init: Option<unsafe extern "C" fn(*mut flashspec_verify_result)>,
+    pub summaries_create: Option<unsafe extern "C" fn(*mut flashspec_context, i32, i32, *mut *mut flashspec_summaries) -> flashspec_status>,
+    pub summaries_destroy: Option<unsafe extern "C" fn(*mut flashspec_summaries)>,
+    pub verify: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_lm_head, *const flashspec_verify_batch, *mut flashspec_summaries) -> flashspec_status>,
+    pub finalize: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_verify_batch, *const flashspec_summaries, *const flashspec_verify_result) -> flashspec_status>,
+    pub verify_and_finalize: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_lm_head, *const flashspec_verify_batch, *const flashspec_verify_result) -> flashspec_status>,
+    pub ngram_params_init: Option<unsafe extern "C" fn(*mut flashspec_ngram_params)>,
+    pub drafter_create_ngram: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_ngram_params, *mut *mut flashspec_drafter) -> flashspec_status>,
+    pub callback_drafter_params_init: Option<unsafe extern "C" fn(*mut flashspec_callback_drafter_params)>,
+    pub drafter_create_callback: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_callback_drafter_params, *mut *mut flashspec_drafter) -> flashspec_status>,
+    pub drafter_destroy: Option<unsafe extern "C" fn(*mut flashspec_drafter)>,
+    pub engine_params_init: Option<unsafe extern "C" fn(*mut flashspec_engine_params)>,
+    pub engine_create: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_lm_head, *const flashspec_engine_params, *mut *mut flashspec_engine) -> flashspec_status>,
+    pub engine_destroy: Option<unsafe extern "C" fn(*mut flashspec_engine)>,
+    pub generate_params_init: Option<unsafe extern "C" fn(*mut flashspec_generate_params)>,
+    pub generate_result_init: Option<unsafe extern "C" fn(*mut flashspec_generate_result)>,
+    pub engine_generate: Option<unsafe extern "C" fn(*mut flashspec_engine, *const i32, i32, *const flashspec_generate_params, *mut i32, i32, *mut flashspec_generate_result) -> flashspec_status>,
+    pub engine_cancel: Option<unsafe extern "C" fn(*mut flashspec_engine)>,
+    pub engine_metrics_init: Option<unsafe extern "C" fn(*mut flashspec_engine_metrics)>,
+    pub engine_get_metrics: Option<unsafe extern "C" fn(*const flashspec_engine, *mut flashspec_engine_metrics) -> flashspec_status>,
+    pub engine_get_position_metrics: Option<unsafe extern "C" fn(*const flashspec_engine, i32, *mut u64, *mut u64, *mut i32) -> flashspec_status>,
+    pub arm_metrics_init: Option<unsafe extern "C" fn(*mut flashspec_arm_metrics)>,
+    pub engine_get_arm_metrics: Option<unsafe extern "C" fn(*const flashspec_engine, i32, *mut flashspec_arm_metrics) -> flashspec_status>,
+    pub engine_reset_metrics: Option<unsafe extern "C" fn(*mut flashspec_engine) -> flashspec_status>,
+}
+
+// ---- functions --------------------------------------------------------------
+extern "C" {
+    pub fn flashspec_version_number() -> c_uint;
+    pub fn flashspec_version_string() -> *const c_char;
+    pub fn flashspec_abi_version() -> c_uint;
+    pub fn flashspec_status_string(status: flashspec_status) -> *const c_char;
+    pub fn flashspec_status_name(status: flashspec_status) -> *const c_char;
+    pub fn flashspec_tensor_make(data: *const c_void, dtype: flashspec_dtype, memory: flashspec_memory, rows: i64, cols: i64) -> flashspec_tensor;
+    pub fn flashspec_context_params_init(params: *mut flashspec_context_params);
+    pub fn flashspec_context_create(params: *const flashspec_context_params, out: *mut *mut flashspec_context) -> flashspec_status;
+    pub fn flashspec_context_destroy(ctx: *mut flashspec_context);
+    pub fn flashspec_context_last_error(ctx: *const flashspec_context) -> *const c_char;
+    pub fn flashspec_context_last_cuda_error(ctx: *const flashspec_context) -> c_int;
+    pub fn flashspec_context_backend(ctx: *const flashspec_context) -> flashspec_backend;
+    pub fn flashspec_context_synchronize(ctx: *mut flashspec_context) -> flashspec_status;
+    pub fn flashspec_cuda_device_count() -> c_int;
+    pub fn flashspec_lm_head_create(ctx: *mut flashspec_context, weight: *const flashspec_tensor, flags: flashspec_lm_head_flags, out: *mut *mut flashspec_lm_head) -> flashspec_status;
+    pub fn flashspec_lm_head_destroy(head: *mut flashspec_lm_head);
+    pub fn flashspec_lm_head_vocab_size(head: *const flashspec_lm_head) -> i64;
+    pub fn flashspec_lm_head_hidden_size(head: *const flashspec_lm_head) -> i64;
+    pub fn flashspec_draft_params_init(params: *mut flashspec_draft_params);
+    pub fn flashspec_draft(ctx: *mut flashspec_context, head: *const flashspec_lm_head, hidden: *const flashspec_tensor, params: *const flashspec_draft_params, tokens_out: *mut i32, scores_out: *mut f32) -> flashspec_status;
+    pub fn flashspec_verify_batch_init(batch: *mut flashspec_verify_batch);
+    pub fn flashspec_summaries_create(ctx: *mut flashspec_context, max_rows: i32, max_requests: i32, out: *mut *mut flashspec_summaries) -> flashspec_status;
+    pub fn flashspec_summaries_destroy(summaries: *mut flashspec_summaries);
+    pub fn flashspec_verify_result_init(result: *mut flashspec_verify_result);
+    pub fn flashspec_verify(ctx: *mut flashspec_context, head: *const flashspec_lm_head, batch: *const flashspec_verify_batch, summaries: *mut flashspec_summaries) -> flashspec_status;
+    pub fn flashspec_finalize(ctx: *mut flashspec_context, batch: *const flashspec_verify_batch, summaries: *const flashspec_summaries, result: *const flashspec_verify_result) -> flashspec_status;
+    pub fn flashspec_verify_and_finalize(ctx: *mut flashspec_context, head: *const flashspec_lm_head, batch: *const flashspec_verify_batch, result: *const flashspec_verify_result) -> flashspec_status;
+    pub fn flashspec_philox4x32_10(counter: *const u32, key: *const u32, out: *mut u32);
+    pub fn flashspec_rng_uniform(seed: u64, request_id: u64, step: u64, position: i32, purpose: flashspec_rng_purpose, token: i32) -> f64;
+    pub fn flashspec_ngram_params_init(params: *mut flashspec_ngram_params);
+    pub fn flashspec_drafter_create_ngram(ctx: *mut flashspec_context, params: *const flashspec_ngram_params, out: *mut *mut flashspec_drafter) -> flashspec_status;
+    pub fn flashspec_callback_drafter_params_init(params: *mut flashspec_callback_drafter_params);
+    pub fn flashspec_drafter_create_callback(ctx: *mut flashspec_context, params: *const flashspec_callback_drafter_params, out: *mut *mut flashspec_drafter) -> flashspec_status;
+    pub fn flashspec_drafter_destroy(drafter: *mut flashspec_drafter);
+    pub fn flashspec_engine_params_init(params: *mut flashspec_engine_params);
+    pub fn flashspec_engine_create(ctx: *mut flashspec_context, target_head: *const flashspec_lm_head, params: *const flashspec_engine_params, out: *mut *mut flashspec_engine) -> flashspec_status;
+    pub fn flashspec_engine_destroy(engine: *mut flashspec_engine);
+    pub fn flashspec_generate_params_init(params: *mut flashspec_generate_params);
+    pub fn flashspec_generate_result_init(result: *mut flashspec_generate_result);
+    pub fn flashspec_engine_generate(engine: *mut flashspec_engine, prompt: *const i32, prompt_len: i32, params: *const flashspec_generate_params, tokens_out: *mut i32, tokens_capacity: i32, result: *mut flashspec_generate_result) -> flashspec_status;
+    pub fn flashspec_engine_cancel(engine: *mut flashspec_engine);
+    pub fn flashspec_engine_metrics_init(metrics: *mut flashspec_engine_metrics);
+    pub fn flashspec_engine_get_metrics(engine: *const flashspec_engine, out: *mut flashspec_engine_metrics) -> flashspec_status;
+    pub fn flashspec_engine_get_position_metrics(engine: *const flashspec_engine, capacity: i32, drafted: *mut u64, accepted: *mut u64, num_positions_out: *mut i32) -> flashspec_status;
+    pub fn flashspec_arm_metrics_init(metrics: *mut flashspec_arm_metrics);
+    pub fn flashspec_engine_get_arm_metrics(engine: *const flashspec_engine, arm: i32, out: *mut flashspec_arm_metrics) -> flashspec_status;
+    pub fn flashspec_engine_reset_metrics(engine: *mut flashspec_engine) -> flashspec_status;
+    pub fn flashspec_get_api(abi_version: c_uint) -> *const flashspec_api;
+}

@@ -1,0 +1,461 @@
+//! Safe Rust API of FlashSpec: a fused LM head and speculative-decoding
+//! sampler over libflashspec (`flashspec-sys`).
+//!
+//! Handles free themselves on drop; LM heads and summaries borrow their
+//! [`Context`], so they cannot outlive it. A context is `Send` but not
+//! `Sync`: it moves between threads but is used by one at a time, as the C
+//! API's `[context-exclusive]` requires. Every failure is an [`Error`] with
+//! the library's status and detail message.
+//!
+//! This crate passes host slices; with the CUDA backend each call waits for
+//! its work before returning (device memory goes through `flashspec-sys`).
+use std::cell::Cell;
+use std::ffi::CStr;
+use std::fmt;
+use std::marker::PhantomData;
+use std::ptr;
+
+pub use flashspec_sys as sys;
+
+/// The examples of bindings/README.md, run as doctests.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
+/// A flashspec_status other than OK, with the detail message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    /// The numeric flashspec_status.
+    pub status: sys::flashspec_status,
+    /// The library's message; it names the argument that was wrong.
+    pub message: String,
+}
+
+impl Error {
+    /// The C name of the status ("FLASHSPEC_ERR_OUT_OF_RANGE").
+    pub fn status_name(&self) -> &'static str {
+        status_name(self.status)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.status_name(), self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Result of every fallible call.
+pub type Result<T> = std::result::Result<T, Error>;
+
+fn static_str(p: *const std::os::raw::c_char) -> &'static str {
+    // SAFETY: the library returns static, NUL-terminated strings here.
+    unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("")
+}
+
+/// The C name of a status.
+pub fn status_name(status: sys::flashspec_status) -> &'static str {
+    static_str(unsafe { sys::flashspec_status_name(status) })
+}
+
+/// The library's description of a status.
+pub fn status_string(status: sys::flashspec_status) -> &'static str {
+    static_str(unsafe { sys::flashspec_status_string(status) })
+}
+
+/// Version string of the library actually loaded.
+pub fn version() -> &'static str {
+    static_str(unsafe { sys::flashspec_version_string() })
+}
+
+/// MAJOR*10000 + MINOR*100 + PATCH of the library loaded.
+pub fn version_number() -> u32 {
+    unsafe { sys::flashspec_version_number() }
+}
+
+/// ABI version of the library loaded (the crate was built for sys::FLASHSPEC_ABI_VERSION).
+pub fn abi_version() -> u32 {
+    unsafe { sys::flashspec_abi_version() }
+}
+
+/// CUDA devices usable by this build of the library.
+pub fn cuda_device_count() -> i32 {
+    unsafe { sys::flashspec_cuda_device_count() }
+}
+
+/// Philox4x32-10 of (counter, key).
+pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+    let mut out = [0u32; 4];
+    unsafe { sys::flashspec_philox4x32_10(counter.as_ptr(), key.as_ptr(), out.as_mut_ptr()) };
+    out
+}
+
+/// The randomness contract's uniform in (0, 1).
+pub fn rng_uniform(seed: u64, request_id: u64, step: u64, position: i32, purpose: sys::flashspec_rng_purpose, token: i32) -> f64 {
+    unsafe { sys::flashspec_rng_uniform(seed, request_id, step, position, purpose, token) }
+}
+
+/// The plugin table for `abi_version` (flashspec_get_api), if served.
+pub fn plugin_table(abi_version: u32) -> Option<&'static sys::flashspec_api> {
+    // SAFETY: the table is static and lives as long as the library.
+    unsafe { sys::flashspec_get_api(abi_version).as_ref() }
+}
+
+/// Backend choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// CUDA when built and present, else CPU.
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl Backend {
+    fn raw(self) -> sys::flashspec_backend {
+        match self {
+            Backend::Auto => sys::FLASHSPEC_BACKEND_AUTO,
+            Backend::Cpu => sys::FLASHSPEC_BACKEND_CPU,
+            Backend::Cuda => sys::FLASHSPEC_BACKEND_CUDA,
+        }
+    }
+}
+
+/// Context parameters; `Default` gives the library's defaults.
+#[derive(Debug, Clone)]
+pub struct ContextOptions {
+    pub backend: Backend,
+    pub device: i32,
+    pub seed: u64,
+    /// 0: one per core.
+    pub cpu_threads: i32,
+    pub max_rows: i32,
+    pub max_requests: i32,
+}
+
+impl Default for ContextOptions {
+    fn default() -> Self {
+        let mut p = std::mem::MaybeUninit::<sys::flashspec_context_params>::zeroed();
+        // SAFETY: init fills every field.
+        let p = unsafe {
+            sys::flashspec_context_params_init(p.as_mut_ptr());
+            p.assume_init()
+        };
+        ContextOptions { backend: Backend::Auto, device: p.device_ordinal, seed: p.seed, cpu_threads: p.cpu_threads, max_rows: p.max_rows, max_requests: p.max_requests }
+    }
+}
+
+/// A FlashSpec context. `Send`, not `Sync`.
+pub struct Context {
+    raw: *mut sys::flashspec_context,
+    cuda: bool,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+// SAFETY: the C context may move between threads; `Cell` keeps it !Sync.
+unsafe impl Send for Context {}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        unsafe { sys::flashspec_context_destroy(self.raw) };
+    }
+}
+
+impl Context {
+    /// Create a context.
+    pub fn new(options: &ContextOptions) -> Result<Context> {
+        let mut p = std::mem::MaybeUninit::<sys::flashspec_context_params>::zeroed();
+        let mut p = unsafe {
+            sys::flashspec_context_params_init(p.as_mut_ptr());
+            p.assume_init()
+        };
+        p.backend = options.backend.raw();
+        p.device_ordinal = options.device;
+        p.seed = options.seed;
+        p.cpu_threads = options.cpu_threads;
+        p.max_rows = options.max_rows;
+        p.max_requests = options.max_requests;
+        let mut raw = ptr::null_mut();
+        let status = unsafe { sys::flashspec_context_create(&p, &mut raw) };
+        check(status, ptr::null())?;
+        let cuda = unsafe { sys::flashspec_context_backend(raw) } == sys::FLASHSPEC_BACKEND_CUDA;
+        Ok(Context { raw, cuda, _not_sync: PhantomData })
+    }
+
+    /// A CPU context with the given seed and otherwise default options.
+    pub fn cpu(seed: u64) -> Result<Context> {
+        Context::new(&ContextOptions { backend: Backend::Cpu, seed, ..Default::default() })
+    }
+
+    /// The raw handle, for flashspec-sys calls (stays owned by self).
+    pub fn as_raw(&self) -> *mut sys::flashspec_context {
+        self.raw
+    }
+
+    /// The backend actually chosen.
+    pub fn backend(&self) -> Backend {
+        if self.cuda { Backend::Cuda } else { Backend::Cpu }
+    }
+
+    /// Detail message of the last failed call on this context.
+    pub fn last_error(&self) -> String {
+        unsafe { CStr::from_ptr(sys::flashspec_context_last_error(self.raw)) }.to_string_lossy().into_owned()
+    }
+
+    /// Wait for all work enqueued on the context.
+    pub fn synchronize(&self) -> Result<()> {
+        check(unsafe { sys::flashspec_context_synchronize(self.raw) }, self.raw)
+    }
+
+    fn finish(&self, status: sys::flashspec_status) -> Result<()> {
+        check(status, self.raw)?;
+        if self.cuda {
+            self.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// Upload an LM head W, row-major `[vocab, hidden]` f32 (copied).
+    pub fn lm_head(&self, weight: &[f32], vocab: usize, hidden: usize) -> Result<LmHead<'_>> {
+        if weight.len() != vocab.saturating_mul(hidden) {
+            return Err(Error { status: sys::FLASHSPEC_ERR_OUT_OF_RANGE, message: format!("weight: {} values for [{vocab}, {hidden}]", weight.len()) });
+        }
+        let t = host_tensor(weight, vocab, hidden);
+        let mut raw = ptr::null_mut();
+        let status = unsafe { sys::flashspec_lm_head_create(self.raw, &t, sys::FLASHSPEC_LM_HEAD_COPY, &mut raw) };
+        self.finish(status)?;
+        Ok(LmHead { raw, vocab, hidden, _context: PhantomData })
+    }
+
+    /// Reserve summaries for [`Context::verify`] / [`Context::finalize`].
+    pub fn summaries(&self, max_rows: i32, max_requests: i32) -> Result<Summaries<'_>> {
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::flashspec_summaries_create(self.raw, max_rows, max_requests, &mut raw) }, self.raw)?;
+        Ok(Summaries { raw, _context: PhantomData })
+    }
+
+    /// Draft one token per row of `hidden` (`[rows, d]` row-major): the
+    /// tokens and their logits (T = 0) or log q(x) (T > 0).
+    pub fn draft(&self, head: &LmHead<'_>, hidden: &[f32], options: &DraftOptions<'_>) -> Result<(Vec<i32>, Vec<f32>)> {
+        let rows = rows_of(hidden, head.hidden, "hidden")?;
+        for (name, len) in [("temperatures", options.temperatures.map(<[f32]>::len)), ("seeds", options.seeds.map(<[u64]>::len)), ("request_ids", options.request_ids.map(<[u64]>::len)), ("steps", options.steps.map(<[u64]>::len)), ("positions", options.positions.map(<[i32]>::len))] {
+            if let Some(n) = len.filter(|&n| n < rows) {
+                return Err(Error { status: sys::FLASHSPEC_ERR_OUT_OF_RANGE, message: format!("{name}: {n} entries for {rows} rows") });
+            }
+        }
+        let t = host_tensor(hidden, rows, head.hidden);
+        let mut p = std::mem::MaybeUninit::<sys::flashspec_draft_params>::zeroed();
+        let mut p = unsafe {
+            sys::flashspec_draft_params_init(p.as_mut_ptr());
+            p.assume_init()
+        };
+        p.temperature = options.temperature;
+        p.temperatures = opt_ptr(options.temperatures);
+        p.seeds = opt_ptr(options.seeds);
+        p.request_ids = opt_ptr(options.request_ids);
+        p.steps = opt_ptr(options.steps);
+        p.positions = opt_ptr(options.positions);
+        let mut tokens = vec![0i32; rows];
+        let mut scores = vec![0f32; rows];
+        let status = unsafe { sys::flashspec_draft(self.raw, head.raw, &t, &p, tokens.as_mut_ptr(), scores.as_mut_ptr()) };
+        self.finish(status)?;
+        Ok((tokens, scores))
+    }
+
+    /// Verify the batch and run Algorithm 1 on it.
+    pub fn verify_and_finalize(&self, head: &LmHead<'_>, batch: &VerifyBatch<'_>) -> Result<VerifyResult> {
+        let parts = batch.raw(head)?;
+        let mut out = VerifyResult::sized(batch);
+        let result = out.raw();
+        let status = unsafe { sys::flashspec_verify_and_finalize(self.raw, head.raw, &parts.batch, &result) };
+        self.finish(status)?;
+        Ok(out)
+    }
+
+    /// One pass over W for the batch, writing only the summaries.
+    pub fn verify(&self, head: &LmHead<'_>, batch: &VerifyBatch<'_>, summaries: &mut Summaries<'_>) -> Result<()> {
+        let parts = batch.raw(head)?;
+        self.finish(unsafe { sys::flashspec_verify(self.raw, head.raw, &parts.batch, summaries.raw) })
+    }
+
+    /// Algorithm 1 on the summaries of the last verify of `batch`.
+    pub fn finalize(&self, head: &LmHead<'_>, batch: &VerifyBatch<'_>, summaries: &Summaries<'_>) -> Result<VerifyResult> {
+        let parts = batch.raw(head)?;
+        let mut out = VerifyResult::sized(batch);
+        let result = out.raw();
+        self.finish(unsafe { sys::flashspec_finalize(self.raw, &parts.batch, summaries.raw, &result) })?;
+        Ok(out)
+    }
+}
+
+fn check(status: sys::flashspec_status, ctx: *const sys::flashspec_context) -> Result<()> {
+    if status == sys::FLASHSPEC_OK {
+        return Ok(());
+    }
+    let message = unsafe { CStr::from_ptr(sys::flashspec_context_last_error(ctx)) }.to_string_lossy().into_owned();
+    Err(Error { status, message })
+}
+
+fn host_tensor(data: &[f32], rows: usize, cols: usize) -> sys::flashspec_tensor {
+    sys::flashspec_tensor { data: data.as_ptr().cast(), dtype: sys::FLASHSPEC_DTYPE_F32, memory: sys::FLASHSPEC_MEMORY_HOST, rows: rows as i64, cols: cols as i64, row_stride: cols as i64 }
+}
+
+fn rows_of(values: &[f32], cols: usize, name: &str) -> Result<usize> {
+    if cols == 0 || values.len() % cols != 0 {
+        return Err(Error { status: sys::FLASHSPEC_ERR_OUT_OF_RANGE, message: format!("{name}: {} values are not whole rows of {cols}", values.len()) });
+    }
+    Ok(values.len() / cols)
+}
+
+fn opt_ptr<T>(s: Option<&[T]>) -> *const T {
+    s.map_or(ptr::null(), <[T]>::as_ptr)
+}
+
+/// An uploaded LM head; borrows its context.
+pub struct LmHead<'c> {
+    raw: *mut sys::flashspec_lm_head,
+    vocab: usize,
+    hidden: usize,
+    _context: PhantomData<&'c Context>,
+}
+
+impl Drop for LmHead<'_> {
+    fn drop(&mut self) {
+        unsafe { sys::flashspec_lm_head_destroy(self.raw) };
+    }
+}
+
+impl LmHead<'_> {
+    /// V.
+    pub fn vocab_size(&self) -> usize {
+        unsafe { sys::flashspec_lm_head_vocab_size(self.raw) as usize }
+    }
+    /// d.
+    pub fn hidden_size(&self) -> usize {
+        unsafe { sys::flashspec_lm_head_hidden_size(self.raw) as usize }
+    }
+}
+
+/// Per-row summaries written by verify and read by finalize.
+pub struct Summaries<'c> {
+    raw: *mut sys::flashspec_summaries,
+    _context: PhantomData<&'c Context>,
+}
+
+impl Drop for Summaries<'_> {
+    fn drop(&mut self) {
+        unsafe { sys::flashspec_summaries_destroy(self.raw) };
+    }
+}
+
+/// Randomness and temperature of a draft call; `None` takes the library default.
+#[derive(Debug, Clone, Default)]
+pub struct DraftOptions<'a> {
+    pub temperature: f32,
+    pub temperatures: Option<&'a [f32]>,
+    pub seeds: Option<&'a [u64]>,
+    pub request_ids: Option<&'a [u64]>,
+    pub steps: Option<&'a [u64]>,
+    pub positions: Option<&'a [i32]>,
+}
+
+/// A ragged batch (flashspec_verify_batch): request r drafted
+/// `draft_tokens[draft_offsets[r]..draft_offsets[r+1]]`; its n_r + 1 target
+/// rows start at row `draft_offsets[r] + r` of `target_hidden`.
+#[derive(Debug, Clone, Default)]
+pub struct VerifyBatch<'a> {
+    pub draft_offsets: &'a [i32],
+    pub draft_tokens: &'a [i32],
+    pub target_hidden: &'a [f32],
+    /// `None`: greedy drafts; else `[draft_offsets[R], V]`.
+    pub draft_logits: Option<&'a [f32]>,
+    pub temperatures: Option<&'a [f32]>,
+    pub draft_temperatures: Option<&'a [f32]>,
+    pub seeds: Option<&'a [u64]>,
+    pub request_ids: Option<&'a [u64]>,
+    pub steps: Option<&'a [u64]>,
+    pub accept_uniforms: Option<&'a [f32]>,
+    pub max_draft_len: i32,
+}
+
+struct RawBatch {
+    batch: sys::flashspec_verify_batch,
+    // The batch points at these.
+    _hidden: Box<sys::flashspec_tensor>,
+    _logits: Option<Box<sys::flashspec_tensor>>,
+}
+
+impl VerifyBatch<'_> {
+    fn raw(&self, head: &LmHead<'_>) -> Result<RawBatch> {
+        let requests = self.draft_offsets.len().checked_sub(1).ok_or_else(|| Error { status: sys::FLASHSPEC_ERR_OUT_OF_RANGE, message: "draft_offsets: needs R + 1 >= 2 entries".into() })?;
+        let rows = rows_of(self.target_hidden, head.hidden, "target_hidden")?;
+        let hidden = Box::new(host_tensor(self.target_hidden, rows, head.hidden));
+        let logits = match self.draft_logits {
+            Some(l) => Some(Box::new(host_tensor(l, rows_of(l, head.vocab, "draft_logits")?, head.vocab))),
+            None => None,
+        };
+        let mut b = std::mem::MaybeUninit::<sys::flashspec_verify_batch>::zeroed();
+        let mut b = unsafe {
+            sys::flashspec_verify_batch_init(b.as_mut_ptr());
+            b.assume_init()
+        };
+        b.num_requests = requests as i32;
+        b.draft_offsets = self.draft_offsets.as_ptr();
+        b.draft_tokens = self.draft_tokens.as_ptr();
+        b.target_hidden = &*hidden;
+        b.draft_logits = logits.as_deref().map_or(ptr::null(), |t| t as *const _);
+        b.temperatures = opt_ptr(self.temperatures);
+        b.draft_temperatures = opt_ptr(self.draft_temperatures);
+        b.seeds = opt_ptr(self.seeds);
+        b.request_ids = opt_ptr(self.request_ids);
+        b.steps = opt_ptr(self.steps);
+        b.accept_uniforms = opt_ptr(self.accept_uniforms);
+        b.max_draft_len = self.max_draft_len;
+        if let Some((name, n)) = [("temperatures", self.temperatures.map(<[f32]>::len)), ("draft_temperatures", self.draft_temperatures.map(<[f32]>::len)), ("seeds", self.seeds.map(<[u64]>::len)), ("request_ids", self.request_ids.map(<[u64]>::len)), ("steps", self.steps.map(<[u64]>::len))].into_iter().find_map(|(name, n)| n.filter(|&n| n < requests).map(|n| (name, n))) {
+            return Err(Error { status: sys::FLASHSPEC_ERR_OUT_OF_RANGE, message: format!("{name}: {n} entries for {requests} requests") });
+        }
+        let drafts = *self.draft_offsets.last().unwrap();
+        if drafts < 0 || self.draft_tokens.len() < drafts as usize || self.accept_uniforms.map_or(false, |u| u.len() < drafts as usize) {
+            return Err(Error { status: sys::FLASHSPEC_ERR_OUT_OF_RANGE, message: format!("draft_tokens/accept_uniforms: fewer than draft_offsets[R] = {drafts} entries") });
+        }
+        Ok(RawBatch { batch: b, _hidden: hidden, _logits: logits })
+    }
+}
+
+/// What finalize wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifyResult {
+    /// `[R]`.
+    pub accepted_counts: Vec<i32>,
+    /// `[draft_offsets[R] + R]`; entries past a request's tokens are -1.
+    pub emitted_tokens: Vec<i32>,
+    /// `[R]`: steps + 1.
+    pub next_steps: Vec<u64>,
+    offsets: Vec<i32>,
+}
+
+impl VerifyResult {
+    fn sized(batch: &VerifyBatch<'_>) -> VerifyResult {
+        let requests = batch.draft_offsets.len().saturating_sub(1);
+        let emitted = batch.draft_offsets.last().map_or(0, |&d| d.max(0) as usize + requests);
+        VerifyResult { accepted_counts: vec![0; requests], emitted_tokens: vec![0; emitted], next_steps: vec![0; requests], offsets: batch.draft_offsets.to_vec() }
+    }
+
+    fn raw(&mut self) -> sys::flashspec_verify_result {
+        let mut r = std::mem::MaybeUninit::<sys::flashspec_verify_result>::zeroed();
+        let mut r = unsafe {
+            sys::flashspec_verify_result_init(r.as_mut_ptr());
+            r.assume_init()
+        };
+        r.accepted_counts = self.accepted_counts.as_mut_ptr();
+        r.emitted_tokens = self.emitted_tokens.as_mut_ptr();
+        r.next_steps = self.next_steps.as_mut_ptr();
+        r
+    }
+
+    /// Request r's emitted tokens: accepted drafts, then the recovered or bonus token.
+    pub fn tokens(&self, request: usize) -> &[i32] {
+        let start = self.offsets[request] as usize + request;
+        &self.emitted_tokens[start..start + self.accepted_counts[request] as usize + 1]
+    }
+}
