@@ -128,9 +128,9 @@ flashspec_status flashspec_context_create(const flashspec_context_params* params
       validate_struct_size(params->struct_size, sizeof(flashspec_context_params), "params->struct_size");
       p = *params;
     }
-    require(p.backend == FLASHSPEC_BACKEND_AUTO || p.backend == FLASHSPEC_BACKEND_CPU ||
-                p.backend == FLASHSPEC_BACKEND_CUDA,
-            FLASHSPEC_ERR_INVALID_ARGUMENT, "params->backend", "unknown backend " + std::to_string(int(p.backend)));
+    const int32_t backend = raw_enum(p.backend);
+    require(backend == FLASHSPEC_BACKEND_AUTO || backend == FLASHSPEC_BACKEND_CPU || backend == FLASHSPEC_BACKEND_CUDA,
+            FLASHSPEC_ERR_INVALID_ARGUMENT, "params->backend", "unknown backend " + std::to_string(backend));
     require(p.device_ordinal >= 0, FLASHSPEC_ERR_INVALID_ARGUMENT, "params->device_ordinal", "must be >= 0");
     require(p.cpu_threads >= 0 && p.cpu_threads <= 1024, FLASHSPEC_ERR_INVALID_ARGUMENT, "params->cpu_threads",
             "must be in [0, 1024]");
@@ -194,8 +194,9 @@ flashspec_status flashspec_lm_head_create(flashspec_context* ctx, const flashspe
             "rows (vocabulary) " + std::to_string(weight->rows) + " exceed FLASHSPEC_MAX_VOCAB");
     require(weight->cols <= FLASHSPEC_MAX_HIDDEN, FLASHSPEC_ERR_OUT_OF_RANGE, "weight",
             "cols (hidden size) " + std::to_string(weight->cols) + " exceed FLASHSPEC_MAX_HIDDEN");
-    require(flags == FLASHSPEC_LM_HEAD_COPY || flags == FLASHSPEC_LM_HEAD_BORROW, FLASHSPEC_ERR_INVALID_ARGUMENT,
-            "flags", "unknown value " + std::to_string(int(flags)));
+    const int32_t raw_flags = raw_enum(flags);
+    require(raw_flags == FLASHSPEC_LM_HEAD_COPY || raw_flags == FLASHSPEC_LM_HEAD_BORROW,
+            FLASHSPEC_ERR_INVALID_ARGUMENT, "flags", "unknown value " + std::to_string(raw_flags));
     auto head = std::make_unique<flashspec_lm_head>();
     head->storage = ctx->backend->create_lm_head(*weight, flags);
     *out = head.release();

@@ -13,11 +13,14 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-bool known_memory(flashspec_memory m) { return m == FLASHSPEC_MEMORY_HOST || m == FLASHSPEC_MEMORY_CUDA; }
+bool known_memory(const flashspec_memory& m) {
+  const int32_t raw = raw_enum(m);
+  return raw == FLASHSPEC_MEMORY_HOST || raw == FLASHSPEC_MEMORY_CUDA;
+}
 
-void validate_memory(flashspec_memory given, const Backend& backend, const char* argument) {
+void validate_memory(const flashspec_memory& given, const Backend& backend, const char* argument) {
   require(known_memory(given), FLASHSPEC_ERR_INVALID_ARGUMENT, argument,
-          "unknown flashspec_memory value " + str(int64_t(given)));
+          "unknown flashspec_memory value " + str(raw_enum(given)));
   require(given == backend_memory(backend), FLASHSPEC_ERR_DEVICE_MISMATCH, argument,
           given == FLASHSPEC_MEMORY_HOST ? "host memory given to the CUDA backend, which reads device memory"
                                          : "device memory given to the CPU backend, which reads host memory");
@@ -136,10 +139,11 @@ void validate_temperature(float t, const char* argument) {
 void validate_tensor(const flashspec_tensor* t, const char* argument) {
   require(t != nullptr, FLASHSPEC_ERR_NULL_POINTER, argument, "is NULL");
   require(t->data != nullptr, FLASHSPEC_ERR_NULL_POINTER, argument, "data is NULL");
-  require(dtype_size(t->dtype) != 0, FLASHSPEC_ERR_DTYPE_MISMATCH, argument,
-          "unknown dtype " + str(int64_t(t->dtype)) + " (bf16, fp16 or fp32)");
+  const int32_t dtype = raw_enum(t->dtype);
+  require(dtype == FLASHSPEC_DTYPE_F32 || dtype == FLASHSPEC_DTYPE_BF16 || dtype == FLASHSPEC_DTYPE_F16,
+          FLASHSPEC_ERR_DTYPE_MISMATCH, argument, "unknown dtype " + str(dtype) + " (bf16, fp16 or fp32)");
   require(known_memory(t->memory), FLASHSPEC_ERR_INVALID_ARGUMENT, argument,
-          "unknown memory " + str(int64_t(t->memory)));
+          "unknown memory " + str(raw_enum(t->memory)));
   require(t->rows >= 1, FLASHSPEC_ERR_OUT_OF_RANGE, argument, "rows must be >= 1, got " + str(t->rows));
   require(t->cols >= 1, FLASHSPEC_ERR_OUT_OF_RANGE, argument, "cols must be >= 1, got " + str(t->cols));
   require(t->row_stride >= t->cols, FLASHSPEC_ERR_OUT_OF_RANGE, argument,

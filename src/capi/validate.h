@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "capi/handles.h"
 #include "kernels/backend.h"
@@ -10,6 +11,18 @@
 namespace flashspec {
 
 flashspec_memory backend_memory(const Backend& backend);
+
+// The integer a C caller stored in an enum field or argument. C allows any
+// int there; in C++ reading an enum object that holds a value outside the
+// enum's range (a negative one, here) is undefined, so validation reads the
+// bits and checks them before the value is used as the enum.
+template <class Enum>
+int32_t raw_enum(const Enum& value) {
+  static_assert(sizeof(Enum) == sizeof(int32_t), "flashspec enums are 32-bit");
+  int32_t raw;
+  std::memcpy(&raw, &value, sizeof raw);
+  return raw;
+}
 
 // A view that can be read: data non-NULL, known dtype and memory, sizes
 // positive, row_stride ≥ cols, byte size without overflow.
