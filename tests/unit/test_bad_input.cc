@@ -38,6 +38,14 @@ bool is_poison(float f) {
   return bits == kPoison;
 }
 
+// Stores any int in an enum object, as a C caller may; C++ code must not
+// assign it through the enum type (negative values are outside its range).
+template <class Enum>
+void set_raw(Enum& field, int32_t value) {
+  static_assert(sizeof(Enum) == sizeof(int32_t), "32-bit enums");
+  std::memcpy(&field, &value, sizeof value);
+}
+
 // Checks status and message of one failed call. ctx NULL: the message is the
 // thread's (flashspec_context_last_error(NULL)).
 void expect_failure(const std::string& name, flashspec_status got, flashspec_status want,
@@ -69,7 +77,7 @@ TEST(BadInput, ContextCreate) {
       {"backend 3", FLASHSPEC_ERR_INVALID_ARGUMENT, "params->backend",
        [](auto& p, bool&) { p.backend = flashspec_backend(3); }},
       {"backend -1", FLASHSPEC_ERR_INVALID_ARGUMENT, "params->backend",
-       [](auto& p, bool&) { p.backend = flashspec_backend(-1); }},
+       [](auto& p, bool&) { set_raw(p.backend, -1); }},
       {"device_ordinal -1", FLASHSPEC_ERR_INVALID_ARGUMENT, "params->device_ordinal",
        [](auto& p, bool&) { p.device_ordinal = -1; }},
       {"cpu_threads -1", FLASHSPEC_ERR_INVALID_ARGUMENT, "params->cpu_threads",
@@ -171,13 +179,14 @@ TEST_F(BadInputWithHead, LmHeadCreate) {
       {"rows * row_stride overflows", FLASHSPEC_ERR_OUT_OF_RANGE, "weight",
        [](Call& c) { c.weight.rows = int64_t(1) << 20, c.weight.row_stride = int64_t(1) << 60; }},
       {"dtype 3", FLASHSPEC_ERR_DTYPE_MISMATCH, "weight", [](Call& c) { c.weight.dtype = flashspec_dtype(3); }},
-      {"dtype -1", FLASHSPEC_ERR_DTYPE_MISMATCH, "weight", [](Call& c) { c.weight.dtype = flashspec_dtype(-1); }},
+      {"dtype -1", FLASHSPEC_ERR_DTYPE_MISMATCH, "weight", [](Call& c) { set_raw(c.weight.dtype, -1); }},
       {"memory 9", FLASHSPEC_ERR_INVALID_ARGUMENT, "weight", [](Call& c) { c.weight.memory = flashspec_memory(9); }},
       {"device memory on the CPU backend", FLASHSPEC_ERR_DEVICE_MISMATCH, "weight",
        [](Call& c) { c.weight.memory = FLASHSPEC_MEMORY_CUDA; }},
       {"BORROW on the CPU backend", FLASHSPEC_ERR_DEVICE_MISMATCH, "flags",
        [](Call& c) { c.flags = FLASHSPEC_LM_HEAD_BORROW; }},
       {"flags 2", FLASHSPEC_ERR_INVALID_ARGUMENT, "flags", [](Call& c) { c.flags = flashspec_lm_head_flags(2); }},
+      {"memory -1", FLASHSPEC_ERR_INVALID_ARGUMENT, "weight", [](Call& c) { set_raw(c.weight.memory, -1); }},
       {"NaN weight (f32)", FLASHSPEC_ERR_NON_FINITE, "weight", [](Call& c) { c.f32[5 * kHidden + 3] = kNaN; }},
       {"Inf weight in the last row (f32)", FLASHSPEC_ERR_NON_FINITE, "weight",
        [](Call& c) { c.f32[(kVocab - 1) * kHidden + kHidden - 1] = -kInf; }},
@@ -285,6 +294,9 @@ TEST_F(BadInputWithHead, Draft) {
        [](Call& c) { c.params.memory = FLASHSPEC_MEMORY_CUDA; }},
       {"params->memory 4", FLASHSPEC_ERR_INVALID_ARGUMENT, "params->memory",
        [](Call& c) { c.params.memory = flashspec_memory(4); }},
+      {"params->memory -1", FLASHSPEC_ERR_INVALID_ARGUMENT, "params->memory",
+       [](Call& c) { set_raw(c.params.memory, -1); }},
+      {"hidden dtype -7", FLASHSPEC_ERR_DTYPE_MISMATCH, "hidden", [](Call& c) { set_raw(c.hidden.dtype, -7); }},
       {"temperature -1", FLASHSPEC_ERR_INVALID_ARGUMENT, "params->temperature",
        [](Call& c) { c.params.temperature = -1.0f; }},
       {"temperature NaN", FLASHSPEC_ERR_INVALID_ARGUMENT, "params->temperature",
@@ -474,6 +486,8 @@ std::vector<BatchCase> batch_cases() {
        [](BatchCall& c) { c.batch.memory = FLASHSPEC_MEMORY_CUDA; }},
       {"batch->memory 3", FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->memory",
        [](BatchCall& c) { c.batch.memory = flashspec_memory(3); }},
+      {"batch->memory -1", FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->memory",
+       [](BatchCall& c) { set_raw(c.batch.memory, -1); }},
       {"num_requests 0", FLASHSPEC_ERR_OUT_OF_RANGE, "batch->num_requests",
        [](BatchCall& c) { c.batch.num_requests = 0; }},
       {"num_requests -1", FLASHSPEC_ERR_OUT_OF_RANGE, "batch->num_requests",
@@ -689,6 +703,8 @@ TEST_F(BadInputBatch, Finalize) {
                    [](BatchCall& c) { c.result.struct_size = sizeof(flashspec_verify_result) + 4; }});
   cases.push_back({"result->memory device", FLASHSPEC_ERR_DEVICE_MISMATCH, "result->memory",
                    [](BatchCall& c) { c.result.memory = FLASHSPEC_MEMORY_CUDA; }});
+  cases.push_back({"result->memory -1", FLASHSPEC_ERR_INVALID_ARGUMENT, "result->memory",
+                   [](BatchCall& c) { set_raw(c.result.memory, -1); }});
   cases.push_back({"result->accepted_counts NULL", FLASHSPEC_ERR_NULL_POINTER, "result->accepted_counts",
                    [](BatchCall& c) { c.result.accepted_counts = nullptr; }});
   cases.push_back({"result->emitted_tokens NULL", FLASHSPEC_ERR_NULL_POINTER, "result->emitted_tokens",
