@@ -87,8 +87,8 @@ FS_HOST_DEVICE double uniform_from_bits(uint32_t x) { return (double(x) + 0.5) *
 // log u for u = (x + 0.5) / 2^32, accurate in float over the whole range.
 FS_HOST_DEVICE float log_uniform_from_bits(uint32_t x) {
   if (x < 0x80000000u) {
-    // u ≤ 1/2: log of the value itself is well conditioned.
-    return logf(float(x) + 0.5f) - 22.18070977791825f;  // 32 ln 2
+    // u < 1/2: scaling by 2^-32 is exact, so only logf rounds.
+    return logf((float(x) + 0.5f) * 2.3283064365386963e-10f);
   }
   // u > 1/2: log u = log1p(−(1 − u)), 1 − u = (2^32 − 1 − x + 0.5) / 2^32, exact.
   float one_minus_u = (float(0xffffffffu - x) + 0.5f) * 2.3283064365386963e-10f;
