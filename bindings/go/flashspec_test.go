@@ -3,8 +3,8 @@ package flashspec
 import (
 	"errors"
 	"math"
-	"os"
 	"math/rand"
+	"os"
 	"strings"
 	"testing"
 )
@@ -216,22 +216,29 @@ func TestPhiloxAndPluginTable(t *testing.T) {
 	}
 }
 
-// The Go block of bindings/README.md is taken verbatim from Example.
+// Each Go block of bindings/README.md is taken verbatim from an example
+// (example_test.go, example_engine_test.go), which go test runs.
 func TestReadmeSnippetIsFromTheExample(t *testing.T) {
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	example, err := os.ReadFile("example_test.go")
-	if err != nil {
-		t.Fatal(err)
+	var examples string
+	for _, name := range []string{"example_test.go", "example_engine_test.go"} {
+		example, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		examples += string(example)
 	}
-	parts := strings.SplitN(string(readme), "```go\n", 2)
-	if len(parts) != 2 {
-		t.Fatal("no Go block in bindings/README.md")
+	parts := strings.Split(string(readme), "```go\n")
+	if len(parts) < 3 {
+		t.Fatalf("%d Go blocks in bindings/README.md, want the core and the engine one", len(parts)-1)
 	}
-	block := strings.SplitN(parts[1], "```", 2)[0]
-	if len(block) < 200 || !strings.Contains(string(example), block) {
-		t.Fatalf("the README's Go block is not part of example_test.go:\n%s", block)
+	for _, part := range parts[1:] {
+		block := strings.SplitN(part, "```", 2)[0]
+		if len(block) < 200 || !strings.Contains(examples, block) {
+			t.Fatalf("a Go block of the README is not part of the examples:\n%s", block)
+		}
 	}
 }

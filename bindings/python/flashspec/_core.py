@@ -70,7 +70,8 @@ class Context(_Handle):
 
     Use one context per thread (the C API's [context-exclusive]); the calls of
     one context are serialised by a lock, so sharing it is safe but serial.
-    close() destroys the LM heads and summaries created from it first.
+    close() destroys the engines, drafters, LM heads and summaries created
+    from it first.
     """
 
     _destroy = staticmethod(_capi.flashspec_context_destroy)
@@ -100,7 +101,8 @@ class Context(_Handle):
         if self._raw is None:
             return
         with self._lock:
-            for child in list(self._children):
+            # Engines borrow drafters and heads: they go first, then drafters.
+            for child in sorted(self._children, key=lambda c: getattr(c, "_close_order", 2)):
                 child.close()
             super().close()
 

@@ -5,6 +5,9 @@
  *     plain integer addresses, so host (numpy) and device (CUDA array
  *     interface, DLPack) memory pass through without a copy;
  *   - `T** out` handle outputs are returned after the status;
+ *   - engine callbacks (function-pointer typedefs) and the engine's arrays
+ *     of drafters, arms and rewards are integer addresses too: the package
+ *     passes ctypes trampolines and numpy arrays;
  *   - the fixed-size arrays of flashspec_philox4x32_10 are tuples.
  * New handle types or pointer element types go in the lists below. */
 %module(package="flashspec") capi
@@ -40,6 +43,7 @@ FLASHSPEC_ADDRESS(uint64_t*)
 FLASHSPEC_ADDRESS(const uint64_t*)
 FLASHSPEC_ADDRESS(float*)
 FLASHSPEC_ADDRESS(const float*)
+FLASHSPEC_ADDRESS(const double*)
 
 /* ---- handle outputs: status, handle = f(..) ------------------------------ */
 %define FLASHSPEC_OUT_HANDLE(TYPE)
@@ -54,6 +58,18 @@ FLASHSPEC_ADDRESS(const float*)
 FLASHSPEC_OUT_HANDLE(flashspec_context)
 FLASHSPEC_OUT_HANDLE(flashspec_lm_head)
 FLASHSPEC_OUT_HANDLE(flashspec_summaries)
+
+#ifdef FLASHSPEC_BINDINGS_ENGINE
+/* ---- engine: callbacks and arrays as addresses --------------------------- */
+FLASHSPEC_ADDRESS(flashspec_draft_fn)
+FLASHSPEC_ADDRESS(flashspec_target_forward_fn)
+FLASHSPEC_ADDRESS(flashspec_target_rollback_fn)
+FLASHSPEC_ADDRESS(flashspec_token_fn)
+FLASHSPEC_ADDRESS(flashspec_drafter* const*)
+FLASHSPEC_ADDRESS(const flashspec_arm*)
+FLASHSPEC_OUT_HANDLE(flashspec_drafter)
+FLASHSPEC_OUT_HANDLE(flashspec_engine)
+#endif
 
 /* ---- fixed-size uint32 arrays of the Philox helper ---------------------- */
 %define FLASHSPEC_U32_IN(NAME, N)

@@ -9,6 +9,11 @@
 //!
 //! This crate passes host slices; with the CUDA backend each call waits for
 //! its work before returning (device memory goes through `flashspec-sys`).
+//!
+//! The speculative engine ([`Engine`], from [`Context::engine`]) takes the
+//! target model and callback drafters as closures; a closure's error or
+//! panic fails the generation with a [`GenerateError`] whose `source` is
+//! that error, and the engine stays usable.
 use std::cell::Cell;
 use std::ffi::CStr;
 use std::fmt;
@@ -16,6 +21,9 @@ use std::marker::PhantomData;
 use std::ptr;
 
 pub use flashspec_sys as sys;
+
+mod engine;
+pub use engine::{Arm, ArmMetrics, BoxError, CallbackDrafterOptions, CallbackPanic, CallbackResult, Canceller, Drafter, Engine, EngineMetrics, EngineOptions, FinishReason, GenerateError, GenerateOptions, Generation, NgramOptions, Policy};
 
 /// The examples of bindings/README.md, run as doctests.
 #[doc = include_str!("../../../README.md")]

@@ -1,0 +1,683 @@
+//! The speculative engine: drafters, arms chosen by a bandit policy, the
+//! host's target model as closures, generation with streaming,
+//! cancellation and metrics (the engine section of flashspec.h).
+//!
+//! Closures sit behind `extern "C"` trampolines: a closure's `Err` or a
+//! panic (caught with `catch_unwind`, never unwinding into C) becomes a
+//! callback failure, the call fails with `FLASHSPEC_ERR_CALLBACK`, and
+//! [`GenerateError::source`] gives the closure's error. The engine stays
+//! usable. What a closure returns is kept by the engine or drafter until
+//! the library is done with it.
+use std::cell::Cell;
+use std::ffi::{c_int, c_void};
+use std::fmt;
+use std::marker::PhantomData;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr;
+use std::sync::{Arc, Mutex};
+
+use crate::{check, host_tensor, sys, Context, Error, LmHead, Result};
+
+/// The error type callbacks return.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+/// What callbacks return.
+pub type CallbackResult<T> = std::result::Result<T, BoxError>;
+
+/// A panic caught in a callback, as an error.
+#[derive(Debug)]
+pub struct CallbackPanic(pub String);
+
+impl fmt::Display for CallbackPanic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "panicked: {}", self.0)
+    }
+}
+
+impl std::error::Error for CallbackPanic {}
+
+/// The first failure of a callback during one engine call.
+#[derive(Default)]
+struct Failure(Option<(&'static str, BoxError)>);
+
+impl Failure {
+    fn record(&mut self, where_: &'static str, error: BoxError) {
+        if self.0.is_none() {
+            self.0 = Some((where_, error));
+        }
+    }
+}
+
+/// Runs `f`; an `Err` or a panic is recorded in `failure` and becomes 1.
+fn guarded(failure: &mut Failure, where_: &'static str, f: impl FnOnce() -> CallbackResult<c_int>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(rc)) => rc,
+        Ok(Err(e)) => {
+            failure.record(where_, e);
+            1
+        }
+        Err(payload) => {
+            let text = payload.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| payload.downcast_ref::<String>().cloned()).unwrap_or_else(|| "a non-string payload".into());
+            failure.record(where_, Box::new(CallbackPanic(text)));
+            1
+        }
+    }
+}
+
+fn tensor_of(data: &[f32], rows: usize, cols: usize) -> sys::flashspec_tensor {
+    host_tensor(data, rows, cols)
+}
+
+// ---- drafters -------------------------------------------------------------------
+
+/// N-gram (prompt lookup) drafter parameters; `Default` gives the library's.
+#[derive(Debug, Clone)]
+pub struct NgramOptions {
+    pub min_n: i32,
+    pub max_n: i32,
+    /// Costs in units of one target forward.
+    pub call_cost: f64,
+    pub token_cost: f64,
+}
+
+impl Default for NgramOptions {
+    fn default() -> Self {
+        let mut p = std::mem::MaybeUninit::<sys::flashspec_ngram_params>::zeroed();
+        // SAFETY: init fills every field.
+        let p = unsafe {
+            sys::flashspec_ngram_params_init(p.as_mut_ptr());
+            p.assume_init()
+        };
+        NgramOptions { min_n: p.min_n, max_n: p.max_n, call_cost: p.call_cost, token_cost: p.token_cost }
+    }
+}
+
+/// Callback drafter parameters: `draft_temperature` (logits drafters) and costs.
+#[derive(Debug, Clone)]
+pub struct CallbackDrafterOptions {
+    pub draft_temperature: f32,
+    pub call_cost: f64,
+    pub token_cost: f64,
+}
+
+impl Default for CallbackDrafterOptions {
+    fn default() -> Self {
+        let mut p = std::mem::MaybeUninit::<sys::flashspec_callback_drafter_params>::zeroed();
+        // SAFETY: init fills every field.
+        let p = unsafe {
+            sys::flashspec_callback_drafter_params_init(p.as_mut_ptr());
+            p.assume_init()
+        };
+        CallbackDrafterOptions { draft_temperature: p.draft_temperature, call_cost: p.call_cost, token_cost: p.token_cost }
+    }
+}
+
+type TokensFn<'a> = Box<dyn FnMut(&[i32], usize) -> CallbackResult<Vec<i32>> + 'a>;
+type LogitsFn<'a> = Box<dyn FnMut(&[i32], usize) -> CallbackResult<(Vec<i32>, Vec<f32>)> + 'a>;
+
+enum DraftClosure<'a> {
+    Tokens(TokensFn<'a>),
+    Logits(LogitsFn<'a>),
+}
+
+struct DrafterState<'a> {
+    closure: DraftClosure<'a>,
+    failure: Failure,
+    logits: Vec<f32>, // read by the library until the step ends
+}
+
+unsafe extern "C" fn draft_trampoline(user_data: *mut c_void, call: *mut sys::flashspec_draft_call) -> c_int {
+    // SAFETY: user_data is the drafter's boxed state, alive while the drafter is.
+    let state = unsafe { &mut *(user_data as *mut DrafterState<'_>) };
+    let call = unsafe { &mut *call };
+    let DrafterState { closure, failure, logits } = state;
+    guarded(failure, "draft callback", || {
+        // SAFETY: the library passes context_len valid tokens and a buffer of max_tokens.
+        let context = unsafe { std::slice::from_raw_parts(call.context, call.context_len.max(0) as usize) };
+        let max = call.max_tokens.max(0) as usize;
+        let (tokens, rows) = match closure {
+            DraftClosure::Tokens(f) => (f(context, max)?, None),
+            DraftClosure::Logits(f) => {
+                let (t, l) = f(context, max)?;
+                (t, Some(l))
+            }
+        };
+        if tokens.len() > max {
+            return Err(format!("returned {} tokens, more than max_tokens = {max}", tokens.len()).into());
+        }
+        let buffer = unsafe { std::slice::from_raw_parts_mut(call.tokens, max) };
+        buffer[..tokens.len()].copy_from_slice(&tokens);
+        if let (Some(rows), n) = (rows, tokens.len()) {
+            if n > 0 {
+                if rows.is_empty() || rows.len() % n != 0 {
+                    return Err(format!("returned {} logits, not whole rows for {n} tokens", rows.len()).into());
+                }
+                *logits = rows;
+                call.logits = tensor_of(logits, n, logits.len() / n);
+            }
+        }
+        call.num_tokens = tokens.len() as i32;
+        Ok(0)
+    })
+}
+
+/// A drafter; it serves one engine, which owns it.
+pub struct Drafter<'a> {
+    raw: *mut sys::flashspec_drafter,
+    state: Option<Box<DrafterState<'a>>>,
+    _context: PhantomData<&'a Context>,
+}
+
+impl Drop for Drafter<'_> {
+    fn drop(&mut self) {
+        unsafe { sys::flashspec_drafter_destroy(self.raw) };
+    }
+}
+
+impl<'a> Drafter<'a> {
+    fn take_failure(&mut self) -> Option<(&'static str, BoxError)> {
+        self.state.as_mut().and_then(|s| s.failure.0.take())
+    }
+}
+
+impl Context {
+    /// The built-in n-gram (prompt lookup) drafter.
+    pub fn ngram_drafter(&self, options: &NgramOptions) -> Result<Drafter<'_>> {
+        let mut p = std::mem::MaybeUninit::<sys::flashspec_ngram_params>::zeroed();
+        let mut p = unsafe {
+            sys::flashspec_ngram_params_init(p.as_mut_ptr());
+            p.assume_init()
+        };
+        p.min_n = options.min_n;
+        p.max_n = options.max_n;
+        p.call_cost = options.call_cost;
+        p.token_cost = options.token_cost;
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::flashspec_drafter_create_ngram(self.raw, &p, &mut raw) }, self.raw)?;
+        Ok(Drafter { raw, state: None, _context: PhantomData })
+    }
+
+    fn callback_drafter_with<'a>(&'a self, closure: DraftClosure<'a>, options: &CallbackDrafterOptions) -> Result<Drafter<'a>> {
+        let kind = match closure {
+            DraftClosure::Tokens(_) => sys::FLASHSPEC_DRAFT_TOKENS,
+            DraftClosure::Logits(_) => sys::FLASHSPEC_DRAFT_LOGITS,
+        };
+        let mut state = Box::new(DrafterState { closure, failure: Failure::default(), logits: Vec::new() });
+        let mut p = std::mem::MaybeUninit::<sys::flashspec_callback_drafter_params>::zeroed();
+        let mut p = unsafe {
+            sys::flashspec_callback_drafter_params_init(p.as_mut_ptr());
+            p.assume_init()
+        };
+        p.kind = kind;
+        p.draft = Some(draft_trampoline);
+        p.user_data = (&mut *state as *mut DrafterState<'a>).cast();
+        p.draft_temperature = options.draft_temperature;
+        p.call_cost = options.call_cost;
+        p.token_cost = options.token_cost;
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::flashspec_drafter_create_callback(self.raw, &p, &mut raw) }, self.raw)?;
+        Ok(Drafter { raw, state: Some(state), _context: PhantomData })
+    }
+
+    /// A drafter backed by `f(context, max_tokens)`, which returns up to
+    /// `max_tokens` greedy (point-mass) draft tokens after `context` (the
+    /// prompt, then the tokens emitted so far); none: no draft this step.
+    pub fn callback_drafter<'a>(&'a self, f: impl FnMut(&[i32], usize) -> CallbackResult<Vec<i32>> + 'a, options: &CallbackDrafterOptions) -> Result<Drafter<'a>> {
+        self.callback_drafter_with(DraftClosure::Tokens(Box::new(f)), options)
+    }
+
+    /// A drafter backed by `f(context, max_tokens)`, which samples its tokens
+    /// and returns them with the draft logits rows (`[tokens, V]`,
+    /// row-major) they were sampled from; q = softmax(row /
+    /// draft_temperature), and verification stays exact.
+    pub fn logits_drafter<'a>(&'a self, f: impl FnMut(&[i32], usize) -> CallbackResult<(Vec<i32>, Vec<f32>)> + 'a, options: &CallbackDrafterOptions) -> Result<Drafter<'a>> {
+        self.callback_drafter_with(DraftClosure::Logits(Box::new(f)), options)
+    }
+
+    /// An engine whose target model has LM head `head` and runs as
+    /// `forward(tokens, num_past, num_rows)`: drop cached tokens beyond
+    /// `num_past` (0: a new sequence), append `tokens` to the KV cache and
+    /// return the final hidden rows of the last `num_rows` tokens,
+    /// `[num_rows, d]` row-major. The context must use the CPU backend.
+    pub fn engine<'a>(&'a self, head: &'a LmHead<'_>, forward: impl FnMut(&[i32], usize, usize) -> CallbackResult<Vec<f32>> + 'a, options: EngineOptions<'a>) -> Result<Engine<'a>> {
+        Engine::new(self, head, Box::new(forward), options)
+    }
+}
+
+// ---- the engine -------------------------------------------------------------------
+
+/// Drafter-selection policy.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Policy {
+    /// UCB1 with this exploration weight (the library default is 1).
+    Ucb1 { exploration: f64 },
+    /// Thompson sampling with Beta posteriors, deterministic given the seed.
+    Thompson { seed: u64 },
+    /// Always this arm.
+    Fixed(i32),
+    /// Always the arm with the largest expected reward (one per arm).
+    Oracle(Vec<f64>),
+}
+
+/// A (drafter index, draft length) pair; `drafter: None` with length 0
+/// decodes without drafting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arm {
+    pub drafter: Option<usize>,
+    pub draft_len: i32,
+}
+
+type RollbackFn<'a> = Box<dyn FnMut(usize) -> CallbackResult<()> + 'a>;
+type ForwardFn<'a> = Box<dyn FnMut(&[i32], usize, usize) -> CallbackResult<Vec<f32>> + 'a>;
+
+/// Engine parameters; `Default` gives the library's defaults.
+pub struct EngineOptions<'a> {
+    /// Truncate the target's KV cache to its first `num_keep` tokens (optional).
+    pub rollback: Option<RollbackFn<'a>>,
+    /// The drafters; the engine owns them.
+    pub drafters: Vec<Drafter<'a>>,
+    /// `None`: one arm per drafter of length `default_draft_len`.
+    pub arms: Option<Vec<Arm>>,
+    pub default_draft_len: i32,
+    pub policy: Policy,
+    /// Costs in units of one target forward (see flashspec_engine_params).
+    pub target_step_cost: f64,
+    pub target_row_cost: f64,
+    /// Most tokens the target's cache holds; 0 = unlimited.
+    pub max_context: i32,
+}
+
+fn engine_params_default() -> sys::flashspec_engine_params {
+    let mut p = std::mem::MaybeUninit::<sys::flashspec_engine_params>::zeroed();
+    // SAFETY: init fills every field.
+    unsafe {
+        sys::flashspec_engine_params_init(p.as_mut_ptr());
+        p.assume_init()
+    }
+}
+
+impl Default for EngineOptions<'_> {
+    fn default() -> Self {
+        let p = engine_params_default();
+        EngineOptions { rollback: None, drafters: Vec::new(), arms: None, default_draft_len: p.default_draft_len, policy: Policy::Ucb1 { exploration: p.ucb_exploration }, target_step_cost: p.target_step_cost, target_row_cost: p.target_row_cost, max_context: p.max_context }
+    }
+}
+
+struct EngineState<'a> {
+    forward: ForwardFn<'a>,
+    rollback: Option<RollbackFn<'a>>,
+    hidden_size: usize,
+    hidden: Vec<f32>, // read by the library until the step ends
+    failure: Failure,
+}
+
+unsafe extern "C" fn forward_trampoline(user_data: *mut c_void, call: *mut sys::flashspec_target_call) -> c_int {
+    // SAFETY: user_data is the engine's boxed state, alive while the engine is.
+    let state = unsafe { &mut *(user_data as *mut EngineState<'_>) };
+    let call = unsafe { &mut *call };
+    let EngineState { forward, hidden_size, hidden, failure, .. } = state;
+    guarded(failure, "target forward", || {
+        let tokens = unsafe { std::slice::from_raw_parts(call.tokens, call.num_tokens.max(0) as usize) };
+        let rows = forward(tokens, call.num_past.max(0) as usize, call.num_rows.max(0) as usize)?;
+        if rows.is_empty() || rows.len() % *hidden_size != 0 {
+            return Err(format!("returned {} values, not whole rows of d = {hidden_size}", rows.len()).into());
+        }
+        *hidden = rows;
+        call.hidden = tensor_of(hidden, hidden.len() / *hidden_size, *hidden_size);
+        Ok(0)
+    })
+}
+
+unsafe extern "C" fn rollback_trampoline(user_data: *mut c_void, num_keep: i32) -> c_int {
+    // SAFETY: as forward_trampoline.
+    let state = unsafe { &mut *(user_data as *mut EngineState<'_>) };
+    let EngineState { rollback, failure, .. } = state;
+    guarded(failure, "target rollback", || {
+        (rollback.as_mut().expect("rollback trampoline without a rollback closure"))(num_keep.max(0) as usize)?;
+        Ok(0)
+    })
+}
+
+struct TokenSink<'f> {
+    on_token: &'f mut dyn FnMut(i32) -> bool,
+    failure: Failure,
+}
+
+unsafe extern "C" fn token_trampoline(user_data: *mut c_void, token: i32) -> c_int {
+    // SAFETY: user_data is the TokenSink on generate's stack.
+    let sink = unsafe { &mut *(user_data as *mut TokenSink<'_>) };
+    let TokenSink { on_token, failure } = sink;
+    guarded(failure, "token callback", || Ok(if on_token(token) { 1 } else { 0 }))
+}
+
+/// Why a generation stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// Not finished: a failure stopped it.
+    None,
+    Length,
+    StopToken,
+    HostStop,
+    ContextFull,
+    Cancelled,
+}
+
+impl FinishReason {
+    fn from_raw(raw: sys::flashspec_finish_reason) -> FinishReason {
+        match raw {
+            sys::FLASHSPEC_FINISH_LENGTH => FinishReason::Length,
+            sys::FLASHSPEC_FINISH_STOP_TOKEN => FinishReason::StopToken,
+            sys::FLASHSPEC_FINISH_HOST_STOP => FinishReason::HostStop,
+            sys::FLASHSPEC_FINISH_CONTEXT_FULL => FinishReason::ContextFull,
+            sys::FLASHSPEC_FINISH_CANCELLED => FinishReason::Cancelled,
+            _ => FinishReason::None,
+        }
+    }
+}
+
+/// Generation parameters; `Default` gives the library's (temperature 1,
+/// 256 tokens, seed 0).
+#[derive(Debug, Clone)]
+pub struct GenerateOptions<'s> {
+    /// Target temperature ≥ 0; 0 = greedy.
+    pub temperature: f32,
+    pub seed: u64,
+    pub request_id: u64,
+    pub max_tokens: i32,
+    pub stop_tokens: &'s [i32],
+}
+
+impl Default for GenerateOptions<'_> {
+    fn default() -> Self {
+        let mut p = std::mem::MaybeUninit::<sys::flashspec_generate_params>::zeroed();
+        // SAFETY: init fills every field.
+        let p = unsafe {
+            sys::flashspec_generate_params_init(p.as_mut_ptr());
+            p.assume_init()
+        };
+        GenerateOptions { temperature: p.temperature, seed: p.seed, request_id: p.request_id, max_tokens: p.max_tokens, stop_tokens: &[] }
+    }
+}
+
+/// What a generation produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Generation {
+    pub tokens: Vec<i32>,
+    pub finish_reason: FinishReason,
+    /// Verify steps run.
+    pub steps: i32,
+}
+
+/// A failed generation: the library's error, the tokens emitted before it,
+/// and, when a callback failed, which one and its error (the `source`).
+#[derive(Debug)]
+pub struct GenerateError {
+    pub error: Error,
+    pub tokens: Vec<i32>,
+    pub finish_reason: FinishReason,
+    /// The failing callback ("target forward", "draft callback", ...) and its error.
+    pub callback: Option<(&'static str, BoxError)>,
+}
+
+impl GenerateError {
+    /// The flashspec_status.
+    pub fn status(&self) -> sys::flashspec_status {
+        self.error.status
+    }
+}
+
+impl fmt::Display for GenerateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.error)?;
+        if let Some((where_, e)) = &self.callback {
+            write!(f, " ({where_}: {e})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for GenerateError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.callback.as_ref().map(|(_, e)| &**e as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<GenerateError> for Error {
+    fn from(e: GenerateError) -> Error {
+        e.error
+    }
+}
+
+/// Cancels the generation in progress of one engine from any thread; a
+/// no-op once the engine is dropped.
+#[derive(Clone)]
+pub struct Canceller(Arc<Mutex<EnginePtr>>);
+
+struct EnginePtr(*mut sys::flashspec_engine);
+// SAFETY: only flashspec_engine_cancel ([thread-safe]) is called through it,
+// under the mutex that Engine::drop takes before destroying the engine.
+unsafe impl Send for EnginePtr {}
+
+impl Canceller {
+    /// Ask the generation in progress to stop before its next step.
+    pub fn cancel(&self) {
+        let guard = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        unsafe { sys::flashspec_engine_cancel(guard.0) };
+    }
+}
+
+/// Statistics of one arm.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArmMetrics {
+    /// The arm's drafter index, `None` for a k = 0 arm.
+    pub drafter: Option<usize>,
+    pub draft_len: i32,
+    pub pulls: u64,
+    pub draft_tokens: u64,
+    pub accepted_tokens: u64,
+    pub mean_reward: f64,
+    pub mean_cost: f64,
+}
+
+/// Totals since creation or [`Engine::reset_metrics`], per position and per arm:
+/// `position_drafted[j]` steps drafted at least j + 1 tokens,
+/// `position_accepted[j]` accepted at least j + 1.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineMetrics {
+    pub steps: u64,
+    pub drafts: u64,
+    pub draft_tokens: u64,
+    pub accepted_tokens: u64,
+    pub emitted_tokens: u64,
+    pub acceptance_rate: f64,
+    pub mean_accepted_length: f64,
+    pub tokens_per_step: f64,
+    pub step_latency_p50_us: f64,
+    pub step_latency_p99_us: f64,
+    pub position_drafted: Vec<u64>,
+    pub position_accepted: Vec<u64>,
+    pub arms: Vec<ArmMetrics>,
+}
+
+impl EngineMetrics {
+    /// The acceptance rate at each draft position.
+    pub fn position_acceptance(&self) -> Vec<f64> {
+        self.position_drafted.iter().zip(&self.position_accepted).map(|(&d, &a)| if d > 0 { a as f64 / d as f64 } else { 0.0 }).collect()
+    }
+}
+
+/// Speculative decoding of one sequence at a time. Owns its drafters and
+/// borrows its context and target LM head. Not `Send` (it borrows a
+/// `!Sync` context); cancel from other threads with [`Engine::canceller`].
+pub struct Engine<'a> {
+    raw: *mut sys::flashspec_engine,
+    ctx: &'a Context,
+    state: Box<EngineState<'a>>,
+    cancel: Arc<Mutex<EnginePtr>>,
+    drafters: Vec<Drafter<'a>>,
+    _head: PhantomData<&'a LmHead<'a>>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl Drop for Engine<'_> {
+    fn drop(&mut self) {
+        let mut guard = self.cancel.lock().unwrap_or_else(|e| e.into_inner());
+        guard.0 = ptr::null_mut();
+        unsafe { sys::flashspec_engine_destroy(self.raw) };
+        // The drafters drop after this, once the engine has released them.
+    }
+}
+
+impl<'a> Engine<'a> {
+    fn new(ctx: &'a Context, head: &'a LmHead<'_>, forward: ForwardFn<'a>, options: EngineOptions<'a>) -> Result<Engine<'a>> {
+        let EngineOptions { rollback, drafters, arms, default_draft_len, policy, target_step_cost, target_row_cost, max_context } = options;
+        let has_rollback = rollback.is_some();
+        let mut state = Box::new(EngineState { forward, rollback, hidden_size: head.hidden, hidden: Vec::new(), failure: Failure::default() });
+        let mut p = engine_params_default();
+        p.target_forward = Some(forward_trampoline);
+        p.target_rollback = if has_rollback { Some(rollback_trampoline) } else { None };
+        p.target_user_data = (&mut *state as *mut EngineState<'a>).cast();
+        let raws: Vec<*mut sys::flashspec_drafter> = drafters.iter().map(|d| d.raw).collect();
+        p.drafters = if raws.is_empty() { ptr::null() } else { raws.as_ptr() };
+        p.num_drafters = raws.len() as i32;
+        let arm_table: Option<Vec<sys::flashspec_arm>> = arms.map(|arms| arms.iter().map(|a| sys::flashspec_arm { drafter: a.drafter.map_or(-1, |d| d as i32), draft_len: a.draft_len }).collect());
+        if let Some(table) = &arm_table {
+            p.arms = if table.is_empty() { ptr::null() } else { table.as_ptr() };
+            p.num_arms = table.len() as i32;
+        }
+        p.default_draft_len = default_draft_len;
+        let oracle;
+        match policy {
+            Policy::Ucb1 { exploration } => {
+                p.policy = sys::FLASHSPEC_BANDIT_UCB1;
+                p.ucb_exploration = exploration;
+            }
+            Policy::Thompson { seed } => {
+                p.policy = sys::FLASHSPEC_BANDIT_THOMPSON;
+                p.bandit_seed = seed;
+            }
+            Policy::Fixed(arm) => {
+                p.policy = sys::FLASHSPEC_BANDIT_FIXED;
+                p.fixed_arm = arm;
+            }
+            Policy::Oracle(rewards) => {
+                p.policy = sys::FLASHSPEC_BANDIT_ORACLE;
+                oracle = rewards;
+                p.oracle_rewards = if oracle.is_empty() { ptr::null() } else { oracle.as_ptr() };
+            }
+        }
+        p.target_step_cost = target_step_cost;
+        p.target_row_cost = target_row_cost;
+        p.max_context = max_context;
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::flashspec_engine_create(ctx.raw, head.raw, &p, &mut raw) }, ctx.raw)?;
+        Ok(Engine { raw, ctx, state, cancel: Arc::new(Mutex::new(EnginePtr(raw))), drafters, _head: PhantomData, _not_sync: PhantomData })
+    }
+
+    /// A handle that cancels this engine's generation from any thread.
+    pub fn canceller(&self) -> Canceller {
+        Canceller(self.cancel.clone())
+    }
+
+    /// Ask the generation in progress to stop (from a callback, through a
+    /// clone of [`Engine::canceller`] moved into it).
+    pub fn cancel(&self) {
+        unsafe { sys::flashspec_engine_cancel(self.raw) };
+    }
+
+    /// Generate up to `options.max_tokens` tokens after `prompt`. At
+    /// temperature 0 the tokens are the target's greedy tokens whatever the
+    /// drafters propose.
+    pub fn generate(&mut self, prompt: &[i32], options: &GenerateOptions<'_>) -> std::result::Result<Generation, GenerateError> {
+        self.run(prompt, options, None)
+    }
+
+    /// As [`Engine::generate`], calling `on_token` with each token as it is
+    /// emitted; returning `true` stops the generation after that token
+    /// ([`FinishReason::HostStop`]).
+    pub fn generate_streaming(&mut self, prompt: &[i32], options: &GenerateOptions<'_>, mut on_token: impl FnMut(i32) -> bool) -> std::result::Result<Generation, GenerateError> {
+        self.run(prompt, options, Some(&mut on_token))
+    }
+
+    fn run(&mut self, prompt: &[i32], options: &GenerateOptions<'_>, on_token: Option<&mut dyn FnMut(i32) -> bool>) -> std::result::Result<Generation, GenerateError> {
+        let mut p = std::mem::MaybeUninit::<sys::flashspec_generate_params>::zeroed();
+        let mut p = unsafe {
+            sys::flashspec_generate_params_init(p.as_mut_ptr());
+            p.assume_init()
+        };
+        p.temperature = options.temperature;
+        p.seed = options.seed;
+        p.request_id = options.request_id;
+        p.max_tokens = options.max_tokens;
+        p.stop_tokens = if options.stop_tokens.is_empty() { ptr::null() } else { options.stop_tokens.as_ptr() };
+        p.num_stop_tokens = options.stop_tokens.len() as i32;
+        let mut sink = on_token.map(|f| TokenSink { on_token: f, failure: Failure::default() });
+        if let Some(sink) = sink.as_mut() {
+            p.on_token = Some(token_trampoline);
+            p.on_token_user_data = (sink as *mut TokenSink<'_>).cast();
+        }
+        let capacity = options.max_tokens.max(0);
+        let mut tokens = vec![0i32; capacity as usize];
+        let mut result = std::mem::MaybeUninit::<sys::flashspec_generate_result>::zeroed();
+        let mut result = unsafe {
+            sys::flashspec_generate_result_init(result.as_mut_ptr());
+            result.assume_init()
+        };
+        self.state.failure = Failure::default();
+        for d in &mut self.drafters {
+            d.take_failure();
+        }
+        let status = unsafe { sys::flashspec_engine_generate(self.raw, if prompt.is_empty() { ptr::null() } else { prompt.as_ptr() }, prompt.len().min(i32::MAX as usize) as i32, &p, if capacity > 0 { tokens.as_mut_ptr() } else { ptr::null_mut() }, capacity, &mut result) };
+        let outcome = check(status, self.ctx.raw);
+        tokens.truncate(result.num_tokens.max(0) as usize);
+        let finish_reason = FinishReason::from_raw(result.finish_reason);
+        let mut callback = self.state.failure.0.take();
+        for d in &mut self.drafters {
+            if callback.is_none() {
+                callback = d.take_failure();
+            }
+        }
+        if callback.is_none() {
+            callback = sink.as_mut().and_then(|s| s.failure.0.take());
+        }
+        match (outcome, callback) {
+            (Ok(()), None) => Ok(Generation { tokens, finish_reason, steps: result.steps }),
+            (Ok(()), Some(cb)) => {
+                // on_token can only ask to stop: its failure is reported here.
+                let error = Error { status: sys::FLASHSPEC_ERR_CALLBACK, message: format!("{}: reported failure", cb.0) };
+                Err(GenerateError { error, tokens, finish_reason, callback: Some(cb) })
+            }
+            (Err(error), callback) => Err(GenerateError { error, tokens, finish_reason, callback }),
+        }
+    }
+
+    /// A snapshot of the metrics.
+    pub fn metrics(&self) -> Result<EngineMetrics> {
+        let mut m = std::mem::MaybeUninit::<sys::flashspec_engine_metrics>::zeroed();
+        let mut m = unsafe {
+            sys::flashspec_engine_metrics_init(m.as_mut_ptr());
+            m.assume_init()
+        };
+        check(unsafe { sys::flashspec_engine_get_metrics(self.raw, &mut m) }, self.ctx.raw)?;
+        let n = m.num_positions.max(0) as usize;
+        let (mut drafted, mut accepted) = (vec![0u64; n.max(1)], vec![0u64; n.max(1)]);
+        check(unsafe { sys::flashspec_engine_get_position_metrics(self.raw, n as i32, drafted.as_mut_ptr(), accepted.as_mut_ptr(), ptr::null_mut()) }, self.ctx.raw)?;
+        drafted.truncate(n);
+        accepted.truncate(n);
+        let mut arms = Vec::new();
+        for i in 0..m.num_arms {
+            let mut a = std::mem::MaybeUninit::<sys::flashspec_arm_metrics>::zeroed();
+            let mut a = unsafe {
+                sys::flashspec_arm_metrics_init(a.as_mut_ptr());
+                a.assume_init()
+            };
+            check(unsafe { sys::flashspec_engine_get_arm_metrics(self.raw, i, &mut a) }, self.ctx.raw)?;
+            arms.push(ArmMetrics { drafter: usize::try_from(a.drafter).ok(), draft_len: a.draft_len, pulls: a.pulls, draft_tokens: a.draft_tokens, accepted_tokens: a.accepted_tokens, mean_reward: a.mean_reward, mean_cost: a.mean_cost });
+        }
+        Ok(EngineMetrics { steps: m.steps, drafts: m.drafts, draft_tokens: m.draft_tokens, accepted_tokens: m.accepted_tokens, emitted_tokens: m.emitted_tokens, acceptance_rate: m.acceptance_rate, mean_accepted_length: m.mean_accepted_length, tokens_per_step: m.tokens_per_step, step_latency_p50_us: m.step_latency_p50_us, step_latency_p99_us: m.step_latency_p99_us, position_drafted: drafted, position_accepted: accepted, arms })
+    }
+
+    /// Zero the metrics (the policy keeps what it learned).
+    pub fn reset_metrics(&mut self) -> Result<()> {
+        check(unsafe { sys::flashspec_engine_reset_metrics(self.raw) }, self.ctx.raw)
+    }
+}
