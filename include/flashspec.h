@@ -291,7 +291,10 @@ FLASHSPEC_API void flashspec_draft_params_init(flashspec_draft_params* params);
  * INVALID_ARGUMENT (temperature < 0 or NaN), DTYPE_MISMATCH, DEVICE_MISMATCH,
  * NON_FINITE (a NaN/Inf hidden value; CPU backend, or host inputs; or a
  * logit, or a logit divided by T, beyond the fp32 range), WORKSPACE_EXCEEDED,
- * CUDA. */
+ * CUDA.
+ * CUDA backend: values it can only see on the device (a temperature < 0 or
+ * NaN, a position out of range, a NaN/Inf hidden value or logit) are not a
+ * status: that row gets tokens_out[r] = −1 and scores_out[r] = NaN. */
 FLASHSPEC_API flashspec_status flashspec_draft(flashspec_context* ctx, const flashspec_lm_head* head,
                                                const flashspec_tensor* hidden,
                                                const flashspec_draft_params* params,
@@ -383,7 +386,19 @@ FLASHSPEC_API void flashspec_verify_result_init(flashspec_verify_result* result)
  * rows of target_hidden or draft_logits, cols), INVALID_ARGUMENT (T < 0 or
  * NaN, T_d ≤ 0 or NaN, uniforms outside (0,1)), DTYPE_MISMATCH,
  * DEVICE_MISMATCH, NON_FINITE, WORKSPACE_EXCEEDED (more rows or requests
- * than summaries hold), CUDA. */
+ * than summaries hold), CUDA, UNSUPPORTED (below).
+ * CUDA backend limits. Tensor cores serve bf16 or fp16 heads with hidden rows
+ * of the same dtype (borrowed heads: 16-byte-aligned rows, d % 8 == 0); any
+ * other combination runs an exact fp32 CUDA-core scan that reads W once per
+ * 16 rows. Stochastic drafts: every CTA (one per SM) keeps its 1/SMs share of
+ * the scaled logits of the rows it verifies in shared memory across a
+ * grid-wide barrier, 4 · ⌈V / SMs⌉ bytes per row, in what the scan's own
+ * pipeline leaves of a block's shared memory (at most 128 rows per pass; on
+ * H100/H200 about 2–4 rows at V = 2^20 and 16 or more at V = 128256); more
+ * rows take further passes, each reading W again. A vocabulary of which not
+ * even one row's share fits returns UNSUPPORTED. The head must be created on
+ * this context (its hidden size sizes the context's staging), else
+ * WORKSPACE_EXCEEDED. */
 FLASHSPEC_API flashspec_status flashspec_verify(flashspec_context* ctx, const flashspec_lm_head* head,
                                                 const flashspec_verify_batch* batch,
                                                 flashspec_summaries* summaries);

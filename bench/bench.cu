@@ -1,0 +1,483 @@
+// FlashSpec kernel benchmark (bf16 LM heads).
+//
+// Per shape (V, d, rows) it measures, in one run on one card:
+//   floor      LM-head bytes / the read bandwidth of a plain streaming kernel
+//   gemm       cuBLAS logits alone (bf16 in, fp32 out, fp32 compute)
+//   standard   the materialising path of serving engines: cuBLAS logits, then
+//              softmax (probabilities written), acceptance, recovered-token
+//              and bonus sampling as separate kernels
+//   verify     flashspec_verify_and_finalize (greedy drafts, T = 1)
+//   draft_g    flashspec_draft, greedy
+//   draft_s    flashspec_draft, sampled (T = 1)
+// Each op is captured once per weight buffer into a CUDA graph; replays are
+// timed with CUDA events (warm-up, then the median of --reps replays),
+// rotating over ≥ 2 weight buffers where they fit so the L2 holds no W.
+//
+// Usage: flashspec_bench [--quick] [--only V d rows] [--reps N] [--json FILE]
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "flashspec.h"
+#include "util/philox.h"
+
+namespace {
+
+#define CUDA_OK(call)                                                                                  \
+  do {                                                                                                 \
+    cudaError_t e_ = (call);                                                                           \
+    if (e_ != cudaSuccess) {                                                                           \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));      \
+      std::exit(1);                                                                                    \
+    }                                                                                                  \
+  } while (0)
+#define CUBLAS_OK(call)                                                                   \
+  do {                                                                                    \
+    cublasStatus_t s_ = (call);                                                           \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                    \
+      std::fprintf(stderr, "%s:%d %s: cuBLAS status %d\n", __FILE__, __LINE__, #call, int(s_)); \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+#define FS_OK(ctx, call)                                                                                   \
+  do {                                                                                                     \
+    flashspec_status s_ = (call);                                                                          \
+    if (s_ != FLASHSPEC_OK) {                                                                              \
+      std::fprintf(stderr, "%s:%d %s: %s: %s\n", __FILE__, __LINE__, #call, flashspec_status_name(s_),     \
+                   flashspec_context_last_error(ctx));                                                     \
+      std::exit(1);                                                                                        \
+    }                                                                                                      \
+  } while (0)
+
+// ---- helper kernels -------------------------------------------------------
+
+__device__ __forceinline__ uint32_t hash32(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return uint32_t(x);
+}
+
+// Uniform values in [−scale, scale), bf16.
+__global__ void fill_bf16(__nv_bfloat16* p, size_t n, float scale, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    float u = float(hash32(seed * 0x9e3779b97f4a7c15ull + i) >> 8) * (1.0f / 16777216.0f);
+    p[i] = __float2bfloat16((2.0f * u - 1.0f) * scale);
+  }
+}
+
+// The read-bandwidth yardstick: 16-byte loads, several in flight, a sum.
+__global__ void read_kernel(const uint4* p, size_t n, unsigned* sink) {
+  unsigned acc = 0;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride), d = __ldcs(p + i + 3 * stride);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+  }
+  for (; i < n; i += stride) {
+    uint4 a = __ldcs(p + i);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w;
+  }
+  if (acc == 0x12345678u) *sink = acc;
+}
+
+// ---- the standard materialising path (separate kernels) -------------------
+
+constexpr int kRowThreads = 1024;
+
+template <class T>
+__device__ T block_reduce(T v, T (*op)(T, T), T* shared) {
+  for (int m = 16; m > 0; m >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, m));
+  if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < blockDim.x / 32 ? shared[threadIdx.x] : shared[0];
+    for (int m = 16; m > 0; m >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, m));
+    if (threadIdx.x == 0) shared[0] = v;
+  }
+  __syncthreads();
+  v = shared[0];
+  __syncthreads();
+  return v;
+}
+__device__ float fmax_op(float a, float b) { return fmaxf(a, b); }
+__device__ float fadd_op(float a, float b) { return a + b; }
+
+// probs[r] = softmax(logits[r] / T), written out (V % 4 == 0).
+__global__ void softmax_kernel(const float* logits, float* probs, int vocab, float inv_t) {
+  __shared__ float shared[32];
+  const float4* row = reinterpret_cast<const float4*>(logits + size_t(blockIdx.x) * vocab);
+  float4* out = reinterpret_cast<float4*>(probs + size_t(blockIdx.x) * vocab);
+  const int n4 = vocab / 4;
+  float m = -INFINITY;
+  for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+    float4 v = row[i];
+    m = fmaxf(m, fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)) * inv_t);
+  }
+  m = block_reduce(m, fmax_op, shared);
+  float s = 0.0f;
+  for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+    float4 v = row[i];
+    s += __expf(v.x * inv_t - m) + __expf(v.y * inv_t - m) + __expf(v.z * inv_t - m) + __expf(v.w * inv_t - m);
+  }
+  s = block_reduce(s, fadd_op, shared);
+  const float inv_s = 1.0f / s;
+  for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+    float4 v = row[i];
+    out[i] = make_float4(__expf(v.x * inv_t - m) * inv_s, __expf(v.y * inv_t - m) * inv_s,
+                         __expf(v.z * inv_t - m) * inv_s, __expf(v.w * inv_t - m) * inv_s);
+  }
+}
+
+// Per request: accept drafts while u < p(x); accepted counts.
+__global__ void accept_kernel(const float* probs, const int32_t* tokens, int requests, int n, int vocab,
+                              int32_t* accepted) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= requests) return;
+  int a = 0;
+  for (int j = 0; j < n; ++j) {
+    const int row = r * (n + 1) + j;
+    float u = float(flashspec::uniform_from_bits(
+        flashspec::row_word(flashspec::make_row_key(1, r, 0, j, FLASHSPEC_RNG_ACCEPT_UNIFORM), 0)));
+    if (!(u < probs[size_t(row) * vocab + tokens[r * n + j]])) break;
+    ++a;
+  }
+  accepted[r] = a;
+}
+
+// Gumbel-max over log p of one row (excluding `exclude`): the recovered
+// token of a draft row, or the bonus token.
+__global__ void sample_kernel(const float* probs, const int32_t* tokens, int n, int vocab, int bonus,
+                              int32_t* out) {
+  __shared__ float best_s[32];
+  __shared__ int best_t[32];
+  const int k = blockIdx.x;  // draft row index (bonus: request index)
+  const int r = bonus ? k : k / n, j = bonus ? n : k % n;
+  const int row = r * (n + 1) + j;
+  const int exclude = bonus ? -1 : tokens[r * n + j];
+  flashspec::RngRowKey key =
+      flashspec::make_row_key(1, r, 0, j, bonus ? FLASHSPEC_RNG_BONUS_NOISE : FLASHSPEC_RNG_RESIDUAL_NOISE);
+  const float4* p = reinterpret_cast<const float4*>(probs + size_t(row) * vocab);
+  float best = -INFINITY;
+  int tok = -1;
+  for (int i = threadIdx.x; i < vocab / 4; i += blockDim.x) {
+    float4 v = p[i];
+    flashspec::Philox4 b = flashspec::row_block(key, uint32_t(i));
+    float vals[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int t = 4 * i + e;
+      if (t == exclude) continue;
+      float s = __logf(vals[e]) + flashspec::gumbel_from_bits(b.v[e]);
+      if (s > best) {
+        best = s;
+        tok = t;
+      }
+    }
+  }
+  for (int m = 16; m > 0; m >>= 1) {
+    float ob = __shfl_xor_sync(0xffffffffu, best, m);
+    int ot = __shfl_xor_sync(0xffffffffu, tok, m);
+    if (ob > best || (ob == best && ot < tok)) {
+      best = ob;
+      tok = ot;
+    }
+  }
+  if ((threadIdx.x & 31) == 0) {
+    best_s[threadIdx.x >> 5] = best;
+    best_t[threadIdx.x >> 5] = tok;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < int(blockDim.x / 32); ++w)
+      if (best_s[w] > best) {
+        best = best_s[w];
+        tok = best_t[w];
+      }
+    out[k] = tok;
+  }
+}
+
+// ---- timing ---------------------------------------------------------------
+
+struct Timer {
+  cudaStream_t stream;
+  int reps;
+  // Median of `reps` replays, rotating over the graphs (one per buffer).
+  double median_ms(const std::vector<cudaGraphExec_t>& graphs) {
+    for (int w = 0; w < 5; ++w) CUDA_OK(cudaGraphLaunch(graphs[size_t(w) % graphs.size()], stream));
+    std::vector<cudaEvent_t> ev(size_t(reps) * 2);
+    for (auto& e : ev) CUDA_OK(cudaEventCreate(&e));
+    for (int r = 0; r < reps; ++r) {
+      CUDA_OK(cudaEventRecord(ev[size_t(2 * r)], stream));
+      CUDA_OK(cudaGraphLaunch(graphs[size_t(r) % graphs.size()], stream));
+      CUDA_OK(cudaEventRecord(ev[size_t(2 * r + 1)], stream));
+    }
+    CUDA_OK(cudaStreamSynchronize(stream));
+    std::vector<float> ms(static_cast<size_t>(reps));
+    for (int r = 0; r < reps; ++r) CUDA_OK(cudaEventElapsedTime(&ms[size_t(r)], ev[size_t(2 * r)], ev[size_t(2 * r + 1)]));
+    for (auto& e : ev) cudaEventDestroy(e);
+    std::sort(ms.begin(), ms.end());
+    return ms[size_t(reps / 2)];
+  }
+  cudaGraphExec_t capture(const std::function<void()>& body) {
+    cudaGraph_t g;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    body();
+    CUDA_OK(cudaStreamEndCapture(stream, &g));
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
+    CUDA_OK(cudaGraphDestroy(g));
+    return exec;
+  }
+};
+
+struct Result {
+  int vocab, d, rows, buffers;
+  double floor_ms, gemm_ms, standard_ms, verify_ms, draft_g_ms, draft_s_ms;
+};
+
+double measure_bandwidth(Timer& timer, const void* buf, size_t bytes, unsigned* sink, int sms) {
+  std::vector<cudaGraphExec_t> g{timer.capture([&] {
+    read_kernel<<<sms * 8, 512, 0, timer.stream>>>(static_cast<const uint4*>(buf), bytes / 16, sink);
+  })};
+  double ms = timer.median_ms(g);
+  cudaGraphExecDestroy(g[0]);
+  return double(bytes) / (ms * 1e-3);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  int only_v = 0, only_d = 0, only_rows = 0;
+  int reps = 50;
+  std::string json = "bench_results.json";
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(50, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
+    else if (!std::strcmp(argv[i], "--only") && i + 3 < argc) {
+      only_v = std::atoi(argv[++i]);
+      only_d = std::atoi(argv[++i]);
+      only_rows = std::atoi(argv[++i]);
+    }
+    else {
+      std::fprintf(stderr, "usage: %s [--quick] [--only V d rows] [--reps N>=50] [--json FILE]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (flashspec_cuda_device_count() == 0) {
+    std::fprintf(stderr, "no CUDA device: nothing to measure\n");
+    return 1;
+  }
+  cudaDeviceProp prop;
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Timer timer{stream, reps};
+  cublasHandle_t blas;
+  CUBLAS_OK(cublasCreate(&blas));
+  CUBLAS_OK(cublasSetStream(blas, stream));
+  void* blas_ws = nullptr;
+  const size_t blas_ws_bytes = 64u << 20;
+  CUDA_OK(cudaMalloc(&blas_ws, blas_ws_bytes));
+  CUBLAS_OK(cublasSetWorkspace(blas, blas_ws, blas_ws_bytes));
+
+  std::vector<int> vocabs = quick ? std::vector<int>{32000, 128256} : std::vector<int>{32000, 128256, 151936, 262144};
+  std::vector<int> hiddens = quick ? std::vector<int>{4096} : std::vector<int>{2048, 4096, 8192};
+  std::vector<int> row_counts = quick ? std::vector<int>{1, 5, 16, 64, 256} : std::vector<int>{1, 2, 5, 9, 16, 64, 256, 512};
+  const int max_rows = 512;
+  if (only_v > 0) {
+    vocabs = {only_v};
+    hiddens = {only_d};
+    row_counts = {std::min(max_rows, std::max(1, only_rows))};
+  }
+
+  unsigned* sink;
+  CUDA_OK(cudaMalloc(&sink, sizeof(unsigned)));
+  // Read bandwidth on a buffer far larger than the L2.
+  double bandwidth;
+  {
+    const size_t bytes = size_t(4) << 30;
+    void* buf;
+    CUDA_OK(cudaMalloc(&buf, bytes));
+    fill_bf16<<<4096, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(buf), bytes / 2, 1.0f, 1);
+    bandwidth = measure_bandwidth(timer, buf, bytes, sink, prop.multiProcessorCount);
+    CUDA_OK(cudaFree(buf));
+  }
+  std::printf("device: %s (%d SMs), streaming read bandwidth %.0f GB/s\n", prop.name, prop.multiProcessorCount,
+              bandwidth / 1e9);
+
+  flashspec_context_params cp;
+  flashspec_context_params_init(&cp);
+  cp.backend = FLASHSPEC_BACKEND_CUDA;
+  cp.cuda_stream = stream;
+  cp.max_rows = max_rows;
+  cp.max_requests = max_rows;
+  cp.seed = 1;
+  flashspec_context* ctx = nullptr;
+  FS_OK(nullptr, flashspec_context_create(&cp, &ctx));
+
+  std::vector<Result> results;
+  for (int vocab : vocabs) {
+    for (int d : hiddens) {
+      const size_t w_bytes = size_t(vocab) * size_t(d) * 2;
+      size_t free_b = 0, total_b = 0;
+      CUDA_OK(cudaMemGetInfo(&free_b, &total_b));
+      const size_t other = size_t(max_rows) * vocab * 8 + size_t(max_rows) * d * 2 + (size_t(1) << 30);
+      int buffers = int(std::min<size_t>(3, (free_b > other ? free_b - other : 0) / w_bytes));
+      buffers = std::max(1, buffers);
+      std::vector<__nv_bfloat16*> weights(static_cast<size_t>(buffers));
+      std::vector<flashspec_lm_head*> heads(static_cast<size_t>(buffers));
+      const float w_scale = 3.0f * std::sqrt(3.0f / float(d));  // logits of a few units
+      for (int b = 0; b < buffers; ++b) {
+        CUDA_OK(cudaMalloc(&weights[size_t(b)], w_bytes));
+        fill_bf16<<<4096, 256, 0, stream>>>(weights[size_t(b)], w_bytes / 2, w_scale, 100 + b);
+        flashspec_tensor wt = flashspec_tensor_make(weights[size_t(b)], FLASHSPEC_DTYPE_BF16, FLASHSPEC_MEMORY_CUDA,
+                                                    vocab, d);
+        FS_OK(ctx, flashspec_lm_head_create(ctx, &wt, FLASHSPEC_LM_HEAD_BORROW, &heads[size_t(b)]));
+      }
+      __nv_bfloat16* hidden;
+      float *logits, *probs;
+      CUDA_OK(cudaMalloc(&hidden, size_t(max_rows) * d * 2));
+      CUDA_OK(cudaMalloc(&logits, size_t(max_rows) * vocab * 4));
+      CUDA_OK(cudaMalloc(&probs, size_t(max_rows) * vocab * 4));
+      fill_bf16<<<1024, 256, 0, stream>>>(hidden, size_t(max_rows) * d, std::sqrt(3.0f), 7);
+      CUDA_OK(cudaStreamSynchronize(stream));
+
+      for (int rows : row_counts) {
+        // Batch layout: rows % 4 == 0 → rows/4 requests of 3 drafts; else one
+        // request of rows − 1 drafts.
+        const int n = rows % 4 == 0 ? 3 : rows - 1;
+        const int requests = rows / (n + 1);
+        std::vector<int32_t> offsets(size_t(requests) + 1), tokens(size_t(std::max(1, requests * n)));
+        for (int r = 0; r <= requests; ++r) offsets[size_t(r)] = r * n;
+        for (size_t k = 0; k < tokens.size(); ++k) tokens[k] = int32_t((k * 2654435761u) % uint32_t(vocab));
+        int32_t *d_off, *d_tok, *d_acc, *d_emit, *d_out;
+        float* d_scores;
+        CUDA_OK(cudaMalloc(&d_off, offsets.size() * 4));
+        CUDA_OK(cudaMalloc(&d_tok, tokens.size() * 4));
+        CUDA_OK(cudaMalloc(&d_acc, size_t(requests) * 4));
+        CUDA_OK(cudaMalloc(&d_emit, size_t(rows) * 4));
+        CUDA_OK(cudaMalloc(&d_out, size_t(rows) * 4));
+        CUDA_OK(cudaMalloc(&d_scores, size_t(rows) * 4));
+        CUDA_OK(cudaMemcpy(d_off, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(d_tok, tokens.data(), tokens.size() * 4, cudaMemcpyHostToDevice));
+        flashspec_tensor hv = flashspec_tensor_make(hidden, FLASHSPEC_DTYPE_BF16, FLASHSPEC_MEMORY_CUDA, rows, d);
+
+        std::vector<cudaGraphExec_t> gemm, standard, verify, draft_g, draft_s;
+        const float one = 1.0f, zero = 0.0f;
+        for (int b = 0; b < buffers; ++b) {
+          auto run_gemm = [&] {
+            CUBLAS_OK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, vocab, rows, d, &one, weights[size_t(b)],
+                                   CUDA_R_16BF, d, hidden, CUDA_R_16BF, d, &zero, logits, CUDA_R_32F, vocab,
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+          };
+          gemm.push_back(timer.capture(run_gemm));
+          standard.push_back(timer.capture([&] {
+            run_gemm();
+            softmax_kernel<<<rows, kRowThreads, 0, stream>>>(logits, probs, vocab, 1.0f);
+            accept_kernel<<<(requests + 127) / 128, 128, 0, stream>>>(probs, d_tok, requests, n, vocab, d_acc);
+            if (n > 0) sample_kernel<<<requests * n, kRowThreads, 0, stream>>>(probs, d_tok, n, vocab, 0, d_out);
+            sample_kernel<<<requests, kRowThreads, 0, stream>>>(probs, d_tok, n, vocab, 1, d_out + requests * n);
+          }));
+          verify.push_back(timer.capture([&] {
+            flashspec_verify_batch batch;
+            flashspec_verify_batch_init(&batch);
+            batch.memory = FLASHSPEC_MEMORY_CUDA;
+            batch.num_requests = requests;
+            batch.draft_offsets = d_off;
+            batch.draft_tokens = d_tok;
+            batch.target_hidden = &hv;
+            batch.max_draft_len = std::max(1, n);
+            flashspec_verify_result res;
+            flashspec_verify_result_init(&res);
+            res.memory = FLASHSPEC_MEMORY_CUDA;
+            res.accepted_counts = d_acc;
+            res.emitted_tokens = d_emit;
+            FS_OK(ctx, flashspec_verify_and_finalize(ctx, heads[size_t(b)], &batch, &res));
+          }));
+          for (int sampled = 0; sampled < 2; ++sampled) {
+            auto& list = sampled ? draft_s : draft_g;
+            list.push_back(timer.capture([&] {
+              flashspec_draft_params p;
+              flashspec_draft_params_init(&p);
+              p.memory = FLASHSPEC_MEMORY_CUDA;
+              p.temperature = sampled ? 1.0f : 0.0f;
+              FS_OK(ctx, flashspec_draft(ctx, heads[size_t(b)], &hv, &p, d_out, d_scores));
+            }));
+          }
+        }
+        Result res;
+        res.vocab = vocab;
+        res.d = d;
+        res.rows = rows;
+        res.buffers = buffers;
+        res.floor_ms = double(w_bytes) / bandwidth * 1e3;
+        res.gemm_ms = timer.median_ms(gemm);
+        res.standard_ms = timer.median_ms(standard);
+        res.verify_ms = timer.median_ms(verify);
+        res.draft_g_ms = timer.median_ms(draft_g);
+        res.draft_s_ms = timer.median_ms(draft_s);
+        results.push_back(res);
+        std::printf("V=%6d d=%5d rows=%3d | floor %.4f gemm %.4f std %.4f verify %.4f draft_g %.4f draft_s %.4f ms"
+                    " | verify/gemm %.3f draft_g/gemm %.3f draft_s/gemm %.3f std/verify %.2f\n",
+                    vocab, d, rows, res.floor_ms, res.gemm_ms, res.standard_ms, res.verify_ms, res.draft_g_ms,
+                    res.draft_s_ms, res.verify_ms / res.gemm_ms, res.draft_g_ms / res.gemm_ms,
+                    res.draft_s_ms / res.gemm_ms, res.standard_ms / res.verify_ms);
+        std::fflush(stdout);
+        for (auto* list : {&gemm, &standard, &verify, &draft_g, &draft_s})
+          for (auto g : *list) cudaGraphExecDestroy(g);
+        for (void* p : {static_cast<void*>(d_off), static_cast<void*>(d_tok), static_cast<void*>(d_acc),
+                        static_cast<void*>(d_emit), static_cast<void*>(d_out), static_cast<void*>(d_scores)})
+          cudaFree(p);
+      }
+      for (auto* h : heads) flashspec_lm_head_destroy(h);
+      for (auto* w : weights) cudaFree(w);
+      cudaFree(hidden);
+      cudaFree(logits);
+      cudaFree(probs);
+    }
+  }
+
+  std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  FILE* f = std::fopen(json.c_str(), "w");
+  if (f) {
+    std::fprintf(f, "{\n  \"device\": \"%s\",\n  \"date\": \"%s\",\n  \"read_bandwidth_GBps\": %.1f,\n  \"reps\": %d,\n"
+                 "  \"results\": [\n", prop.name, date, bandwidth / 1e9, reps);
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      std::fprintf(f,
+                   "    {\"V\": %d, \"d\": %d, \"rows\": %d, \"weight_buffers\": %d, \"floor_ms\": %.5f, "
+                   "\"gemm_ms\": %.5f, \"standard_ms\": %.5f, \"verify_ms\": %.5f, \"draft_greedy_ms\": %.5f, "
+                   "\"draft_sampled_ms\": %.5f, \"verify_over_gemm\": %.4f, \"draft_greedy_over_gemm\": %.4f, "
+                   "\"draft_sampled_over_gemm\": %.4f, \"standard_over_verify\": %.4f, \"gemm_over_floor\": %.4f}%s\n",
+                   r.vocab, r.d, r.rows, r.buffers, r.floor_ms, r.gemm_ms, r.standard_ms, r.verify_ms, r.draft_g_ms,
+                   r.draft_s_ms, r.verify_ms / r.gemm_ms, r.draft_g_ms / r.gemm_ms, r.draft_s_ms / r.gemm_ms,
+                   r.standard_ms / r.verify_ms, r.gemm_ms / r.floor_ms, i + 1 < results.size() ? "," : "");
+    }
+    std::fprintf(f, "  ]\n}\n");
+    std::fclose(f);
+  }
+  flashspec_context_destroy(ctx);
+  cublasDestroy(blas);
+  cudaFree(blas_ws);
+  cudaFree(sink);
+  return 0;
+}

@@ -1,0 +1,49 @@
+#!/bin/bash
+# The GPU gate of the CUDA backend, run on a machine with a GPU:
+#   gpu_checks.sh BUILD_DIR OUT_DIR [bench args...]
+# runs the gpu test suite, the four compute-sanitizer tools on the test
+# binaries, then the benchmark; logs and the bench JSON go to OUT_DIR.
+set -u
+build=$1
+out=$2
+shift 2
+mkdir -p "$out"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$out/device.txt" 2>&1
+status=0
+for t in cuda_parity cuda_exactness cuda_graph_and_errors; do
+  "$build/tests/test_$t" > "$out/test_$t.log" 2>&1 || status=1
+  echo "test_$t: exit $? $(grep -E '^\[  (PASSED|FAILED) ' "$out/test_$t.log" | tr '\n' ' ')"
+done
+san=/usr/local/cuda/bin/compute-sanitizer
+# The sanitizers slow kernels 10-100x: the real-vocabulary parity cases and
+# the long exactness sampling run under memcheck only.
+small='-*RealVocabularies*'
+for tool in memcheck racecheck initcheck synccheck; do
+  for t in cuda_parity cuda_graph_and_errors cuda_exactness; do
+    filter=$small
+    if [ "$tool" != memcheck ] && [ "$t" = cuda_exactness ]; then filter='*BonusToken*:*StochasticDraft*'; fi
+    if [ "$tool" != memcheck ] && [ "$t" = cuda_parity ]; then filter='*Bf16*:*CudaCores*:*Stochastic*:*GreedyDrafts*'; fi
+    timeout 240 $san --tool $tool --error-exitcode 9 "$build/tests/test_$t" --gtest_filter="$filter" \
+      > "$out/san_${tool}_$t.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && status=1
+    echo "$tool $t: exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/san_${tool}_$t.log" | tail -1)"
+  done
+done
+if [ -x "$build/bench/flashspec_bench" ]; then
+  "$build/bench/flashspec_bench" --json "$out/bench.json" "$@" > "$out/bench.log" 2>&1 || status=1
+  tail -n 200 "$out/bench.log"
+fi
+# What limits the scan: Nsight Compute on one fused verify launch.
+if [ -x "$build/bench/flashspec_bench" ] && command -v ncu > /dev/null; then
+  for rows in 1 256; do
+    timeout 180 ncu --kernel-name regex:mma_scan --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+      "$build/bench/flashspec_bench" --only 128256 4096 $rows --json /dev/null > "$out/ncu_rows$rows.log" 2>&1
+    grep -E "Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Duration|Stall" "$out/ncu_rows$rows.log" | head -20
+  done
+fi
+# Logs in one archive (the machine may return only a few files).
+(cd "$out" && tar czf logs.tgz *.log device.txt)
+exit $status

@@ -1,0 +1,239 @@
+// Kernels that run before a scan: row plans (with the device-side argument
+// checks the host cannot do on device memory) and the staging of hidden rows.
+#include "steps.h"
+
+namespace flashspec {
+namespace cuda {
+namespace prepare {
+namespace {
+
+constexpr int kPlanThreads = 512;
+
+__device__ bool valid_temperature(float t) { return isfinite(t) && t >= 0.0f; }
+
+__device__ RowPlan invalid_plan(int32_t status) {
+  RowPlan plan = {};
+  plan.inv_t = 1.0f;
+  plan.flags = kPlanGreedy;
+  plan.tracked = -1;
+  plan.excluded = -1;
+  plan.status = status;
+  plan.q_row = -1;
+  plan.inv_td = 1.0f;
+  return plan;
+}
+
+struct VerifyPlanArgs {
+  const int32_t* offsets;
+  const int32_t* tokens;
+  const float* temperatures;
+  const float* draft_temperatures;
+  const uint64_t* seeds;
+  const uint64_t* request_ids;
+  const uint64_t* steps;
+  const float* uniforms;
+  uint64_t default_seed;
+  int32_t requests, total_drafts, total_rows, max_draft_len, vocab;
+  int32_t stochastic;
+  RowPlan* plans;
+  int32_t* batch_status;
+};
+
+// One block: the offsets must be checked as a whole before any row is
+// mapped to its request.
+__global__ void __launch_bounds__(kPlanThreads) verify_plans_kernel(const VerifyPlanArgs a) {
+  __shared__ int bad_batch;
+  if (threadIdx.x == 0) bad_batch = 0;
+  for (int row = threadIdx.x; row < a.total_rows; row += blockDim.x)
+    a.plans[row] = invalid_plan(FLASHSPEC_ERR_OUT_OF_RANGE);
+  __syncthreads();
+  for (int r = threadIdx.x; r < a.requests; r += blockDim.x) {
+    const int32_t lo = a.offsets[r], hi = a.offsets[r + 1];
+    bool bad = lo < 0 || hi < lo || hi - lo > a.max_draft_len || hi > a.total_drafts;
+    if (r == 0 && lo != 0) bad = true;
+    if (r == a.requests - 1 && hi != a.total_drafts) bad = true;
+    if (bad) atomicOr(&bad_batch, 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *a.batch_status = bad_batch ? FLASHSPEC_ERR_OUT_OF_RANGE : FLASHSPEC_OK;
+  if (bad_batch) return;
+
+  for (int r = threadIdx.x; r < a.requests; r += blockDim.x) {
+    const int32_t first_draft = a.offsets[r];
+    const int32_t n = a.offsets[r + 1] - first_draft;
+    const int32_t first_row = first_draft + r;
+    const float temperature = a.temperatures ? a.temperatures[r] : 1.0f;
+    const float draft_t = a.draft_temperatures ? a.draft_temperatures[r] : 1.0f;
+    int32_t status = FLASHSPEC_OK;
+    if (!valid_temperature(temperature)) status = FLASHSPEC_ERR_INVALID_ARGUMENT;
+    if (a.stochastic && !(valid_temperature(draft_t) && draft_t > 0.0f)) status = FLASHSPEC_ERR_INVALID_ARGUMENT;
+    for (int32_t j = 0; j < n; ++j) {
+      const int32_t x = a.tokens[first_draft + j];
+      if (x < 0 || x >= a.vocab) status = FLASHSPEC_ERR_OUT_OF_RANGE;
+      if (a.uniforms) {
+        const float u = a.uniforms[first_draft + j];
+        if (!(u > 0.0f && u < 1.0f)) status = FLASHSPEC_ERR_INVALID_ARGUMENT;
+      }
+    }
+    const uint64_t seed = a.seeds ? a.seeds[r] : a.default_seed;
+    const uint64_t id = a.request_ids ? a.request_ids[r] : uint64_t(r);
+    const uint64_t step = a.steps ? a.steps[r] : 0;
+    const bool greedy = temperature == 0.0f;
+    for (int32_t j = 0; j <= n; ++j) {
+      if (status != FLASHSPEC_OK) {
+        a.plans[first_row + j] = invalid_plan(status);
+        continue;
+      }
+      const bool bonus = j == n;
+      RowPlan plan = {};
+      plan.flags = greedy ? kPlanGreedy : 0;
+      plan.inv_t = greedy ? 1.0f : 1.0f / temperature;
+      plan.tracked = bonus ? -1 : a.tokens[first_draft + j];
+      plan.excluded = (!bonus && !a.stochastic && !greedy) ? plan.tracked : -1;
+      if (!bonus && a.stochastic && !greedy) plan.flags |= kPlanKeep;
+      plan.q_row = (!bonus && a.stochastic) ? first_draft + j : -1;
+      plan.inv_td = a.stochastic ? 1.0f / draft_t : 1.0f;
+      if (!greedy)
+        plan.key = make_row_key(seed, id, step, j, bonus ? FLASHSPEC_RNG_BONUS_NOISE : FLASHSPEC_RNG_RESIDUAL_NOISE);
+      plan.status = FLASHSPEC_OK;
+      a.plans[first_row + j] = plan;
+    }
+  }
+}
+
+struct DraftPlanArgs {
+  int32_t rows;
+  float temperature;
+  const float* temperatures;
+  const uint64_t* seeds;
+  const uint64_t* request_ids;
+  const uint64_t* steps;
+  const int32_t* positions;
+  uint64_t default_seed;
+  RowPlan* plans;
+};
+
+__global__ void draft_plans_kernel(const DraftPlanArgs a) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= a.rows) return;
+  const float temperature = a.temperatures ? a.temperatures[r] : a.temperature;
+  const int32_t position = a.positions ? a.positions[r] : 0;
+  if (!valid_temperature(temperature)) {
+    a.plans[r] = invalid_plan(FLASHSPEC_ERR_INVALID_ARGUMENT);
+    return;
+  }
+  if (position < 0 || position > FLASHSPEC_MAX_DRAFT_LEN) {
+    a.plans[r] = invalid_plan(FLASHSPEC_ERR_OUT_OF_RANGE);
+    return;
+  }
+  const bool greedy = temperature == 0.0f;
+  RowPlan plan = {};
+  plan.flags = greedy ? kPlanGreedy : 0;
+  plan.inv_t = greedy ? 1.0f : 1.0f / temperature;
+  plan.tracked = -1;
+  plan.excluded = -1;
+  plan.q_row = -1;
+  plan.inv_td = 1.0f;
+  if (!greedy)
+    plan.key = make_row_key(a.seeds ? a.seeds[r] : a.default_seed, a.request_ids ? a.request_ids[r] : uint64_t(r),
+                            a.steps ? a.steps[r] : 0, position, FLASHSPEC_RNG_DRAFT_NOISE);
+  plan.status = FLASHSPEC_OK;
+  a.plans[r] = plan;
+}
+
+// One block per row.
+__global__ void stage_hidden_kernel(const void* src, flashspec_dtype dtype, int64_t ld, int32_t d, int32_t k_pad,
+                                    int32_t as_float, void* out, int32_t* bad) {
+  const int64_t r = blockIdx.x;
+  const size_t esize = dtype_size(dtype);
+  const unsigned char* row = static_cast<const unsigned char*>(src) + r * ld * int64_t(esize);
+  int found = 0;
+  for (int c = threadIdx.x; c < k_pad; c += blockDim.x) {
+    if (as_float) {
+      float v = c < d ? load_as_float(row, dtype, c) : 0.0f;
+      if (!isfinite(v)) found = 1;
+      static_cast<float*>(out)[r * k_pad + c] = v;
+    } else {
+      uint16_t v = c < d ? reinterpret_cast<const uint16_t*>(row)[c] : uint16_t(0);
+      if (c < d && !isfinite(load_as_float(row, dtype, c))) found = 1;
+      static_cast<uint16_t*>(out)[r * k_pad + c] = v;
+    }
+  }
+  found = __syncthreads_or(found);
+  if (threadIdx.x == 0) bad[r] = found;
+}
+
+__global__ void non_finite_kernel(const void* data, flashspec_dtype dtype, int64_t rows, int64_t cols, int64_t ld,
+                                  int32_t* found) {
+  const size_t esize = dtype_size(dtype);
+  int any = 0;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const unsigned char* row = static_cast<const unsigned char*>(data) + r * ld * int64_t(esize);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+      if (!isfinite(load_as_float(row, dtype, c))) any = 1;
+  }
+  any = __syncthreads_or(any);
+  if (threadIdx.x == 0 && any) atomicOr(found, 1);
+}
+
+}  // namespace
+
+cudaError_t verify_plans(const VerifyArgs& args, int32_t vocab, RowPlan* plans, int32_t* batch_status,
+                         cudaStream_t stream) {
+  VerifyPlanArgs a;
+  a.offsets = args.draft_offsets;
+  a.tokens = args.draft_tokens;
+  a.temperatures = args.temperatures;
+  a.draft_temperatures = args.draft_temperatures;
+  a.seeds = args.seeds;
+  a.request_ids = args.request_ids;
+  a.steps = args.steps;
+  a.uniforms = args.accept_uniforms;
+  a.default_seed = args.default_seed;
+  a.requests = args.num_requests;
+  a.total_drafts = args.total_drafts;
+  a.total_rows = args.total_rows;
+  a.max_draft_len = args.max_draft_len;
+  a.vocab = vocab;
+  a.stochastic = args.draft_logits != nullptr;
+  a.plans = plans;
+  a.batch_status = batch_status;
+  verify_plans_kernel<<<1, kPlanThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t draft_plans(const DraftArgs& args, RowPlan* plans, cudaStream_t stream) {
+  DraftPlanArgs a;
+  a.rows = args.rows;
+  a.temperature = args.temperature;
+  a.temperatures = args.temperatures;
+  a.seeds = args.seeds;
+  a.request_ids = args.request_ids;
+  a.steps = args.steps;
+  a.positions = args.positions;
+  a.default_seed = args.default_seed;
+  a.plans = plans;
+  draft_plans_kernel<<<(args.rows + 127) / 128, 128, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t stage_hidden(const flashspec_tensor& hidden, int32_t k_pad, bool as_float, void* out, int32_t* bad,
+                         cudaStream_t stream) {
+  stage_hidden_kernel<<<unsigned(hidden.rows), 256, 0, stream>>>(hidden.data, hidden.dtype, hidden.row_stride,
+                                                                  int32_t(hidden.cols), k_pad, as_float ? 1 : 0,
+                                                                  out, bad);
+  return cudaGetLastError();
+}
+
+cudaError_t find_non_finite(const void* data, flashspec_dtype dtype, int64_t rows, int64_t cols, int64_t ld,
+                            int32_t* found, cudaStream_t stream) {
+  cudaError_t e = cudaMemsetAsync(found, 0, sizeof(int32_t), stream);
+  if (e != cudaSuccess) return e;
+  const int64_t blocks = rows < 4096 ? rows : 4096;
+  non_finite_kernel<<<unsigned(blocks), 256, 0, stream>>>(data, dtype, rows, cols, ld, found);
+  return cudaGetLastError();
+}
+
+}  // namespace prepare
+}  // namespace cuda
+}  // namespace flashspec

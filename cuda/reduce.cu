@@ -1,0 +1,175 @@
+// Kernels that run after a scan: the combine (one warp per row folds the
+// groups' partials in a fixed order) and the Algorithm 1 finalize (one thread
+// per request, the shared finalize_request).
+#include "sampling/algorithm1.h"
+#include "steps.h"
+
+namespace flashspec {
+namespace cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+
+struct RowResult {
+  int32_t status;
+  float lse;
+  Partial all;
+  float q_lse;
+  int32_t q_bad;
+};
+
+__device__ RowResult combine_row(const combine::Sources& s, int row, int lane) {
+  RowResult res;
+  const RowPlan& plan = s.plans[row];
+  res.all = warp_combine(s.partials + row, s.groups, s.partial_stride, lane);
+  res.status = plan.status;
+  if (res.status == FLASHSPEC_OK && (s.hidden_bad[row] || (res.all.flags & kPartialNonFinite)))
+    res.status = FLASHSPEC_ERR_NON_FINITE;
+  res.lse = (plan.flags & kPlanGreedy) ? 0.0f : res.all.m + logf(res.all.s);
+  res.q_lse = 0.0f;
+  res.q_bad = 0;
+  if (s.q_logits && plan.q_row >= 0) {
+    float qm, qs;
+    warp_combine_q(s.q_partials + row, s.groups, s.partial_stride, lane, qm, qs, res.q_bad);
+    res.q_lse = qm + logf(qs);
+    if (res.status == FLASHSPEC_OK && res.q_bad) res.status = FLASHSPEC_ERR_NON_FINITE;
+  }
+  return res;
+}
+
+__global__ void combine_verify_kernel(const combine::Sources s, const int32_t* batch_status, RowSummary* out) {
+  const int lane = threadIdx.x & 31;
+  const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= s.rows) return;  // whole warp
+  const RowPlan& plan = s.plans[row];
+  RowResult res = combine_row(s, row, lane);
+  RowSummary summary;
+  summary.lse = res.lse;
+  summary.draft_logit = plan.tracked >= 0 ? res.all.tracked : 0.0f;
+  summary.draft_logq = 0.0f;
+  summary.candidate = res.all.token;
+  summary.candidate_gap = res.all.second == neg_inf() ? pos_inf() : res.all.best - res.all.second;
+  summary.status = *batch_status != FLASHSPEC_OK ? *batch_status : res.status;
+  if (summary.status == FLASHSPEC_OK && s.q_logits && plan.q_row >= 0) {
+    const void* qrow = static_cast<const unsigned char*>(s.q_logits) +
+                       int64_t(plan.q_row) * s.q_ld * int64_t(dtype_size(s.q_dtype));
+    summary.draft_logq = load_as_float(qrow, s.q_dtype, plan.tracked) * plan.inv_td - res.q_lse;
+    if (plan.flags & kPlanKeep) {
+      Residual acc;
+      acc.best = neg_inf();
+      acc.token = -1;
+      acc.second = neg_inf();
+      acc.pad = 0;
+      if (lane == 0)
+        for (int k = 0; k < s.groups; ++k) merge_residual(acc, s.residuals[int64_t(k) * s.partial_stride + row]);
+      if (acc.token >= 0) {
+        summary.candidate = acc.token;
+        summary.candidate_gap = acc.second == neg_inf() ? pos_inf() : acc.best - acc.second;
+      }
+    }
+  }
+  if (lane == 0) out[row] = summary;
+}
+
+__global__ void combine_draft_kernel(const combine::Sources s, int32_t* tokens_out, float* scores_out) {
+  const int lane = threadIdx.x & 31;
+  const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= s.rows) return;
+  const RowPlan& plan = s.plans[row];
+  RowResult res = combine_row(s, row, lane);
+  if (lane != 0) return;
+  const bool ok = res.status == FLASHSPEC_OK && res.all.token >= 0;
+  tokens_out[row] = ok ? res.all.token : -1;
+  if (scores_out)
+    scores_out[row] = !ok ? __int_as_float(0x7fc00000)
+                          : ((plan.flags & kPlanGreedy) ? res.all.best_scaled : res.all.best_scaled - res.lse);
+}
+
+struct FinalizeArgs {
+  const int32_t* offsets;
+  const int32_t* tokens;
+  const float* temperatures;
+  const uint64_t* seeds;
+  const uint64_t* request_ids;
+  const uint64_t* steps;
+  const float* uniforms;
+  uint64_t default_seed;
+  int32_t requests, total_rows;
+  const RowSummary* rows;
+  const int32_t* batch_status;
+  int32_t* accepted;
+  int32_t* emitted;
+  uint64_t* next_steps;
+};
+
+__global__ void finalize_kernel(const FinalizeArgs a) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  const bool bad_batch = *a.batch_status != FLASHSPEC_OK;
+  if (bad_batch)
+    for (int k = r; k < a.total_rows; k += gridDim.x * blockDim.x) a.emitted[k] = -1;
+  if (r >= a.requests) return;
+  const uint64_t step = a.steps ? a.steps[r] : 0;
+  if (bad_batch) {
+    a.accepted[r] = -1;
+  } else {
+    RequestView v;
+    v.first_draft = a.offsets[r];
+    v.num_drafts = a.offsets[r + 1] - v.first_draft;
+    v.first_row = v.first_draft + r;
+    v.temperature = a.temperatures ? a.temperatures[r] : 1.0f;
+    v.seed = a.seeds ? a.seeds[r] : a.default_seed;
+    v.request_id = a.request_ids ? a.request_ids[r] : uint64_t(r);
+    v.step = step;
+    a.accepted[r] = finalize_request(v, a.tokens, a.rows, a.uniforms, a.emitted + v.first_row);
+  }
+  if (a.next_steps) a.next_steps[r] = step + 1;
+}
+
+}  // namespace
+
+namespace combine {
+
+cudaError_t verify_rows(const Sources& src, const int32_t* batch_status, RowSummary* out, cudaStream_t stream) {
+  const int blocks = (src.rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  combine_verify_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream>>>(src, batch_status, out);
+  return cudaGetLastError();
+}
+
+cudaError_t draft_rows(const Sources& src, int32_t* tokens_out, float* scores_out, cudaStream_t stream) {
+  const int blocks = (src.rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  combine_draft_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream>>>(src, tokens_out, scores_out);
+  return cudaGetLastError();
+}
+
+}  // namespace combine
+
+namespace finalize {
+
+cudaError_t requests(const VerifyArgs& args, const RowSummary* rows, const int32_t* batch_status,
+                     const ResultArgs& result, cudaStream_t stream) {
+  FinalizeArgs a;
+  a.offsets = args.draft_offsets;
+  a.tokens = args.draft_tokens;
+  a.temperatures = args.temperatures;
+  a.seeds = args.seeds;
+  a.request_ids = args.request_ids;
+  a.steps = args.steps;
+  a.uniforms = args.accept_uniforms;
+  a.default_seed = args.default_seed;
+  a.requests = args.num_requests;
+  a.total_rows = args.total_rows;
+  a.rows = rows;
+  a.batch_status = batch_status;
+  a.accepted = result.accepted_counts;
+  a.emitted = result.emitted_tokens;
+  a.next_steps = result.next_steps;
+  const int threads = 128;
+  const int blocks = (args.num_requests + threads - 1) / threads;
+  finalize_kernel<<<blocks, threads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace finalize
+
+}  // namespace cuda
+}  // namespace flashspec

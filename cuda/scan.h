@@ -1,0 +1,36 @@
+// Host side of the scan kernels: which kernel serves a configuration, its
+// shared-memory needs, and one launcher (explicit stream, optionally
+// cooperative) for all of them.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "scan_common.cuh"
+
+namespace flashspec {
+namespace cuda {
+namespace scan {
+
+// Tensor-core scan, W and hidden both bf16 (bf16 = true) or both fp16; bm ∈
+// {16, 64, 128} rows per CTA. 16-byte-aligned weight rows, d_load % 8 == 0.
+const void* mma_kernel(int bm, bool bf16);
+size_t mma_base_smem(int bm);       // dynamic shared memory without kept logits
+size_t mma_scratch_capacity(int bm);  // bytes reusable by the residual phase
+int mma_threads();
+
+// CUDA-core fp32 scan for every other combination (fp32 weights, dtypes that
+// differ, unaligned borrowed heads): up to kSimtRows rows per launch, hidden
+// staged as fp32.
+constexpr int kSimtRows = 16;
+const void* simt_kernel();
+size_t simt_base_smem();
+int simt_threads();
+
+cudaError_t launch(const void* kernel, const ScanParams& params, int grid, int threads, size_t smem,
+                   bool cooperative, cudaStream_t stream);
+
+}  // namespace scan
+}  // namespace cuda
+}  // namespace flashspec

@@ -1,0 +1,244 @@
+// Helpers of the GPU tests: device buffers, contexts of both backends, random
+// LM heads and hidden rows in every dtype with their exact values, and the
+// float64 reference used to recognise near-ties.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "flashspec.h"
+#include "util/dtype.h"
+#include "util/philox.h"
+
+namespace fsgpu {
+
+#define FSGPU_SKIP_WITHOUT_DEVICE()                                                         \
+  do {                                                                                      \
+    if (flashspec_cuda_device_count() == 0)                                                 \
+      GTEST_SKIP() << "no CUDA device (flashspec_cuda_device_count() == 0): GPU test skipped"; \
+  } while (0)
+
+#define FSGPU_OK(ctx, call)                                                                      \
+  do {                                                                                           \
+    flashspec_status st_ = (call);                                                               \
+    ASSERT_EQ(st_, FLASHSPEC_OK) << #call << ": " << flashspec_status_name(st_) << ": "          \
+                                 << flashspec_context_last_error(ctx);                           \
+  } while (0)
+
+#define FSGPU_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+// Device copy of a host vector.
+template <class T>
+class Dev {
+ public:
+  explicit Dev(size_t n) : n_(n) {
+    if (n_ && cudaMalloc(&p_, n_ * sizeof(T)) != cudaSuccess) p_ = nullptr;
+    if (p_) cudaMemset(p_, 0xff, n_ * sizeof(T));  // poison: unwritten outputs show
+  }
+  explicit Dev(const std::vector<T>& v) : Dev(v.size()) { put(v); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  ~Dev() {
+    if (p_) cudaFree(p_);
+  }
+  void put(const std::vector<T>& v) {
+    if (p_) cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  std::vector<T> get() const {
+    std::vector<T> v(n_);
+    if (p_) cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
+    return v;
+  }
+  T* ptr() const { return static_cast<T*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_;
+};
+
+struct ContextDeleter {
+  void operator()(flashspec_context* c) const { flashspec_context_destroy(c); }
+};
+struct HeadDeleter {
+  void operator()(flashspec_lm_head* h) const { flashspec_lm_head_destroy(h); }
+};
+struct SummariesDeleter {
+  void operator()(flashspec_summaries* s) const { flashspec_summaries_destroy(s); }
+};
+using ContextPtr = std::unique_ptr<flashspec_context, ContextDeleter>;
+using HeadPtr = std::unique_ptr<flashspec_lm_head, HeadDeleter>;
+using SummariesPtr = std::unique_ptr<flashspec_summaries, SummariesDeleter>;
+
+inline ContextPtr make_context(flashspec_backend backend, uint64_t seed, void* stream = nullptr,
+                               int32_t max_rows = 512) {
+  flashspec_context_params p;
+  flashspec_context_params_init(&p);
+  p.backend = backend;
+  p.seed = seed;
+  p.cuda_stream = stream;
+  p.max_rows = max_rows;
+  flashspec_context* ctx = nullptr;
+  flashspec_status s = flashspec_context_create(&p, &ctx);
+  EXPECT_EQ(s, FLASHSPEC_OK) << flashspec_context_last_error(nullptr);
+  return ContextPtr(ctx);
+}
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return (double(next() >> 11) + 0.5) * 0x1.0p-53; }
+  double normal() { return std::sqrt(-2.0 * std::log(uniform())) * std::cos(6.283185307179586 * uniform()); }
+  int32_t below(int64_t n) { return int32_t(next() % uint64_t(n)); }
+
+ private:
+  uint64_t state_;
+};
+
+// A row-major matrix in one dtype plus the exact value of every element.
+struct Matrix {
+  flashspec_dtype dtype = FLASHSPEC_DTYPE_F32;
+  int64_t rows = 0, cols = 0, stride = 0;
+  std::vector<unsigned char> bytes;
+  std::vector<double> exact;
+
+  Matrix(flashspec_dtype t, int64_t r, int64_t c, int64_t s = 0)
+      : dtype(t), rows(r), cols(c), stride(s ? s : c), bytes(size_t(r * (s ? s : c)) * flashspec::dtype_size(t)),
+        exact(size_t(r * c)) {}
+  void set(int64_t r, int64_t c, float v) {
+    float stored = v;
+    unsigned char* at = bytes.data() + size_t(r * stride + c) * flashspec::dtype_size(dtype);
+    if (dtype == FLASHSPEC_DTYPE_F32) {
+      std::memcpy(at, &v, 4);
+    } else {
+      uint16_t h = dtype == FLASHSPEC_DTYPE_BF16 ? flashspec::float_to_bf16(v) : flashspec::float_to_fp16(v);
+      std::memcpy(at, &h, 2);
+      stored = dtype == FLASHSPEC_DTYPE_BF16 ? flashspec::bf16_to_float(h) : flashspec::fp16_to_float(h);
+    }
+    exact[size_t(r * cols + c)] = stored;
+  }
+  double at(int64_t r, int64_t c) const { return exact[size_t(r * cols + c)]; }
+  flashspec_tensor host_view() const {
+    flashspec_tensor t = flashspec_tensor_make(bytes.data(), dtype, FLASHSPEC_MEMORY_HOST, rows, cols);
+    t.row_stride = stride;
+    return t;
+  }
+};
+
+inline Matrix random_matrix(flashspec_dtype t, int64_t rows, int64_t cols, double scale, Rng& rng, int64_t stride = 0) {
+  Matrix m(t, rows, cols, stride);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) m.set(r, c, float(rng.normal() * scale));
+  return m;
+}
+
+// A device copy of a matrix with the same layout.
+class DevMatrix {
+ public:
+  explicit DevMatrix(const Matrix& m) : m_(m), buf_(m.bytes.size()) {
+    cudaMemcpy(buf_.ptr(), m.bytes.data(), m.bytes.size(), cudaMemcpyHostToDevice);
+  }
+  flashspec_tensor view() const {
+    flashspec_tensor t = flashspec_tensor_make(buf_.ptr(), m_.dtype, FLASHSPEC_MEMORY_CUDA, m_.rows, m_.cols);
+    t.row_stride = m_.stride;
+    return t;
+  }
+  unsigned char* ptr() const { return buf_.ptr(); }
+
+ private:
+  const Matrix& m_;
+  Dev<unsigned char> buf_;
+};
+
+inline HeadPtr make_head(flashspec_context* ctx, const flashspec_tensor& w, flashspec_lm_head_flags flags) {
+  flashspec_lm_head* head = nullptr;
+  flashspec_status s = flashspec_lm_head_create(ctx, &w, flags, &head);
+  EXPECT_EQ(s, FLASHSPEC_OK) << flashspec_context_last_error(ctx);
+  return HeadPtr(head);
+}
+
+// Exact (float64) logit of token i for hidden row r.
+inline double exact_logit(const Matrix& w, const Matrix& h, int64_t r, int64_t i) {
+  double acc = 0.0;
+  for (int64_t c = 0; c < w.cols; ++c) acc += w.at(i, c) * h.at(r, c);
+  return acc;
+}
+
+// Near-tie threshold on scores of unit scale: fp32 accumulation over d terms
+// moves a logit by far less (about 1e-6 here); two candidates closer than
+// this may legitimately swap between backends.
+constexpr double kNearTie = 2e-3;
+
+// Regularised upper incomplete gamma Q(a, x) (Numerical Recipes), for the
+// chi-square p-value Q(df/2, chi2/2).
+inline double gamma_q(double a, double x) {
+  if (x <= 0) return 1.0;
+  const double gln = std::lgamma(a);
+  if (x < a + 1) {
+    double sum = 1.0 / a, del = sum, ap = a;
+    for (int n = 0; n < 1000; ++n) {
+      ap += 1;
+      del *= x / ap;
+      sum += del;
+      if (std::fabs(del) < std::fabs(sum) * 1e-15) break;
+    }
+    return 1.0 - sum * std::exp(-x + a * std::log(x) - gln);
+  }
+  double b = x + 1 - a, c = 1e300, d = 1 / b, hh = d;
+  for (int i = 1; i < 1000; ++i) {
+    double an = -i * (i - a);
+    b += 2;
+    d = an * d + b;
+    if (std::fabs(d) < 1e-300) d = 1e-300;
+    c = b + an / c;
+    if (std::fabs(c) < 1e-300) c = 1e-300;
+    d = 1 / d;
+    double del = d * c;
+    hh *= del;
+    if (std::fabs(del - 1) < 1e-15) break;
+  }
+  return std::exp(-x + a * std::log(x) - gln) * hh;
+}
+
+// p-value of Pearson's chi-square of counts against probabilities (cells
+// with expected count < 5 are pooled).
+inline double chi_square_p(const std::vector<long>& counts, const std::vector<double>& probs) {
+  long n = 0;
+  for (long c : counts) n += c;
+  double chi2 = 0.0, pool_obs = 0.0, pool_exp = 0.0;
+  int cells = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    double e = probs[i] * double(n);
+    if (e < 5.0) {
+      pool_obs += double(counts[i]);
+      pool_exp += e;
+      continue;
+    }
+    chi2 += (double(counts[i]) - e) * (double(counts[i]) - e) / e;
+    ++cells;
+  }
+  if (pool_exp > 0.0) {
+    if (pool_exp < 1e-12) {
+      if (pool_obs > 0) return 0.0;
+    } else {
+      chi2 += (pool_obs - pool_exp) * (pool_obs - pool_exp) / pool_exp;
+      ++cells;
+    }
+  }
+  if (cells < 2) return 1.0;
+  return gamma_q(0.5 * (cells - 1), 0.5 * chi2);
+}
+
+}  // namespace fsgpu

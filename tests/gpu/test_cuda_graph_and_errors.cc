@@ -1,0 +1,302 @@
+// CUDA-graph capture of verify_and_finalize (steps read from and advanced on
+// the device: two replays draw fresh noise and each matches the CPU backend
+// at its step), and bad device-resident input reported per request (or per
+// draft row) on the device instead of a silent wrong token.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "capi/handles.h"
+#include "gpu_support.h"
+#include "testing.h"
+
+using namespace fsgpu;
+
+namespace {
+
+class GpuGraph : public ::testing::Test {
+ protected:
+  void SetUp() override { FSGPU_SKIP_WITHOUT_DEVICE(); }
+};
+
+TEST_F(GpuGraph, ReplaysAdvanceStepsAndMatchCpu) {
+  constexpr int kReq = 48, kN = 3, kVocab = 1999, kD = 64, kRows = kReq * (kN + 1);
+  Rng rng(4242);
+  Matrix w = random_matrix(FLASHSPEC_DTYPE_BF16, kVocab, kD, 3.0 / 8.0, rng);
+  Matrix h = random_matrix(FLASHSPEC_DTYPE_BF16, kRows, kD, 1.0, rng);
+  std::vector<int32_t> offsets(kReq + 1), tokens(kReq * kN);
+  for (int r = 0; r <= kReq; ++r) offsets[size_t(r)] = r * kN;
+  for (auto& t : tokens) t = rng.below(kVocab);
+  std::vector<uint64_t> steps(kReq, 5);
+
+  cudaStream_t stream;
+  FSGPU_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto gpu = make_context(FLASHSPEC_BACKEND_CUDA, 31337, stream);
+  auto cpu = make_context(FLASHSPEC_BACKEND_CPU, 31337);
+  ASSERT_TRUE(gpu && cpu);
+  auto gpu_head = make_head(gpu.get(), w.host_view(), FLASHSPEC_LM_HEAD_COPY);
+  auto cpu_head = make_head(cpu.get(), w.host_view(), FLASHSPEC_LM_HEAD_COPY);
+  ASSERT_TRUE(gpu_head && cpu_head);
+
+  DevMatrix hd(h);
+  flashspec_tensor hv = hd.view();
+  Dev<int32_t> d_off(offsets), d_tok(tokens), d_acc(kReq), d_emit(kRows);
+  Dev<uint64_t> d_steps(steps);
+  flashspec_verify_batch b;
+  flashspec_verify_batch_init(&b);
+  b.memory = FLASHSPEC_MEMORY_CUDA;
+  b.num_requests = kReq;
+  b.draft_offsets = d_off.ptr();
+  b.draft_tokens = d_tok.ptr();
+  b.target_hidden = &hv;
+  b.steps = d_steps.ptr();
+  b.max_draft_len = kN;
+  flashspec_verify_result res;
+  flashspec_verify_result_init(&res);
+  res.memory = FLASHSPEC_MEMORY_CUDA;
+  res.accepted_counts = d_acc.ptr();
+  res.emitted_tokens = d_emit.ptr();
+  res.next_steps = d_steps.ptr();  // aliases batch.steps: each replay advances it
+
+  cudaGraph_t graph;
+  FSGPU_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  flashspec_status st = flashspec_verify_and_finalize(gpu.get(), gpu_head.get(), &b, &res);
+  FSGPU_CUDA(cudaStreamEndCapture(stream, &graph));
+  ASSERT_EQ(st, FLASHSPEC_OK) << flashspec_context_last_error(gpu.get());
+  cudaGraphExec_t exec;
+  FSGPU_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+
+  std::vector<std::vector<int32_t>> emitted, accepted;
+  std::vector<std::vector<flashspec::RowSummary>> summaries;
+  for (int replay = 0; replay < 2; ++replay) {
+    FSGPU_CUDA(cudaGraphLaunch(exec, stream));
+    FSGPU_CUDA(cudaStreamSynchronize(stream));
+    emitted.push_back(d_emit.get());
+    accepted.push_back(d_acc.get());
+    std::vector<flashspec::RowSummary> rs(static_cast<size_t>(kRows));
+    ASSERT_TRUE(flashspec::cuda::read_summaries(*gpu->own_summaries, kRows, rs.data()));
+    summaries.push_back(rs);
+  }
+  EXPECT_EQ(d_steps.get(), std::vector<uint64_t>(kReq, 7));
+  EXPECT_NE(emitted[0], emitted[1]) << "two replays drew the same tokens: steps did not advance on the device";
+
+  for (int replay = 0; replay < 2; ++replay) {
+    std::vector<uint64_t> cpu_steps(kReq, 5 + uint64_t(replay));
+    flashspec_tensor chv = h.host_view();
+    flashspec_verify_batch cb;
+    flashspec_verify_batch_init(&cb);
+    cb.num_requests = kReq;
+    cb.draft_offsets = offsets.data();
+    cb.draft_tokens = tokens.data();
+    cb.target_hidden = &chv;
+    cb.steps = cpu_steps.data();
+    cb.max_draft_len = kN;
+    std::vector<int32_t> acc(kReq), emit(kRows);
+    flashspec_verify_result cr;
+    flashspec_verify_result_init(&cr);
+    cr.accepted_counts = acc.data();
+    cr.emitted_tokens = emit.data();
+    FSGPU_OK(cpu.get(), flashspec_verify_and_finalize(cpu.get(), cpu_head.get(), &cb, &cr));
+    int near_ties = 0;
+    for (int r = 0; r < kReq; ++r) {
+      bool same = acc[size_t(r)] == accepted[size_t(replay)][size_t(r)];
+      for (int k = 0; k <= kN && same; ++k)
+        same = emit[size_t(r * (kN + 1) + k)] == emitted[size_t(replay)][size_t(r * (kN + 1) + k)];
+      if (same) continue;
+      const int stop = std::min(acc[size_t(r)], accepted[size_t(replay)][size_t(r)]);
+      const flashspec::RowSummary& s = summaries[size_t(replay)][size_t(r * (kN + 1) + stop)];
+      double margin = s.candidate_gap;
+      if (acc[size_t(r)] != accepted[size_t(replay)][size_t(r)]) {
+        double log_u = std::log(flashspec_rng_uniform(31337, uint64_t(r), 5 + uint64_t(replay), stop,
+                                                      FLASHSPEC_RNG_ACCEPT_UNIFORM, 0));
+        margin = std::fabs(log_u - (s.draft_logit - s.lse));
+      }
+      EXPECT_LT(margin, kNearTie) << "replay " << replay << " request " << r << " differs from the CPU step";
+      ++near_ties;
+    }
+    EXPECT_LE(near_ties, 1) << "replay " << replay;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  gpu.reset();
+  cudaStreamDestroy(stream);
+}
+
+// A small valid batch of two requests (2 and 1 drafts) whose device copy a
+// test then corrupts in one place.
+struct SmallBatch {
+  static constexpr int kVocab = 300, kD = 32;
+  Rng rng{99};
+  Matrix w = random_matrix(FLASHSPEC_DTYPE_BF16, kVocab, kD, 0.5, rng);
+  Matrix h = random_matrix(FLASHSPEC_DTYPE_BF16, 5, kD, 1.0, rng);
+  std::vector<int32_t> offsets{0, 2, 3}, tokens{3, 7, 11};
+  std::vector<float> temps{1.0f, 0.7f};
+  std::vector<float> uniforms{0.5f, 0.25f, 0.75f};
+};
+
+struct Outcome {
+  std::vector<int32_t> accepted, emitted;
+};
+
+Outcome run_batch(SmallBatch& s, int max_draft_len = 0) {
+  Outcome out;
+  auto ctx = make_context(FLASHSPEC_BACKEND_CUDA, 5);
+  EXPECT_TRUE(ctx);
+  if (!ctx) return out;
+  auto head = make_head(ctx.get(), s.w.host_view(), FLASHSPEC_LM_HEAD_COPY);
+  DevMatrix hd(s.h);
+  flashspec_tensor hv = hd.view();
+  Dev<int32_t> d_off(s.offsets), d_tok(s.tokens), d_acc(2), d_emit(5);
+  Dev<float> d_temps(s.temps), d_u(s.uniforms);
+  flashspec_verify_batch b;
+  flashspec_verify_batch_init(&b);
+  b.memory = FLASHSPEC_MEMORY_CUDA;
+  b.num_requests = 2;
+  b.draft_offsets = d_off.ptr();
+  b.draft_tokens = d_tok.ptr();
+  b.target_hidden = &hv;
+  b.temperatures = d_temps.ptr();
+  b.accept_uniforms = d_u.ptr();
+  b.max_draft_len = max_draft_len;
+  flashspec_verify_result res;
+  flashspec_verify_result_init(&res);
+  res.memory = FLASHSPEC_MEMORY_CUDA;
+  res.accepted_counts = d_acc.ptr();
+  res.emitted_tokens = d_emit.ptr();
+  flashspec_status st = flashspec_verify_and_finalize(ctx.get(), head.get(), &b, &res);
+  EXPECT_EQ(st, FLASHSPEC_OK) << "device-side errors are reported per request, not as a status: "
+                              << flashspec_context_last_error(ctx.get());
+  EXPECT_EQ(flashspec_context_synchronize(ctx.get()), FLASHSPEC_OK);
+  out.accepted = d_acc.get();
+  out.emitted = d_emit.get();
+  return out;
+}
+
+class GpuBadInput : public ::testing::Test {
+ protected:
+  void SetUp() override { FSGPU_SKIP_WITHOUT_DEVICE(); }
+};
+
+TEST_F(GpuBadInput, ValidBatchEmitsTokens) {
+  SmallBatch s;
+  Outcome o = run_batch(s);
+  ASSERT_EQ(o.accepted.size(), 2u);
+  EXPECT_GE(o.accepted[0], 0);
+  EXPECT_GE(o.accepted[1], 0);
+  EXPECT_GE(o.emitted[size_t(o.accepted[0])], 0);
+}
+
+TEST_F(GpuBadInput, TokenOutOfRangeFailsOnlyItsRequest) {
+  SmallBatch s;
+  s.tokens[2] = SmallBatch::kVocab;  // request 1
+  Outcome o = run_batch(s);
+  EXPECT_GE(o.accepted[0], 0);
+  EXPECT_EQ(o.accepted[1], -1);
+  EXPECT_EQ(o.emitted[3], -1);
+  EXPECT_EQ(o.emitted[4], -1);
+  s.tokens[2] = -4;
+  o = run_batch(s);
+  EXPECT_EQ(o.accepted[1], -1);
+}
+
+TEST_F(GpuBadInput, BadTemperatureFailsItsRequest) {
+  SmallBatch s;
+  s.temps[0] = std::nanf("");
+  Outcome o = run_batch(s);
+  EXPECT_EQ(o.accepted[0], -1);
+  EXPECT_GE(o.accepted[1], 0);
+  s.temps[0] = 1.0f;
+  s.temps[1] = -0.5f;
+  o = run_batch(s);
+  EXPECT_GE(o.accepted[0], 0);
+  EXPECT_EQ(o.accepted[1], -1);
+}
+
+TEST_F(GpuBadInput, BadUniformFailsItsRequest) {
+  SmallBatch s;
+  s.uniforms[1] = 1.0f;
+  Outcome o = run_batch(s);
+  EXPECT_EQ(o.accepted[0], -1);
+  EXPECT_GE(o.accepted[1], 0);
+}
+
+TEST_F(GpuBadInput, NonFiniteHiddenFailsItsRequest) {
+  SmallBatch s;
+  s.h.set(4, 7, std::nanf(""));  // request 1's bonus row
+  Outcome o = run_batch(s);
+  EXPECT_GE(o.accepted[0], 0);
+  EXPECT_EQ(o.accepted[1], -1);
+  s.h.set(4, 7, 0.0f);
+  s.h.set(0, 3, INFINITY);  // request 0's first row
+  o = run_batch(s);
+  EXPECT_EQ(o.accepted[0], -1);
+  EXPECT_GE(o.accepted[1], 0);
+}
+
+TEST_F(GpuBadInput, InconsistentOffsetsFailTheBatch) {
+  SmallBatch s;
+  s.offsets = {0, 2, 4};  // offsets[R] = 4 but target_hidden implies 3 drafts
+  Outcome o = run_batch(s);
+  EXPECT_EQ(o.accepted, (std::vector<int32_t>{-1, -1}));
+  EXPECT_EQ(o.emitted, (std::vector<int32_t>(5, -1)));
+  s.offsets = {0, 3, 2};  // decreasing
+  o = run_batch(s);
+  EXPECT_EQ(o.accepted, (std::vector<int32_t>{-1, -1}));
+}
+
+TEST_F(GpuBadInput, DraftLengthBeyondMaxFailsTheBatch) {
+  SmallBatch s;
+  Outcome o = run_batch(s, 1);  // request 0 has 2 drafts
+  EXPECT_EQ(o.accepted, (std::vector<int32_t>{-1, -1}));
+}
+
+TEST_F(GpuBadInput, DraftRowsReportBadInputAsMinusOne) {
+  Rng rng(3);
+  Matrix w = random_matrix(FLASHSPEC_DTYPE_BF16, 500, 48, 0.5, rng);
+  Matrix h = random_matrix(FLASHSPEC_DTYPE_BF16, 4, 48, 1.0, rng);
+  h.set(2, 5, std::nanf(""));
+  auto ctx = make_context(FLASHSPEC_BACKEND_CUDA, 1);
+  ASSERT_TRUE(ctx);
+  auto head = make_head(ctx.get(), w.host_view(), FLASHSPEC_LM_HEAD_COPY);
+  DevMatrix hd(h);
+  flashspec_tensor hv = hd.view();
+  std::vector<float> temps{1.0f, -1.0f, 0.5f, 0.0f};
+  std::vector<int32_t> positions{0, 0, 0, 2000};
+  Dev<float> d_temps(temps), d_scores(4);
+  Dev<int32_t> d_pos(positions), d_tokens(4);
+  flashspec_draft_params p;
+  flashspec_draft_params_init(&p);
+  p.memory = FLASHSPEC_MEMORY_CUDA;
+  p.temperatures = d_temps.ptr();
+  p.positions = d_pos.ptr();
+  FSGPU_OK(ctx.get(), flashspec_draft(ctx.get(), head.get(), &hv, &p, d_tokens.ptr(), d_scores.ptr()));
+  FSGPU_OK(ctx.get(), flashspec_context_synchronize(ctx.get()));
+  std::vector<int32_t> tokens = d_tokens.get();
+  std::vector<float> scores = d_scores.get();
+  EXPECT_GE(tokens[0], 0);
+  EXPECT_TRUE(std::isfinite(scores[0]));
+  EXPECT_EQ(tokens[1], -1);  // negative temperature
+  EXPECT_TRUE(std::isnan(scores[1]));
+  EXPECT_EQ(tokens[2], -1);  // NaN hidden value
+  EXPECT_EQ(tokens[3], -1);  // position beyond FLASHSPEC_MAX_DRAFT_LEN
+}
+
+TEST_F(GpuBadInput, NonFiniteWeightIsRejectedAtCreation) {
+  Rng rng(8);
+  Matrix w = random_matrix(FLASHSPEC_DTYPE_F16, 64, 16, 1.0, rng);
+  w.set(63, 15, INFINITY);
+  auto ctx = make_context(FLASHSPEC_BACKEND_CUDA, 1);
+  ASSERT_TRUE(ctx);
+  flashspec_lm_head* head = nullptr;
+  flashspec_tensor wv = w.host_view();
+  EXPECT_EQ(flashspec_lm_head_create(ctx.get(), &wv, FLASHSPEC_LM_HEAD_COPY, &head), FLASHSPEC_ERR_NON_FINITE);
+  EXPECT_EQ(head, nullptr);
+  DevMatrix wd(w);
+  flashspec_tensor wdv = wd.view();
+  EXPECT_EQ(flashspec_lm_head_create(ctx.get(), &wdv, FLASHSPEC_LM_HEAD_BORROW, &head), FLASHSPEC_ERR_NON_FINITE);
+  // Borrowing host memory is a device mismatch.
+  EXPECT_EQ(flashspec_lm_head_create(ctx.get(), &wv, FLASHSPEC_LM_HEAD_BORROW, &head), FLASHSPEC_ERR_DEVICE_MISMATCH);
+}
+
+}  // namespace

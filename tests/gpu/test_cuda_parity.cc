@@ -1,0 +1,301 @@
+// The CUDA backend against the exact CPU backend, same seed, token for
+// token: drafts and verify batches in every dtype path (tensor cores at 16,
+// 64 and 128 rows per CTA, the CUDA-core path, borrowed unaligned heads),
+// greedy and stochastic drafts, vocabularies that are not multiples of the
+// tile sizes and the real 128256 / 151936. A differing token is accepted only
+// where the two candidates' scores (or an acceptance test's two sides) lie
+// within kNearTie: a near-tie, identified by the CUDA summary's candidate_gap
+// or by the float64 reference, and counted — never hidden by a tolerance.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "capi/handles.h"
+#include "gpu_support.h"
+#include "testing.h"
+
+using namespace fsgpu;
+
+namespace {
+
+struct DraftCase {
+  flashspec_dtype w, h;
+  int vocab, d, rows;
+  float temperature;
+  bool borrow_unaligned;
+};
+
+void run_draft_parity(const DraftCase& c) {
+  Rng rng(1000 + c.vocab + c.d * 7 + c.rows * 13 + int(c.temperature * 10));
+  const int64_t stride = c.borrow_unaligned ? c.d + 3 : 0;
+  Matrix w = random_matrix(c.w, c.vocab, c.d, 3.0 / std::sqrt(double(c.d)), rng, stride);
+  Matrix h = random_matrix(c.h, c.rows, c.d, 1.0, rng);
+  auto cpu = make_context(FLASHSPEC_BACKEND_CPU, 77);
+  auto gpu = make_context(FLASHSPEC_BACKEND_CUDA, 77);
+  ASSERT_TRUE(cpu && gpu);
+  flashspec_tensor wv = w.host_view();
+  auto cpu_head = make_head(cpu.get(), wv, FLASHSPEC_LM_HEAD_COPY);
+  DevMatrix wd(w);
+  auto gpu_head = make_head(gpu.get(), wd.view(), c.borrow_unaligned ? FLASHSPEC_LM_HEAD_BORROW : FLASHSPEC_LM_HEAD_COPY);
+  ASSERT_TRUE(cpu_head && gpu_head);
+
+  std::vector<float> temps(size_t(c.rows));
+  std::vector<uint64_t> ids(size_t(c.rows)), steps(size_t(c.rows));
+  std::vector<int32_t> positions(size_t(c.rows));
+  for (int r = 0; r < c.rows; ++r) {
+    temps[size_t(r)] = (c.temperature > 0 && r % 5 == 4) ? 0.0f : c.temperature;  // mix greedy rows in
+    ids[size_t(r)] = 1000 + uint64_t(r) * 3;
+    steps[size_t(r)] = uint64_t(r % 7);
+    positions[size_t(r)] = r % 4;
+  }
+  flashspec_draft_params hp;
+  flashspec_draft_params_init(&hp);
+  hp.temperatures = temps.data();
+  hp.request_ids = ids.data();
+  hp.steps = steps.data();
+  hp.positions = positions.data();
+  std::vector<int32_t> cpu_tokens(size_t(c.rows));
+  std::vector<float> cpu_scores(size_t(c.rows));
+  flashspec_tensor hv = h.host_view();
+  FSGPU_OK(cpu.get(), flashspec_draft(cpu.get(), cpu_head.get(), &hv, &hp, cpu_tokens.data(), cpu_scores.data()));
+
+  Dev<float> d_temps(temps);
+  Dev<uint64_t> d_ids(ids), d_steps(steps);
+  Dev<int32_t> d_pos(positions), d_tokens(size_t(c.rows));
+  Dev<float> d_scores(size_t(c.rows));
+  DevMatrix hd(h);
+  flashspec_draft_params dp = hp;
+  dp.memory = FLASHSPEC_MEMORY_CUDA;
+  dp.temperatures = d_temps.ptr();
+  dp.request_ids = d_ids.ptr();
+  dp.steps = d_steps.ptr();
+  dp.positions = d_pos.ptr();
+  flashspec_tensor hdv = hd.view();
+  FSGPU_OK(gpu.get(), flashspec_draft(gpu.get(), gpu_head.get(), &hdv, &dp, d_tokens.ptr(), d_scores.ptr()));
+  FSGPU_OK(gpu.get(), flashspec_context_synchronize(gpu.get()));
+  std::vector<int32_t> gpu_tokens = d_tokens.get();
+  std::vector<float> gpu_scores = d_scores.get();
+
+  int near_ties = 0;
+  for (int r = 0; r < c.rows; ++r) {
+    const int32_t a = cpu_tokens[size_t(r)], b = gpu_tokens[size_t(r)];
+    ASSERT_GE(b, 0) << "row " << r;
+    ASSERT_LT(b, c.vocab) << "row " << r;
+    if (a == b) {
+      EXPECT_NEAR(gpu_scores[size_t(r)], cpu_scores[size_t(r)], 1e-4 * std::max(1.0f, std::fabs(cpu_scores[size_t(r)])))
+          << "row " << r;
+      continue;
+    }
+    // Different winners: legitimate only if their exact scores nearly tie.
+    const float t = temps[size_t(r)];
+    flashspec::RngRowKey key = flashspec::make_row_key(77, ids[size_t(r)], steps[size_t(r)], positions[size_t(r)],
+                                                       FLASHSPEC_RNG_DRAFT_NOISE);
+    auto score = [&](int32_t tok) {
+      double l = exact_logit(w, h, r, tok);
+      return t == 0.0f ? l : l * double(1.0f / t) + flashspec::gumbel_from_bits(flashspec::row_word(key, tok));
+    };
+    const double gap = std::fabs(score(a) - score(b));
+    EXPECT_LT(gap, kNearTie) << "row " << r << ": CPU token " << a << ", CUDA token " << b
+                             << " are not a near-tie (exact score gap " << gap << ")";
+    ++near_ties;
+  }
+  std::printf("[ parity ] draft V=%d d=%d rows=%d T=%.2f: %d near-tie(s)\n", c.vocab, c.d, c.rows, c.temperature,
+              near_ties);
+  EXPECT_LE(near_ties, std::max(1, c.rows / 50));
+}
+
+struct VerifyCase {
+  flashspec_dtype w, h;
+  int vocab, d, requests, max_n;
+  bool stochastic;
+  float temperature;  // every third request uses 0
+};
+
+void run_verify_parity(const VerifyCase& c) {
+  Rng rng(5000 + c.vocab + c.d + c.requests * 31 + (c.stochastic ? 17 : 0));
+  Matrix w = random_matrix(c.w, c.vocab, c.d, 3.0 / std::sqrt(double(c.d)), rng);
+  std::vector<int32_t> offsets(1, 0), tokens;
+  std::vector<float> temps, dtemps;
+  std::vector<uint64_t> seeds, ids, steps;
+  for (int r = 0; r < c.requests; ++r) {
+    const int n = rng.below(c.max_n + 1);
+    offsets.push_back(offsets.back() + n);
+    temps.push_back(r % 3 == 2 ? 0.0f : c.temperature * float(0.8 + 0.2 * (r % 3)));
+    dtemps.push_back(0.9f + 0.1f * float(r % 4));
+    seeds.push_back(0xabc0 + uint64_t(r % 3));
+    ids.push_back(uint64_t(r) * 11 + 1);
+    steps.push_back(uint64_t(r % 5));
+  }
+  const int total_drafts = offsets.back(), rows = total_drafts + c.requests;
+  Matrix h = random_matrix(c.h, rows, c.d, 1.0, rng);
+  Matrix q(FLASHSPEC_DTYPE_F32, std::max(1, total_drafts), c.vocab);
+  for (int r = 0; r < c.requests; ++r) {
+    for (int j = 0; j < offsets[size_t(r + 1)] - offsets[size_t(r)]; ++j) {
+      const int row = offsets[size_t(r)] + r + j, k = offsets[size_t(r)] + j;
+      // Draft logits near the target's, the drafted token either the
+      // target's argmax, a sample of q, or any token.
+      std::vector<double> logits(size_t(c.vocab));
+      int32_t best = 0;
+      for (int i = 0; i < c.vocab; ++i) {
+        logits[size_t(i)] = exact_logit(w, h, row, i);
+        if (logits[size_t(i)] > logits[size_t(best)]) best = i;
+        if (c.stochastic) q.set(k, i, float(logits[size_t(i)] + 0.7 * rng.normal()));
+      }
+      int32_t x = rng.below(3) == 0 ? rng.below(c.vocab) : best;
+      if (c.stochastic && rng.below(2) == 0) {
+        double m = -1e300, s = 0.0;
+        for (int i = 0; i < c.vocab; ++i) m = std::max(m, q.at(k, i) / dtemps[size_t(r)]);
+        for (int i = 0; i < c.vocab; ++i) s += std::exp(q.at(k, i) / dtemps[size_t(r)] - m);
+        double u = rng.uniform() * s, acc = 0.0;
+        for (x = 0; x < c.vocab - 1; ++x) {
+          acc += std::exp(q.at(k, x) / dtemps[size_t(r)] - m);
+          if (acc >= u) break;
+        }
+      }
+      tokens.push_back(x);
+    }
+  }
+  if (tokens.empty()) tokens.push_back(0);
+
+  auto cpu = make_context(FLASHSPEC_BACKEND_CPU, 99);
+  auto gpu = make_context(FLASHSPEC_BACKEND_CUDA, 99);
+  ASSERT_TRUE(cpu && gpu);
+  flashspec_tensor wv = w.host_view();
+  auto cpu_head = make_head(cpu.get(), wv, FLASHSPEC_LM_HEAD_COPY);
+  auto gpu_head = make_head(gpu.get(), wv, FLASHSPEC_LM_HEAD_COPY);
+  ASSERT_TRUE(cpu_head && gpu_head);
+
+  flashspec_tensor hv = h.host_view(), qv = q.host_view();
+  flashspec_verify_batch hb;
+  flashspec_verify_batch_init(&hb);
+  hb.num_requests = c.requests;
+  hb.draft_offsets = offsets.data();
+  hb.draft_tokens = tokens.data();
+  hb.target_hidden = &hv;
+  hb.draft_logits = c.stochastic && total_drafts > 0 ? &qv : nullptr;
+  hb.temperatures = temps.data();
+  hb.draft_temperatures = c.stochastic ? dtemps.data() : nullptr;
+  hb.seeds = seeds.data();
+  hb.request_ids = ids.data();
+  hb.steps = steps.data();
+  std::vector<int32_t> cpu_acc(size_t(c.requests)), cpu_emit(static_cast<size_t>(rows));
+  flashspec_verify_result hr;
+  flashspec_verify_result_init(&hr);
+  hr.accepted_counts = cpu_acc.data();
+  hr.emitted_tokens = cpu_emit.data();
+  FSGPU_OK(cpu.get(), flashspec_verify_and_finalize(cpu.get(), cpu_head.get(), &hb, &hr));
+
+  DevMatrix hd(h), qd(q);
+  flashspec_tensor hdv = hd.view(), qdv = qd.view();
+  Dev<int32_t> d_off(offsets), d_tok(tokens), d_acc(size_t(c.requests)), d_emit(static_cast<size_t>(rows));
+  Dev<float> d_temps(temps), d_dtemps(dtemps);
+  Dev<uint64_t> d_seeds(seeds), d_ids(ids), d_steps(steps), d_next(size_t(c.requests));
+  flashspec_verify_batch db = hb;
+  db.memory = FLASHSPEC_MEMORY_CUDA;
+  db.draft_offsets = d_off.ptr();
+  db.draft_tokens = d_tok.ptr();
+  db.target_hidden = &hdv;
+  db.draft_logits = hb.draft_logits ? &qdv : nullptr;
+  db.temperatures = d_temps.ptr();
+  db.draft_temperatures = c.stochastic ? d_dtemps.ptr() : nullptr;
+  db.seeds = d_seeds.ptr();
+  db.request_ids = d_ids.ptr();
+  db.steps = d_steps.ptr();
+  flashspec_verify_result dr;
+  flashspec_verify_result_init(&dr);
+  dr.memory = FLASHSPEC_MEMORY_CUDA;
+  dr.accepted_counts = d_acc.ptr();
+  dr.emitted_tokens = d_emit.ptr();
+  dr.next_steps = d_next.ptr();
+  flashspec_summaries* sums_raw = nullptr;
+  FSGPU_OK(gpu.get(), flashspec_summaries_create(gpu.get(), rows, c.requests, &sums_raw));
+  SummariesPtr sums(sums_raw);
+  FSGPU_OK(gpu.get(), flashspec_verify(gpu.get(), gpu_head.get(), &db, sums.get()));
+  FSGPU_OK(gpu.get(), flashspec_finalize(gpu.get(), &db, sums.get(), &dr));
+  FSGPU_OK(gpu.get(), flashspec_context_synchronize(gpu.get()));
+  std::vector<int32_t> gpu_acc = d_acc.get(), gpu_emit = d_emit.get();
+  std::vector<uint64_t> next = d_next.get();
+  std::vector<flashspec::RowSummary> rs(static_cast<size_t>(rows));
+  ASSERT_TRUE(flashspec::cuda::read_summaries(*sums->store, rows, rs.data()));
+
+  int near_ties = 0, accepted_total = 0, rejections = 0;
+  for (int r = 0; r < c.requests; ++r) {
+    EXPECT_EQ(next[size_t(r)], steps[size_t(r)] + 1);
+    const int first = offsets[size_t(r)], n = offsets[size_t(r + 1)] - first, row0 = first + r;
+    for (int j = 0; j <= n; ++j) EXPECT_EQ(rs[size_t(row0 + j)].status, 0) << "request " << r << " row " << j;
+    ASSERT_GE(gpu_acc[size_t(r)], 0) << "request " << r;
+    accepted_total += gpu_acc[size_t(r)];
+    if (gpu_acc[size_t(r)] < n) ++rejections;
+    bool same = cpu_acc[size_t(r)] == gpu_acc[size_t(r)];
+    for (int k = 0; k <= n && same; ++k) same = cpu_emit[size_t(row0 + k)] == gpu_emit[size_t(row0 + k)];
+    if (same) continue;
+    // Find the first position where the walks part and the number that
+    // decided it: an acceptance margin or a candidate gap.
+    const int stop = std::min(cpu_acc[size_t(r)], gpu_acc[size_t(r)]);
+    const flashspec::RowSummary& s = rs[size_t(row0 + stop)];
+    double margin;
+    if (cpu_acc[size_t(r)] != gpu_acc[size_t(r)]) {
+      if (temps[size_t(r)] == 0.0f) {
+        margin = s.candidate_gap;  // argmax vs drafted token
+      } else {
+        double log_u = std::log(flashspec_rng_uniform(seeds[size_t(r)], ids[size_t(r)], steps[size_t(r)], stop,
+                                                      FLASHSPEC_RNG_ACCEPT_UNIFORM, 0));
+        margin = std::fabs(log_u - ((s.draft_logit - s.lse) - s.draft_logq));
+      }
+    } else {
+      margin = s.candidate_gap;
+    }
+    EXPECT_LT(margin, kNearTie) << "request " << r << " differs (CPU accepted " << cpu_acc[size_t(r)] << ", CUDA "
+                                << gpu_acc[size_t(r)] << ") without a near-tie (margin " << margin << ")";
+    ++near_ties;
+  }
+  std::printf("[ parity ] verify V=%d d=%d requests=%d rows=%d %s: %d accepted, %d rejections, %d near-tie(s)\n",
+              c.vocab, c.d, c.requests, rows, c.stochastic ? "stochastic" : "greedy-draft", accepted_total, rejections,
+              near_ties);
+  EXPECT_LE(near_ties, std::max(1, c.requests / 50));
+  EXPECT_GT(accepted_total, 0);
+  EXPECT_GT(rejections, 0);
+}
+
+class Gpu : public ::testing::Test {
+ protected:
+  void SetUp() override { FSGPU_SKIP_WITHOUT_DEVICE(); }
+};
+
+TEST_F(Gpu, DraftParityTensorCoresBf16) {
+  for (int rows : {1, 5, 16, 40, 130})
+    for (float t : {0.0f, 1.0f}) run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 3001, 200, rows, t, false});
+}
+
+TEST_F(Gpu, DraftParityTensorCoresFp16PaddedHidden) {
+  for (int rows : {2, 16, 64}) run_draft_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 1037, 203, rows, 0.8f, false});
+}
+
+TEST_F(Gpu, DraftParityCudaCores) {
+  run_draft_parity({FLASHSPEC_DTYPE_F32, FLASHSPEC_DTYPE_F32, 2003, 96, 9, 1.0f, false});
+  run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F32, 2003, 96, 20, 0.0f, false});
+  run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2003, 101, 7, 1.2f, true});  // unaligned borrow
+}
+
+TEST_F(Gpu, DraftParityRealVocabularies) {
+  run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 128256, 64, 3, 1.0f, false});
+  run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 151936, 64, 2, 0.0f, false});
+}
+
+TEST_F(Gpu, VerifyParityGreedyDrafts) {
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2503, 128, 4, 4, false, 1.0f});     // ≤ 16 rows
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2503, 128, 40, 4, false, 0.9f});    // 64/128-row tiles
+  run_verify_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 1500, 72, 12, 3, false, 1.1f});
+  run_verify_parity({FLASHSPEC_DTYPE_F32, FLASHSPEC_DTYPE_F32, 1500, 72, 10, 3, false, 1.0f});       // CUDA cores
+}
+
+TEST_F(Gpu, VerifyParityStochasticDrafts) {
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2503, 96, 5, 3, true, 1.0f});
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 1201, 64, 30, 4, true, 0.9f});     // 128-row tiles
+  run_verify_parity({FLASHSPEC_DTYPE_F32, FLASHSPEC_DTYPE_F32, 1201, 40, 6, 3, true, 1.2f});        // CUDA cores
+}
+
+}  // namespace
