@@ -139,6 +139,13 @@ class CudaBackend final : public Backend {
             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
       mma_blocks_per_sm_[i] = std::max(1, blocks);
     }
+    for (int i = 0; i < 2; ++i) {
+      int blocks = 0;
+      check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, cuda::scan::stream_kernel(i == 0 ? 8 : 16, true),
+                                                          cuda::scan::stream_threads(), 0),
+            "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+      stream_blocks_per_sm_[i] = std::max(1, blocks);
+    }
     int blocks = 0;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, cuda::scan::simt_kernel(),
                                                         cuda::scan::simt_threads(), cuda::scan::simt_base_smem()),
@@ -360,6 +367,17 @@ class CudaBackend final : public Backend {
       p.q_ld = q->row_stride;
       return scan_stochastic(head, tc, rows, p, max_groups);
     }
+    if (tc && rows <= cuda::scan::stream_max_rows()) {
+      const bool bf16 = head.dtype == FLASHSPEC_DTYPE_BF16;
+      const int max_blocks = std::min(max_groups, sm_count_ * stream_blocks_per_sm_[rows <= 8 ? 0 : 1]);
+      const int tiles_per_warp = cuda::scan::stream_tiles_per_warp(p.vocab, max_blocks);
+      const int blocks = cuda::scan::stream_blocks(p.vocab, tiles_per_warp);
+      p.groups = blocks;
+      p.row_blocks = 1;
+      check(cuda::scan::launch_stream(cuda::scan::stream_kernel(rows, bf16), p, tiles_per_warp, blocks, stream_),
+            "scan (weight stream)");
+      return blocks;
+    }
     if (tc) {
       const int bm = rows <= 16 ? 16 : rows <= 64 ? 64 : 128;
       const int idx = bm == 16 ? 0 : bm == 64 ? 1 : 2;
@@ -441,6 +459,7 @@ class CudaBackend final : public Backend {
   size_t max_smem_ = 0;
   int mma_blocks_per_sm_[3] = {1, 1, 1};
   int simt_blocks_per_sm_ = 1;
+  int stream_blocks_per_sm_[2] = {1, 1};  // ≤ 8 rows, ≤ 16 rows
   int last_error_ = 0;
   DeviceBuffer plans_, hidden_bad_, partials_, q_partials_, residuals_, flag_, staging_;
 };

@@ -1,5 +1,6 @@
 // Kernels that run before a scan: row plans (with the device-side argument
 // checks the host cannot do on device memory) and the staging of hidden rows.
+#include "pdl.cuh"
 #include "steps.h"
 
 namespace flashspec {
@@ -144,6 +145,7 @@ __global__ void draft_plans_kernel(const DraftPlanArgs a) {
 // One block per row.
 __global__ void stage_hidden_kernel(const void* src, flashspec_dtype dtype, int64_t ld, int32_t d, int32_t k_pad,
                                     int32_t as_float, void* out, int32_t* bad) {
+  pdl_trigger();  // the scan may launch now and wait for these rows
   const int64_t r = blockIdx.x;
   const size_t esize = dtype_size(dtype);
   const unsigned char* row = static_cast<const unsigned char*>(src) + r * ld * int64_t(esize);

@@ -1,6 +1,7 @@
 // Kernels that run after a scan: the combine (one warp per row folds the
 // groups' partials in a fixed order) and the Algorithm 1 finalize (one thread
 // per request, the shared finalize_request).
+#include "pdl.cuh"
 #include "sampling/algorithm1.h"
 #include "steps.h"
 
@@ -38,6 +39,8 @@ __device__ RowResult combine_row(const combine::Sources& s, int row, int lane) {
 }
 
 __global__ void combine_verify_kernel(const combine::Sources s, const int32_t* batch_status, RowSummary* out) {
+  pdl_wait();
+  pdl_trigger();
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= s.rows) return;  // whole warp
@@ -72,6 +75,7 @@ __global__ void combine_verify_kernel(const combine::Sources s, const int32_t* b
 }
 
 __global__ void combine_draft_kernel(const combine::Sources s, int32_t* tokens_out, float* scores_out) {
+  pdl_wait();
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= s.rows) return;
@@ -103,6 +107,7 @@ struct FinalizeArgs {
 };
 
 __global__ void finalize_kernel(const FinalizeArgs a) {
+  pdl_wait();
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   const bool bad_batch = *a.batch_status != FLASHSPEC_OK;
   if (bad_batch)
@@ -131,14 +136,18 @@ namespace combine {
 
 cudaError_t verify_rows(const Sources& src, const int32_t* batch_status, RowSummary* out, cudaStream_t stream) {
   const int blocks = (src.rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  combine_verify_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream>>>(src, batch_status, out);
-  return cudaGetLastError();
+  combine::Sources s = src;
+  void* args[] = {&s, &batch_status, &out};
+  return launch_dependent(reinterpret_cast<const void*>(&combine_verify_kernel), dim3(blocks),
+                          dim3(kWarpsPerBlock * 32), 0, stream, args);
 }
 
 cudaError_t draft_rows(const Sources& src, int32_t* tokens_out, float* scores_out, cudaStream_t stream) {
   const int blocks = (src.rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  combine_draft_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream>>>(src, tokens_out, scores_out);
-  return cudaGetLastError();
+  combine::Sources s = src;
+  void* args[] = {&s, &tokens_out, &scores_out};
+  return launch_dependent(reinterpret_cast<const void*>(&combine_draft_kernel), dim3(blocks),
+                          dim3(kWarpsPerBlock * 32), 0, stream, args);
 }
 
 }  // namespace combine
@@ -165,8 +174,9 @@ cudaError_t requests(const VerifyArgs& args, const RowSummary* rows, const int32
   a.next_steps = result.next_steps;
   const int threads = 128;
   const int blocks = (args.num_requests + threads - 1) / threads;
-  finalize_kernel<<<blocks, threads, 0, stream>>>(a);
-  return cudaGetLastError();
+  void* params[] = {&a};
+  return launch_dependent(reinterpret_cast<const void*>(&finalize_kernel), dim3(blocks), dim3(threads), 0, stream,
+                          params);
 }
 
 }  // namespace finalize

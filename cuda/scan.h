@@ -28,6 +28,19 @@ const void* simt_kernel();
 size_t simt_base_smem();
 int simt_threads();
 
+// Weight-streaming scan for ≤ stream_max_rows() rows, W and hidden both bf16
+// or both fp16, non-stochastic: warps stream their own 16-token tiles into
+// tensor-core fragments. One Partial per CTA (group = blockIdx.x).
+const void* stream_kernel(int rows, bool bf16);
+int stream_threads();
+int stream_max_rows();
+// Tiles per warp so that max_blocks CTAs cover the vocabulary, and the CTAs
+// then needed: every warp but the last gets the same number of tiles.
+int stream_tiles_per_warp(int32_t vocab, int max_blocks);
+int stream_blocks(int32_t vocab, int tiles_per_warp);
+cudaError_t launch_stream(const void* kernel, const ScanParams& params, int tiles_per_warp, int blocks,
+                          cudaStream_t stream);
+
 cudaError_t launch(const void* kernel, const ScanParams& params, int grid, int threads, size_t smem,
                    bool cooperative, cudaStream_t stream);
 

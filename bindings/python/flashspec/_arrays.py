@@ -136,7 +136,8 @@ def _from_dlpack(obj, what, stream):
     t = managed.dl_tensor
     dtype = _DL_DTYPES.get((t.dtype.code, t.dtype.bits))
     if dtype is None or t.dtype.lanes != 1:
-        raise TypeError(f"{what}: unsupported DLPack dtype (code {t.dtype.code}, bits {t.dtype.bits})")
+        raise TypeError(f"{what}: unsupported DLPack dtype (code {t.dtype.code}, bits {t.dtype.bits}); "
+                        "tensors are float32, bfloat16 or float16, index arrays int32, int64 or uint64")
     shape = [t.shape[i] for i in range(t.ndim)]
     strides = [t.strides[i] for i in range(t.ndim)] if t.strides else _c_strides(shape)
     address = (t.data or 0) + t.byte_offset

@@ -1,0 +1,253 @@
+// The weight-streaming scan for few rows (≤ 16): a pure read of W at HBM
+// bandwidth, with the product on tensor cores and the reduction in registers.
+//
+// Every warp owns a run of 16-token tiles and streams them straight from
+// global memory into mma.sync A fragments: no shared-memory staging, no
+// block-wide barrier in the main loop, so a warp waits only for its own
+// loads while the SM's other warps keep the memory system busy. The k
+// dimension is permuted inside each 32-element chunk so that a lane's A
+// fragment is two 16-byte loads (eight consecutive elements of token g and of
+// token g + 8) and its B fragment one 16-byte load of hidden row g: the dot
+// product is a sum over k, so any permutation applied to both operands gives
+// the same logits. Hidden rows are tiny and stay in L1/L2.
+//
+// The epilogue folds each logit into the lane's running Partial of its rows
+// (online log-sum-exp, Gumbel top-2, tracked logit); tokens reach a Partial in
+// increasing order. Warps then merge across lanes and across the CTA in a
+// fixed order, and the CTA writes one Partial per row: nothing
+// vocabulary-sized leaves the chip.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "pdl.cuh"
+#include "scan.h"
+#include "scan_common.cuh"
+
+namespace flashspec {
+namespace cuda {
+namespace scan {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxRows = 16;
+constexpr int kUnroll = 4;  // 32-element chunks in flight per lane: 4 KB per warp
+
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint4 load_cached(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+template <bool kBf16>
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// Loads of one burst: kUnroll 32-element chunks of the lane's two tokens.
+struct Burst {
+  uint4 a0[kUnroll], a1[kUnroll];
+};
+
+// kNT: 8-row groups of hidden rows (1 for ≤ 8 rows, 2 for ≤ 16).
+template <bool kBf16, int kNT>
+__global__ void __launch_bounds__(kThreads, 2) stream_scan_kernel(const ScanParams p, int tiles_per_warp) {
+  __shared__ RowPlan plans[kMaxRows];
+  // The lanes' running partials live here rather than in registers, which
+  // the double-buffered loads need: [warp][nt][j][lane].
+  __shared__ Partial running[kWarps][kNT][2][32];
+  __shared__ Partial merged[kWarps][kMaxRows];
+
+  pdl_wait();     // plans and staged hidden rows come from the kernels before
+  pdl_trigger();  // the combine may launch now; it waits for this grid to finish
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  if (tid < kMaxRows) {
+    RowPlan plan;
+    if (tid < p.rows) {
+      plan = p.plans[p.row_base + tid];
+    } else {
+      plan = RowPlan{};
+      plan.inv_t = 1.0f;
+      plan.flags = kPlanGreedy;
+      plan.tracked = -1;
+      plan.excluded = -1;
+      plan.q_row = -1;
+    }
+    plans[tid] = plan;
+  }
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    running[warp][nt][0][lane] = empty_partial();
+    running[warp][nt][1][lane] = empty_partial();
+  }
+  __syncthreads();
+
+  const int total_tiles = (p.vocab + 15) / 16;
+  const int first_tile = (blockIdx.x * kWarps + warp) * tiles_per_warp;
+  const int tiles = max(0, min(first_tile + tiles_per_warp, total_tiles) - first_tile);
+  const int chunks = p.k_pad / 32;
+  const int bursts = (chunks + kUnroll - 1) / kUnroll;
+  const int steps = tiles * bursts;
+
+  // B operands: hidden row nt*8 + g, the lane's 8 elements of each chunk.
+  const unsigned char* hrow[kNT];
+  bool hvalid[kNT];
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    const int row = nt * 8 + g;
+    hvalid[nt] = row < p.rows;
+    hrow[nt] = static_cast<const unsigned char*>(p.h) + (int64_t(p.row_base + (hvalid[nt] ? row : 0)) * p.k_pad + 8 * t) * 2;
+  }
+
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  const unsigned char* w = static_cast<const unsigned char*>(p.w);
+  // Issues the loads of step s (tile s / bursts, burst s % bursts).
+  auto issue = [&](int tile, int burst, Burst& out) {
+    const int tok_a = (first_tile + tile) * 16 + g, tok_b = tok_a + 8;
+    const bool valid_a = tok_a < p.vocab, valid_b = tok_b < p.vocab;
+    const unsigned char* wa = w + (int64_t(valid_a ? tok_a : 0) * p.ldw + 8 * t) * 2;
+    const unsigned char* wb = w + (int64_t(valid_b ? tok_b : 0) * p.ldw + 8 * t) * 2;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = burst * kUnroll + u;
+      const bool in_w = c < chunks && c * 32 + 8 * t < p.d_load;
+      out.a0[u] = (in_w && valid_a) ? load_stream(wa + int64_t(c) * 64) : zero;
+      out.a1[u] = (in_w && valid_b) ? load_stream(wb + int64_t(c) * 64) : zero;
+    }
+  };
+
+  float acc[kNT][4];
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+
+  Burst cur;
+  if (steps > 0) issue(0, 0, cur);
+  int tile = 0, burst = 0;
+#pragma unroll 1
+  for (int s = 0; s < steps; ++s) {
+    // The next burst's loads go out before this one is consumed, across
+    // tile boundaries, so every lane keeps two bursts in flight.
+    int next_tile = tile, next_burst = burst + 1;
+    if (next_burst == bursts) {
+      next_burst = 0;
+      ++next_tile;
+    }
+    Burst nxt;
+    if (s + 1 < steps) issue(next_tile, next_burst, nxt);
+
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = burst * kUnroll + u;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const uint4 b = (c < chunks && hvalid[nt]) ? load_cached(hrow[nt] + c * 64) : zero;
+        mma16816<kBf16>(acc[nt], cur.a0[u].x, cur.a1[u].x, cur.a0[u].y, cur.a1[u].y, b.x, b.y);
+        mma16816<kBf16>(acc[nt], cur.a0[u].z, cur.a1[u].z, cur.a0[u].w, cur.a1[u].w, b.z, b.w);
+      }
+    }
+
+    if (burst == bursts - 1) {
+      // acc[nt] = {(tok_a, row 2t), (tok_a, row 2t+1), (tok_b, row 2t), (tok_b, row 2t+1)}.
+      const int tok_a = (first_tile + tile) * 16 + g, tok_b = tok_a + 8;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int row = nt * 8 + 2 * t + j;
+          if (row < p.rows) {
+            const RowPlan& plan = plans[row];
+            const bool greedy = plan.flags & kPlanGreedy;
+            Partial part = running[warp][nt][j][lane];
+            if (tok_a < p.vocab) fold_logit(part, plan, acc[nt][j], tok_a, greedy ? 0u : noise_word(plan.key, tok_a));
+            if (tok_b < p.vocab) fold_logit(part, plan, acc[nt][2 + j], tok_b, greedy ? 0u : noise_word(plan.key, tok_b));
+            running[warp][nt][j][lane] = part;
+          }
+        }
+        acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+      }
+    }
+    cur = nxt;
+    tile = next_tile;
+    burst = next_burst;
+  }
+
+  // Lanes of one t hold the same rows for different tokens: merge over g.
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      Partial part = running[warp][nt][j][lane];
+      merge_with_lane(part, 4, lane);
+      merge_with_lane(part, 8, lane);
+      merge_with_lane(part, 16, lane);
+      const int row = nt * 8 + 2 * t + j;
+      if (g == 0 && row < kMaxRows) merged[warp][row] = part;
+    }
+  __syncthreads();
+  if (tid < p.rows) {
+    Partial all = merged[0][tid];
+    for (int wi = 1; wi < kWarps; ++wi) merge_partial(all, merged[wi][tid]);
+    p.partials[int64_t(blockIdx.x) * p.partial_stride + p.row_base + tid] = all;
+  }
+}
+
+template <bool kBf16, int kNT>
+const void* kernel_of() {
+  return reinterpret_cast<const void*>(&stream_scan_kernel<kBf16, kNT>);
+}
+
+}  // namespace
+
+const void* stream_kernel(int rows, bool bf16) {
+  if (rows <= 8) return bf16 ? kernel_of<true, 1>() : kernel_of<false, 1>();
+  return bf16 ? kernel_of<true, 2>() : kernel_of<false, 2>();
+}
+
+int stream_threads() { return kThreads; }
+int stream_max_rows() { return kMaxRows; }
+
+int stream_tiles_per_warp(int32_t vocab, int max_blocks) {
+  const int64_t tiles = (int64_t(vocab) + 15) / 16;
+  const int64_t warps = int64_t(max_blocks) * kWarps;
+  return int((tiles + warps - 1) / warps);
+}
+
+int stream_blocks(int32_t vocab, int tiles_per_warp) {
+  const int64_t tiles = (int64_t(vocab) + 15) / 16;
+  const int64_t per_block = int64_t(tiles_per_warp) * kWarps;
+  return int((tiles + per_block - 1) / per_block);
+}
+
+cudaError_t launch_stream(const void* kernel, const ScanParams& params, int tiles_per_warp, int blocks,
+                          cudaStream_t stream) {
+  ScanParams p = params;
+  void* args[] = {&p, &tiles_per_warp};
+  return launch_dependent(kernel, dim3(blocks), dim3(kThreads), 0, stream, args);
+}
+
+}  // namespace scan
+}  // namespace cuda
+}  // namespace flashspec
