@@ -12,6 +12,7 @@
 
 #include "kernels/backend.h"
 #include "scan.h"
+#include "scan_gemm.h"
 #include "steps.h"
 #include "testing.h"
 #include "util/dtype.h"
@@ -36,6 +37,12 @@ constexpr int kMaxGroups = 1024;
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) cuda_fail(e, what);
+}
+
+void check_cublas(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  const flashspec_status status = s == CUBLAS_STATUS_ALLOC_FAILED ? FLASHSPEC_ERR_OUT_OF_MEMORY : FLASHSPEC_ERR_CUDA;
+  throw Error(status, std::string(what) + ": cuBLAS status " + std::to_string(int(s)));
 }
 
 // Makes the backend's device current for the scope of a call.
@@ -158,6 +165,24 @@ class CudaBackend final : public Backend {
     q_partials_.allocate(size_t(kMaxGroups) * size_t(max_rows_) * sizeof(QPartial), "cudaMalloc (q partials)");
     residuals_.allocate(size_t(kMaxGroups) * size_t(max_rows_) * sizeof(Residual), "cudaMalloc (residuals)");
     flag_.allocate(sizeof(int32_t), "cudaMalloc (flag)");
+
+    // Many rows go through cuBLAS, one vocabulary chunk of logits at a time
+    // in a workspace of about 64 MiB (L2-sized per chunk for typical rows).
+    if (max_rows_ > cuda::scan::stream_max_rows()) {
+      const int64_t slice = cuda::gemm_scan::slice_tokens();
+      const int64_t fit = (int64_t(64) << 20) / (int64_t(max_rows_) * int64_t(sizeof(float)));
+      chunk_ = int32_t(std::max<int64_t>(slice, std::min<int64_t>(65536, fit / slice * slice)));
+      chunk_logits_.allocate(size_t(max_rows_) * size_t(chunk_) * sizeof(float), "cudaMalloc (logits chunk)");
+      cublas_workspace_.allocate(size_t(32) << 20, "cudaMalloc (cuBLAS workspace)");
+      cublasHandle_t handle = nullptr;
+      check_cublas(cublasCreate(&handle), "cublasCreate");
+      cublasStatus_t bound = cublasSetStream(handle, stream_);
+      if (bound == CUBLAS_STATUS_SUCCESS)
+        bound = cublasSetWorkspace(handle, cublas_workspace_.as<void>(), cublas_workspace_.bytes());
+      if (bound != CUBLAS_STATUS_SUCCESS) cublasDestroy(handle);
+      check_cublas(bound, "cublasSetStream / cublasSetWorkspace");
+      cublas_ = handle;
+    }
   }
 
   ~CudaBackend() override {
@@ -172,6 +197,9 @@ class CudaBackend final : public Backend {
     residuals_.reset();
     flag_.reset();
     staging_.reset();
+    if (cublas_) cublasDestroy(cublas_);
+    chunk_logits_.reset();
+    cublas_workspace_.reset();
     if (previous != device_) cudaSetDevice(previous);
   }
 
@@ -378,6 +406,28 @@ class CudaBackend final : public Backend {
             "scan (weight stream)");
       return blocks;
     }
+    if (tc && cublas_) {
+      cuda::gemm_scan::Request r = {};
+      r.handle = cublas_;
+      r.w = p.w;
+      r.ldw = p.ldw;
+      r.w_dtype = p.w_dtype;
+      r.vocab = p.vocab;
+      r.d = int32_t(head.hidden);
+      r.h = p.h;
+      r.ldh = p.k_pad;
+      r.rows = rows;
+      r.row_base = 0;
+      r.workspace = chunk_logits_.as<float>();
+      r.chunk = chunk_;
+      r.plans = p.plans;
+      r.partials = p.partials;
+      r.partial_stride = p.partial_stride;
+      const cuda::gemm_scan::Status status = cuda::gemm_scan::scan(r, stream_);
+      if (status.cuda != cudaSuccess) cuda_fail(status.cuda, std::string("scan (cuBLAS chunks): ") + status.what);
+      if (status.what) fail(FLASHSPEC_ERR_CUDA, std::string("scan (cuBLAS chunks): cublasGemmEx: ") + status.what);
+      return cuda::gemm_scan::groups_for(p.vocab, chunk_);
+    }
     if (tc) {
       const int bm = rows <= 16 ? 16 : rows <= 64 ? 64 : 128;
       const int idx = bm == 16 ? 0 : bm == 64 ? 1 : 2;
@@ -460,6 +510,9 @@ class CudaBackend final : public Backend {
   int mma_blocks_per_sm_[3] = {1, 1, 1};
   int simt_blocks_per_sm_ = 1;
   int stream_blocks_per_sm_[2] = {1, 1};  // ≤ 8 rows, ≤ 16 rows
+  cublasHandle_t cublas_ = nullptr;        // many-row scans; NULL when max_rows ≤ 16
+  int32_t chunk_ = 0;                      // tokens per cuBLAS logits chunk
+  DeviceBuffer chunk_logits_, cublas_workspace_;
   int last_error_ = 0;
   DeviceBuffer plans_, hidden_bad_, partials_, q_partials_, residuals_, flag_, staging_;
 };

@@ -270,6 +270,13 @@ TEST_F(Gpu, DraftParityTensorCoresBf16) {
     for (float t : {0.0f, 1.0f}) run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 3001, 200, rows, t, false});
 }
 
+// More than 16 rows go through cuBLAS one vocabulary chunk at a time: a
+// vocabulary of several chunks, with a ragged last slice.
+TEST_F(Gpu, DraftParityManyRowsAcrossChunks) {
+  for (float t : {0.0f, 1.0f}) run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 70001, 64, 24, t, false});
+  run_draft_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 70001, 72, 17, 0.7f, false});
+}
+
 TEST_F(Gpu, DraftParityTensorCoresFp16PaddedHidden) {
   for (int rows : {2, 16, 64}) run_draft_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 1037, 203, rows, 0.8f, false});
 }

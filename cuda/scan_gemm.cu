@@ -1,0 +1,115 @@
+// The scan for many rows (> 16): the product is compute-bound there, so the
+// vocabulary is walked in chunks of a few ten thousand tokens, cuBLAS writes
+// one chunk's logits [rows, chunk] into a workspace that stays in L2, and a
+// fold kernel reduces them to per-row partials before the next chunk
+// overwrites it. W is read once; nothing vocabulary-sized is ever written.
+//
+// The fold gives each thread four consecutive tokens of one row, so one
+// Philox block serves four Gumbel draws, and writes one Partial per (row,
+// slice of the chunk); slices are numbered in token order, so the combine
+// folds them exactly like the other scans' groups.
+#include "pdl.cuh"
+#include "scan_gemm.h"
+
+namespace flashspec {
+namespace cuda {
+namespace gemm_scan {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kTokensPerThread = 4;
+
+__global__ void __launch_bounds__(kThreads) fold_chunk_kernel(const float* logits, int32_t chunk_ld, int32_t v0,
+                                                                int32_t count, int32_t slice, const RowPlan* plans,
+                                                                int32_t row_base, Partial* partials,
+                                                                int32_t partial_stride, int32_t group_base) {
+  pdl_wait();
+  const int row = blockIdx.y;
+  const int s = blockIdx.x;
+  const RowPlan plan = plans[row_base + row];
+  const bool greedy = plan.flags & kPlanGreedy;
+  const float* l = logits + int64_t(row) * chunk_ld;
+  const int begin = s * slice, end = min(count, begin + slice);
+
+  Partial part = empty_partial();
+  for (int base = begin + threadIdx.x * kTokensPerThread; base < end; base += kThreads * kTokensPerThread) {
+    const int token0 = v0 + base;
+    // Tokens 4b .. 4b+3 share one Philox block; v0 and slice are multiples of 4.
+    Philox4 noise = {{0, 0, 0, 0}};
+    if (!greedy) noise = row_block(plan.key, uint32_t(token0) >> 2);
+#pragma unroll
+    for (int k = 0; k < kTokensPerThread; ++k)
+      if (base + k < end) fold_logit(part, plan, l[base + k], token0 + k, noise.v[k]);
+  }
+
+  __shared__ Partial warp_parts[kThreads / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int mask = 1; mask < 32; mask <<= 1) merge_with_lane(part, mask, lane);
+  if (lane == 0) warp_parts[warp] = part;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    Partial all = warp_parts[0];
+    for (int w = 1; w < kThreads / 32; ++w) merge_partial(all, warp_parts[w]);
+    partials[int64_t(group_base + s) * partial_stride + row_base + row] = all;
+  }
+}
+
+const char* cublas_name(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "cuBLAS error";
+  }
+}
+
+}  // namespace
+
+int32_t slice_tokens() { return 4096; }
+
+int groups_for(int32_t vocab, int32_t chunk) {
+  int groups = 0;
+  for (int32_t v0 = 0; v0 < vocab; v0 += chunk) {
+    const int32_t count = std::min(chunk, vocab - v0);
+    groups += (count + slice_tokens() - 1) / slice_tokens();
+  }
+  return groups;
+}
+
+Status scan(const Request& r, cudaStream_t stream) {
+  const cudaDataType type = r.w_dtype == FLASHSPEC_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  const float alpha = 1.0f, beta = 0.0f;
+  int group = 0;
+  for (int32_t v0 = 0; v0 < r.vocab; v0 += r.chunk) {
+    const int32_t count = std::min(r.chunk, r.vocab - v0);
+    // Column-major view: C[count, rows] = W_chunkᵀ-as-stored · H, i.e. row r
+    // of the workspace holds the logits of hidden row r over the chunk.
+    const void* w = static_cast<const unsigned char*>(r.w) + int64_t(v0) * r.ldw * 2;
+    const void* h = static_cast<const unsigned char*>(r.h) + int64_t(r.row_base) * r.ldh * 2;
+    cublasStatus_t s = cublasGemmEx(r.handle, CUBLAS_OP_T, CUBLAS_OP_N, count, r.rows, r.d, &alpha, w, type,
+                                    int(r.ldw), h, type, int(r.ldh), &beta, r.workspace, CUDA_R_32F, r.chunk,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) return Status{cudaSuccess, cublas_name(s)};
+    const int slices = (count + slice_tokens() - 1) / slice_tokens();
+    const float* logits = r.workspace;
+    int32_t chunk_ld = r.chunk, slice = slice_tokens(), row_base = r.row_base, stride = r.partial_stride;
+    const RowPlan* plans = r.plans;
+    Partial* partials = r.partials;
+    int32_t first = v0, n = count, group_base = group;
+    void* args[] = {&logits, &chunk_ld, &first, &n, &slice, &plans, &row_base, &partials, &stride, &group_base};
+    cudaError_t e = launch_dependent(reinterpret_cast<const void*>(&fold_chunk_kernel), dim3(slices, r.rows),
+                                     dim3(kThreads), 0, stream, args);
+    if (e != cudaSuccess) return Status{e, "fold of a logits chunk"};
+    group += slices;
+  }
+  return Status{cudaSuccess, nullptr};
+}
+
+}  // namespace gemm_scan
+}  // namespace cuda
+}  // namespace flashspec
