@@ -165,6 +165,8 @@ class CudaBackend final : public Backend {
     q_partials_.allocate(size_t(kMaxGroups) * size_t(max_rows_) * sizeof(QPartial), "cudaMalloc (q partials)");
     residuals_.allocate(size_t(kMaxGroups) * size_t(max_rows_) * sizeof(Residual), "cudaMalloc (residuals)");
     flag_.allocate(sizeof(int32_t), "cudaMalloc (flag)");
+    done_counter_.allocate(sizeof(int32_t), "cudaMalloc (scan counter)");
+    check(cudaMemset(done_counter_.as<void>(), 0, sizeof(int32_t)), "cudaMemset (scan counter)");
 
     // Many rows go through cuBLAS, one vocabulary chunk of logits at a time
     // in a workspace of about 64 MiB (L2-sized per chunk for typical rows).
@@ -196,6 +198,7 @@ class CudaBackend final : public Backend {
     q_partials_.reset();
     residuals_.reset();
     flag_.reset();
+    done_counter_.reset();
     staging_.reset();
     if (cublas_) cublasDestroy(cublas_);
     chunk_logits_.reset();
@@ -281,9 +284,15 @@ class CudaBackend final : public Backend {
       require(args.rows <= max_rows_, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, "hidden", "more rows than max_rows");
       check(cuda::prepare::draft_plans(args, plans_.as<RowPlan>(), stream_), "draft plans");
       const bool tc = stage(head, *args.hidden);
-      const int groups = scan_all(head, tc, args.rows, nullptr);
-      cuda::combine::Sources src = sources(args.rows, groups, nullptr);
-      check(cuda::combine::draft_rows(src, args.tokens_out, args.scores_out, stream_), "draft combine");
+      cuda::scan::StreamTail tail = stream_tail();
+      tail.tokens_out = args.tokens_out;
+      tail.scores_out = args.scores_out;
+      bool combined = false;
+      const int groups = scan_all(head, tc, args.rows, nullptr, tail, &combined);
+      if (!combined) {
+        cuda::combine::Sources src = sources(args.rows, groups, nullptr);
+        check(cuda::combine::draft_rows(src, args.tokens_out, args.scores_out, stream_), "draft combine");
+      }
     });
   }
 
@@ -298,10 +307,17 @@ class CudaBackend final : public Backend {
                                         store.batch_status.as<int32_t>(), stream_),
             "verify plans");
       const bool tc = stage(head, *args.target_hidden);
-      const int groups = scan_all(head, tc, args.total_rows, args.draft_logits);
-      cuda::combine::Sources src = sources(args.total_rows, groups, args.draft_logits);
-      check(cuda::combine::verify_rows(src, store.batch_status.as<int32_t>(), store.rows.as<RowSummary>(), stream_),
-            "verify combine");
+      cuda::scan::StreamTail tail = stream_tail();
+      tail.batch_status = store.batch_status.as<int32_t>();
+      tail.summaries = store.rows.as<RowSummary>();
+      bool combined = false;
+      const int groups = scan_all(head, tc, args.total_rows, args.draft_logits, tail, &combined);
+      if (!combined) {
+        cuda::combine::Sources src = sources(args.total_rows, groups, args.draft_logits);
+        check(cuda::combine::verify_rows(src, store.batch_status.as<int32_t>(), store.rows.as<RowSummary>(),
+                                         stream_),
+              "verify combine");
+      }
     });
   }
 
@@ -384,8 +400,19 @@ class CudaBackend final : public Backend {
     return p;
   }
 
+  cuda::scan::StreamTail stream_tail() const {
+    cuda::scan::StreamTail tail = {};
+    tail.done_counter = done_counter_.as<int32_t>();
+    tail.hidden_bad = hidden_bad_.as<int32_t>();
+    return tail;
+  }
+
   // Runs the scan(s) over all rows; returns the number of token groups.
-  int scan_all(const CudaLmHead& head, bool tc, int rows, const flashspec_tensor* q) {
+  // *combined tells whether the scan also combined the rows into the
+  // outputs named by `tail` (the weight-streaming scan does).
+  int scan_all(const CudaLmHead& head, bool tc, int rows, const flashspec_tensor* q,
+               const cuda::scan::StreamTail& tail, bool* combined) {
+    *combined = false;
     cuda::ScanParams p = base_params(head, rows);
     const int max_groups = int(std::min<int64_t>(kMaxGroups, (head.vocab + 7) / 8));
     if (q) {
@@ -402,8 +429,10 @@ class CudaBackend final : public Backend {
       const int blocks = cuda::scan::stream_blocks(p.vocab, tiles_per_warp);
       p.groups = blocks;
       p.row_blocks = 1;
-      check(cuda::scan::launch_stream(cuda::scan::stream_kernel(rows, bf16), p, tiles_per_warp, blocks, stream_),
+      check(cuda::scan::launch_stream(cuda::scan::stream_kernel(rows, bf16), p, tail, tiles_per_warp, blocks,
+                                      stream_),
             "scan (weight stream)");
+      *combined = true;
       return blocks;
     }
     if (tc && cublas_) {
@@ -513,6 +542,7 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;        // many-row scans; NULL when max_rows ≤ 16
   int32_t chunk_ = 0;                      // tokens per cuBLAS logits chunk
   DeviceBuffer chunk_logits_, cublas_workspace_;
+  DeviceBuffer done_counter_;  // CTAs of a weight-streaming scan that have finished
   int last_error_ = 0;
   DeviceBuffer plans_, hidden_bad_, partials_, q_partials_, residuals_, flag_, staging_;
 };

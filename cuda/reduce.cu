@@ -2,6 +2,7 @@
 // groups' partials in a fixed order) and the Algorithm 1 finalize (one thread
 // per request, the shared finalize_request).
 #include "pdl.cuh"
+#include "row_outputs.cuh"
 #include "sampling/algorithm1.h"
 #include "steps.h"
 
@@ -11,9 +12,10 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4;
 
+// A row's combined partial and status; for stochastic drafts also q's
+// log-sum-exp.
 struct RowResult {
   int32_t status;
-  float lse;
   Partial all;
   float q_lse;
   int32_t q_bad;
@@ -23,10 +25,7 @@ __device__ RowResult combine_row(const combine::Sources& s, int row, int lane) {
   RowResult res;
   const RowPlan& plan = s.plans[row];
   res.all = warp_combine(s.partials + row, s.groups, s.partial_stride, lane);
-  res.status = plan.status;
-  if (res.status == FLASHSPEC_OK && (s.hidden_bad[row] || (res.all.flags & kPartialNonFinite)))
-    res.status = FLASHSPEC_ERR_NON_FINITE;
-  res.lse = (plan.flags & kPlanGreedy) ? 0.0f : res.all.m + logf(res.all.s);
+  res.status = row_status(plan, res.all, s.hidden_bad[row]);
   res.q_lse = 0.0f;
   res.q_bad = 0;
   if (s.q_logits && plan.q_row >= 0) {
@@ -46,13 +45,8 @@ __global__ void combine_verify_kernel(const combine::Sources s, const int32_t* b
   if (row >= s.rows) return;  // whole warp
   const RowPlan& plan = s.plans[row];
   RowResult res = combine_row(s, row, lane);
-  RowSummary summary;
-  summary.lse = res.lse;
-  summary.draft_logit = plan.tracked >= 0 ? res.all.tracked : 0.0f;
-  summary.draft_logq = 0.0f;
-  summary.candidate = res.all.token;
-  summary.candidate_gap = res.all.second == neg_inf() ? pos_inf() : res.all.best - res.all.second;
-  summary.status = *batch_status != FLASHSPEC_OK ? *batch_status : res.status;
+  RowSummary summary = verify_summary(plan, res.all, s.hidden_bad[row], *batch_status);
+  if (summary.status == FLASHSPEC_OK && res.status != FLASHSPEC_OK) summary.status = res.status;
   if (summary.status == FLASHSPEC_OK && s.q_logits && plan.q_row >= 0) {
     const void* qrow = static_cast<const unsigned char*>(s.q_logits) +
                        int64_t(plan.q_row) * s.q_ld * int64_t(dtype_size(s.q_dtype));
@@ -79,14 +73,9 @@ __global__ void combine_draft_kernel(const combine::Sources s, int32_t* tokens_o
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= s.rows) return;
-  const RowPlan& plan = s.plans[row];
   RowResult res = combine_row(s, row, lane);
   if (lane != 0) return;
-  const bool ok = res.status == FLASHSPEC_OK && res.all.token >= 0;
-  tokens_out[row] = ok ? res.all.token : -1;
-  if (scores_out)
-    scores_out[row] = !ok ? __int_as_float(0x7fc00000)
-                          : ((plan.flags & kPlanGreedy) ? res.all.best_scaled : res.all.best_scaled - res.lse);
+  draft_outputs(s.plans[row], res.all, s.hidden_bad[row], tokens_out + row, scores_out ? scores_out + row : nullptr);
 }
 
 struct FinalizeArgs {

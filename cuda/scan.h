@@ -38,8 +38,21 @@ int stream_max_rows();
 // then needed: every warp but the last gets the same number of tiles.
 int stream_tiles_per_warp(int32_t vocab, int max_blocks);
 int stream_blocks(int32_t vocab, int tiles_per_warp);
-cudaError_t launch_stream(const void* kernel, const ScanParams& params, int tiles_per_warp, int blocks,
-                          cudaStream_t stream);
+// The weight-streaming scan combines its own rows: the last CTA to finish
+// (counted in done_counter, which it resets to 0) folds every CTA's partial
+// in CTA order and writes the verify summaries or the draft outputs, so no
+// combine kernel follows it.
+struct StreamTail {
+  int32_t* done_counter;        // device int, 0 between launches
+  const int32_t* hidden_bad;    // [rows] from the staging kernel
+  const int32_t* batch_status;  // verify: the batch-level status; NULL for a draft
+  RowSummary* summaries;        // verify: output
+  int32_t* tokens_out;          // draft: output
+  float* scores_out;            // draft: output, may be NULL
+};
+
+cudaError_t launch_stream(const void* kernel, const ScanParams& params, const StreamTail& tail, int tiles_per_warp,
+                          int blocks, cudaStream_t stream);
 
 cudaError_t launch(const void* kernel, const ScanParams& params, int grid, int threads, size_t smem,
                    bool cooperative, cudaStream_t stream);

@@ -20,6 +20,7 @@
 #include <cuda_fp16.h>
 
 #include "pdl.cuh"
+#include "row_outputs.cuh"
 #include "scan.h"
 #include "scan_common.cuh"
 
@@ -65,6 +66,25 @@ __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1
   }
 }
 
+static_assert(sizeof(Partial) == 32, "load_partial_l2 reads a Partial as two float4");
+
+// A Partial written by another CTA of this launch: read from L2, never from
+// a possibly stale L1 line.
+__device__ __forceinline__ Partial load_partial_l2(const Partial* src) {
+  const float4* v = reinterpret_cast<const float4*>(src);
+  const float4 lo = __ldcg(v), hi = __ldcg(v + 1);
+  Partial p;
+  p.m = lo.x;
+  p.s = lo.y;
+  p.best = lo.z;
+  p.best_scaled = lo.w;
+  p.token = __float_as_int(hi.x);
+  p.second = hi.y;
+  p.tracked = hi.z;
+  p.flags = __float_as_int(hi.w);
+  return p;
+}
+
 // Loads of one burst: kUnroll 32-element chunks of the lane's two tokens.
 struct Burst {
   uint4 a0[kUnroll], a1[kUnroll];
@@ -72,7 +92,8 @@ struct Burst {
 
 // kNT: 8-row groups of hidden rows (1 for ≤ 8 rows, 2 for ≤ 16).
 template <bool kBf16, int kNT>
-__global__ void __launch_bounds__(kThreads, 2) stream_scan_kernel(const ScanParams p, int tiles_per_warp) {
+__global__ void __launch_bounds__(kThreads, 2) stream_scan_kernel(const ScanParams p, const StreamTail tail,
+                                                                  int tiles_per_warp) {
   __shared__ RowPlan plans[kMaxRows];
   // The lanes' running partials live here rather than in registers, which
   // the double-buffered loads need: [warp][nt][j][lane].
@@ -80,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, 2) stream_scan_kernel(const ScanPara
   __shared__ Partial merged[kWarps][kMaxRows];
 
   pdl_wait();     // plans and staged hidden rows come from the kernels before
-  pdl_trigger();  // the combine may launch now; it waits for this grid to finish
+  pdl_trigger();  // what follows may launch now; it waits for this grid to finish
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -212,6 +233,32 @@ __global__ void __launch_bounds__(kThreads, 2) stream_scan_kernel(const ScanPara
     for (int wi = 1; wi < kWarps; ++wi) merge_partial(all, merged[wi][tid]);
     p.partials[int64_t(blockIdx.x) * p.partial_stride + p.row_base + tid] = all;
   }
+
+  // The last CTA to finish combines the rows (threadFenceReduction pattern).
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(tail.done_counter, 1) == int(gridDim.x) - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int row = warp; row < p.rows; row += kWarps) {
+    Partial all = empty_partial();
+    for (int k = lane; k < int(gridDim.x); k += 32)
+      merge_partial(all, load_partial_l2(p.partials + int64_t(k) * p.partial_stride + p.row_base + row));
+    for (int mask = 1; mask < 32; mask <<= 1) merge_with_lane(all, mask, lane);
+    if (lane == 0) {
+      const int global_row = p.row_base + row;
+      const RowPlan& plan = plans[row];
+      const int32_t bad = tail.hidden_bad[global_row];
+      if (tail.summaries)
+        tail.summaries[global_row] = verify_summary(plan, all, bad, *tail.batch_status);
+      else
+        draft_outputs(plan, all, bad, tail.tokens_out + global_row,
+                      tail.scores_out ? tail.scores_out + global_row : nullptr);
+    }
+  }
+  if (tid == 0) *tail.done_counter = 0;
 }
 
 template <bool kBf16, int kNT>
@@ -241,10 +288,11 @@ int stream_blocks(int32_t vocab, int tiles_per_warp) {
   return int((tiles + per_block - 1) / per_block);
 }
 
-cudaError_t launch_stream(const void* kernel, const ScanParams& params, int tiles_per_warp, int blocks,
-                          cudaStream_t stream) {
+cudaError_t launch_stream(const void* kernel, const ScanParams& params, const StreamTail& tail, int tiles_per_warp,
+                          int blocks, cudaStream_t stream) {
   ScanParams p = params;
-  void* args[] = {&p, &tiles_per_warp};
+  StreamTail t = tail;
+  void* args[] = {&p, &t, &tiles_per_warp};
   return launch_dependent(kernel, dim3(blocks), dim3(kThreads), 0, stream, args);
 }
 
