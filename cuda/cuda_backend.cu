@@ -146,12 +146,31 @@ class CudaBackend final : public Backend {
             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
       mma_blocks_per_sm_[i] = std::max(1, blocks);
     }
+    // The weight-streaming scans re-read the hidden rows (up to 16 × d × 2
+    // bytes) from L1 for every tile: ask for the smallest shared-memory
+    // carveout that still holds their resident CTAs, leaving the rest to L1.
+    int smem_per_sm = 0, reserved_per_block = 0;
+    check(cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device_),
+          "cudaDeviceGetAttribute");
+    check(cudaDeviceGetAttribute(&reserved_per_block, cudaDevAttrReservedSharedMemoryPerBlock, device_),
+          "cudaDeviceGetAttribute");
     for (int i = 0; i < 2; ++i) {
-      int blocks = 0;
-      check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, cuda::scan::stream_kernel(i == 0 ? 8 : 16, true),
-                                                          cuda::scan::stream_threads(), 0),
-            "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-      stream_blocks_per_sm_[i] = std::max(1, blocks);
+      for (bool bf16 : {true, false}) {
+        const void* kernel = cuda::scan::stream_kernel(i == 0 ? 8 : 16, bf16);
+        int blocks = 0;
+        check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, cuda::scan::stream_threads(), 0),
+              "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+        blocks = std::max(1, blocks);
+        cudaFuncAttributes attributes{};
+        check(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
+        const int needed = blocks * (int(attributes.sharedSizeBytes) + reserved_per_block);
+        const int percent = std::min(100, (100 * needed + smem_per_sm - 1) / std::max(1, smem_per_sm));
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent),
+              "cudaFuncSetAttribute (carveout)");
+        check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, cuda::scan::stream_threads(), 0),
+              "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+        if (bf16) stream_blocks_per_sm_[i] = std::max(1, blocks);
+      }
     }
     int blocks = 0;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, cuda::scan::simt_kernel(),
