@@ -85,6 +85,58 @@ __device__ __forceinline__ Partial load_partial_l2(const Partial* src) {
   return p;
 }
 
+// The end of a scan: lanes of one t hold the same rows (nt*8 + 2t + j) for
+// different tokens, so they merge over g; the warps merge in order into the
+// CTA's partial; the last CTA to finish (threadFenceReduction pattern)
+// combines every CTA's partial into the row outputs and resets the counter.
+template <int kNT, int kWarpsInCta>
+__device__ __forceinline__ void finish_scan(const ScanParams& p, const StreamTail& tail, const RowPlan* plans,
+                                            Partial (&part)[kNT][2], Partial (*merged)[kMaxRows], int warp,
+                                            int lane) {
+  const int tid = threadIdx.x, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      merge_with_lane(part[nt][j], 4, lane);
+      merge_with_lane(part[nt][j], 8, lane);
+      merge_with_lane(part[nt][j], 16, lane);
+      const int row = nt * 8 + 2 * t + j;
+      if (g == 0 && row < kMaxRows) merged[warp][row] = part[nt][j];
+    }
+  __syncthreads();
+  if (tid < p.rows) {
+    Partial all = merged[0][tid];
+    for (int wi = 1; wi < kWarpsInCta; ++wi) merge_partial(all, merged[wi][tid]);
+    p.partials[int64_t(blockIdx.x) * p.partial_stride + p.row_base + tid] = all;
+  }
+
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(tail.done_counter, 1) == int(gridDim.x) - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int row = warp; row < p.rows; row += kWarpsInCta) {
+    Partial all = empty_partial();
+    for (int k = lane; k < int(gridDim.x); k += 32)
+      merge_partial(all, load_partial_l2(p.partials + int64_t(k) * p.partial_stride + p.row_base + row));
+    for (int mask = 1; mask < 32; mask <<= 1) merge_with_lane(all, mask, lane);
+    if (lane == 0) {
+      const int global_row = p.row_base + row;
+      const RowPlan& plan = plans[row];
+      const int32_t bad = tail.hidden_bad[global_row];
+      if (tail.summaries)
+        tail.summaries[global_row] = verify_summary(plan, all, bad, *tail.batch_status);
+      else
+        draft_outputs(plan, all, bad, tail.tokens_out + global_row,
+                      tail.scores_out ? tail.scores_out + global_row : nullptr);
+    }
+  }
+  if (tid == 0) *tail.done_counter = 0;
+}
+
 // Loads of one burst: kUnroll 32-element chunks of the lane's two tokens.
 struct Burst {
   uint4 a0[kUnroll], a1[kUnroll];
@@ -215,50 +267,12 @@ __global__ void __launch_bounds__(kThreads, 2) stream_scan_kernel(const ScanPara
     burst = next_burst;
   }
 
-  // Lanes of one t hold the same rows for different tokens: merge over g.
+  Partial part[kNT][2];
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      Partial part = running[warp][nt][j][lane];
-      merge_with_lane(part, 4, lane);
-      merge_with_lane(part, 8, lane);
-      merge_with_lane(part, 16, lane);
-      const int row = nt * 8 + 2 * t + j;
-      if (g == 0 && row < kMaxRows) merged[warp][row] = part;
-    }
-  __syncthreads();
-  if (tid < p.rows) {
-    Partial all = merged[0][tid];
-    for (int wi = 1; wi < kWarps; ++wi) merge_partial(all, merged[wi][tid]);
-    p.partials[int64_t(blockIdx.x) * p.partial_stride + p.row_base + tid] = all;
-  }
-
-  // The last CTA to finish combines the rows (threadFenceReduction pattern).
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) last = atomicAdd(tail.done_counter, 1) == int(gridDim.x) - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int row = warp; row < p.rows; row += kWarps) {
-    Partial all = empty_partial();
-    for (int k = lane; k < int(gridDim.x); k += 32)
-      merge_partial(all, load_partial_l2(p.partials + int64_t(k) * p.partial_stride + p.row_base + row));
-    for (int mask = 1; mask < 32; mask <<= 1) merge_with_lane(all, mask, lane);
-    if (lane == 0) {
-      const int global_row = p.row_base + row;
-      const RowPlan& plan = plans[row];
-      const int32_t bad = tail.hidden_bad[global_row];
-      if (tail.summaries)
-        tail.summaries[global_row] = verify_summary(plan, all, bad, *tail.batch_status);
-      else
-        draft_outputs(plan, all, bad, tail.tokens_out + global_row,
-                      tail.scores_out ? tail.scores_out + global_row : nullptr);
-    }
-  }
-  if (tid == 0) *tail.done_counter = 0;
+    for (int j = 0; j < 2; ++j) part[nt][j] = running[warp][nt][j][lane];
+  finish_scan<kNT, kWarps>(p, tail, plans, part, merged, warp, lane);
 }
 
 template <bool kBf16, int kNT>

@@ -277,6 +277,13 @@ TEST_F(Gpu, DraftParityManyRowsAcrossChunks) {
   run_draft_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 70001, 72, 17, 0.7f, false});
 }
 
+// Up to 16 rows stream W; hidden rows too large for shared memory beside
+// the copy rings take the direct-load variant of that scan.
+TEST_F(Gpu, DraftParityWideHiddenRows) {
+  run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 3001, 7200, 12, 1.0f, false});
+  run_draft_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 2003, 7200, 3, 0.0f, false});
+}
+
 TEST_F(Gpu, DraftParityTensorCoresFp16PaddedHidden) {
   for (int rows : {2, 16, 64}) run_draft_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 1037, 203, rows, 0.8f, false});
 }
