@@ -37,8 +37,11 @@ if [ -x "$build/bench/flashspec_bench" ]; then
 fi
 # What limits the scan: Nsight Compute on one fused verify launch.
 if [ -x "$build/bench/flashspec_bench" ] && command -v ncu > /dev/null; then
-  for rows in 1 256; do
-    timeout 180 ncu --kernel-name regex:mma_scan --launch-skip 3 --launch-count 1 \
+  for rows in 1 16 256; do
+    # ≤ 16 rows: the weight-streaming scan; more: the fold after each cuBLAS chunk.
+    kernel=stream_scan
+    [ "$rows" -gt 16 ] && kernel=fold_chunk
+    timeout 180 ncu --kernel-name regex:$kernel --launch-skip 3 --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
       "$build/bench/flashspec_bench" --only 128256 4096 $rows --json /dev/null > "$out/ncu_rows$rows.log" 2>&1
     grep -E "Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Duration|Stall" "$out/ncu_rows$rows.log" | head -20

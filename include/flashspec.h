@@ -189,7 +189,8 @@ typedef struct flashspec_context_params {
   void* cuda_stream;          /* cudaStream_t to use; NULL = the legacy default stream */
   uint64_t seed;              /* seed used where a call passes no seeds array; default 0 */
   int32_t cpu_threads;        /* CPU worker threads; 0 = one per hardware core (default) */
-  int32_t max_rows;           /* workspace: most rows per draft/verify call; default 512 */
+  int32_t max_rows;           /* workspace: most rows per draft/verify call; default 512.
+                                 CUDA: above 16 it also reserves ~96 MiB for many-row scans */
   int32_t max_requests;       /* workspace: most requests per verify call; default 512 */
 } flashspec_context_params;
 
@@ -388,9 +389,13 @@ FLASHSPEC_API void flashspec_verify_result_init(flashspec_verify_result* result)
  * DEVICE_MISMATCH, NON_FINITE, WORKSPACE_EXCEEDED (more rows or requests
  * than summaries hold), CUDA, UNSUPPORTED (below).
  * CUDA backend limits. Tensor cores serve bf16 or fp16 heads with hidden rows
- * of the same dtype (borrowed heads: 16-byte-aligned rows, d % 8 == 0); any
- * other combination runs an exact fp32 CUDA-core scan that reads W once per
- * 16 rows. Stochastic drafts: every CTA (one per SM) keeps its 1/SMs share of
+ * of the same dtype (borrowed heads: 16-byte-aligned rows, d % 8 == 0): up to
+ * 16 rows stream W once through mma.sync with the reduction in registers;
+ * more rows are compute-bound and go through cuBLAS one vocabulary chunk at a
+ * time (the chunk's fp32 logits, [rows, ≤ 64K tokens], land in a workspace of
+ * about 64 MiB reserved at context creation and are folded before the next
+ * chunk; nothing vocabulary-sized is written). Any other dtype combination
+ * runs an exact fp32 CUDA-core scan that reads W once per 16 rows. Stochastic drafts: every CTA (one per SM) keeps its 1/SMs share of
  * the scaled logits of the rows it verifies in shared memory across a
  * grid-wide barrier, 4 · ⌈V / SMs⌉ bytes per row, in what the scan's own
  * pipeline leaves of a block's shared memory (at most 128 rows per pass; on
