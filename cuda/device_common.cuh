@@ -77,6 +77,20 @@ __device__ __forceinline__ uint32_t noise_word(const RngRowKey& key, int32_t tok
   return philox_word(row_block(key, uint32_t(token) >> 2), token & 3);
 }
 
+// The plan of row `row` of a launch (global index row_base + row), or, past
+// the launch's rows, a greedy placeholder whose outputs are never written.
+__device__ __forceinline__ RowPlan plan_or_placeholder(const RowPlan* plans, int32_t row_base, int32_t rows,
+                                                       int32_t row) {
+  if (row < rows) return plans[row_base + row];
+  RowPlan plan = RowPlan{};
+  plan.inv_t = 1.0f;
+  plan.flags = kPlanGreedy;
+  plan.tracked = -1;
+  plan.excluded = -1;
+  plan.q_row = -1;
+  return plan;
+}
+
 __device__ __forceinline__ Partial empty_partial() {
   Partial p;
   p.m = neg_inf();
@@ -194,6 +208,23 @@ __device__ __forceinline__ Partial warp_combine(const Partial* partials, int cou
   return shfl_xor_partial(acc, 0);
 }
 
+// Folds the lanes' (m, s, bad) in a fixed pattern; lane 0 holds the result.
+__device__ __forceinline__ void warp_reduce_q(float& m, float& s, int& bad, int lane) {
+  for (int mask = 1; mask < 32; mask <<= 1) {
+    float om = __shfl_xor_sync(0xffffffffu, m, mask);
+    float os = __shfl_xor_sync(0xffffffffu, s, mask);
+    int ob = __shfl_xor_sync(0xffffffffu, bad, mask);
+    if ((lane & mask) == 0) lse_merge(m, s, om, os);
+    else {
+      float mm = om, ss = os;
+      lse_merge(mm, ss, m, s);
+      m = mm;
+      s = ss;
+    }
+    bad |= ob;
+  }
+}
+
 __device__ __forceinline__ void warp_combine_q(const QPartial* q, int count, int64_t stride, int lane, float& m,
                                                float& s, int& nonfinite) {
   m = neg_inf();
@@ -204,19 +235,7 @@ __device__ __forceinline__ void warp_combine_q(const QPartial* q, int count, int
     lse_merge(m, s, v.m, v.s);
     nonfinite |= v.nonfinite;
   }
-  for (int mask = 1; mask < 32; mask <<= 1) {
-    float om = __shfl_xor_sync(0xffffffffu, m, mask);
-    float os = __shfl_xor_sync(0xffffffffu, s, mask);
-    int on = __shfl_xor_sync(0xffffffffu, nonfinite, mask);
-    if ((lane & mask) == 0) lse_merge(m, s, om, os);
-    else {
-      float mm = om, ss = os;
-      lse_merge(mm, ss, m, s);
-      m = mm;
-      s = ss;
-    }
-    nonfinite |= on;
-  }
+  warp_reduce_q(m, s, nonfinite, lane);
   m = __shfl_sync(0xffffffffu, m, 0);
   s = __shfl_sync(0xffffffffu, s, 0);
   nonfinite = __shfl_sync(0xffffffffu, nonfinite, 0);

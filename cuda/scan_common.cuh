@@ -46,23 +46,6 @@ struct ScanParams {
   int32_t slice;          // kept tokens per row in shared memory
 };
 
-// Lane 0 of the returned warp holds the warp's fold; fixed pattern.
-__device__ __forceinline__ void warp_reduce_q(float& m, float& s, int& bad, int lane) {
-  for (int mask = 1; mask < 32; mask <<= 1) {
-    float om = __shfl_xor_sync(0xffffffffu, m, mask);
-    float os = __shfl_xor_sync(0xffffffffu, s, mask);
-    int ob = __shfl_xor_sync(0xffffffffu, bad, mask);
-    if ((lane & mask) == 0) lse_merge(m, s, om, os);
-    else {
-      float mm = om, ss = os;
-      lse_merge(mm, ss, m, s);
-      m = mm;
-      s = ss;
-    }
-    bad |= ob;
-  }
-}
-
 __device__ __forceinline__ void warp_reduce_residual(Residual& r, int lane) {
   for (int mask = 1; mask < 32; mask <<= 1) {
     Residual o;

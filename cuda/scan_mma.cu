@@ -115,18 +115,7 @@ __global__ void __launch_bounds__(kThreads, Config<BM>::kMinBlocks) mma_scan_ker
 
   for (int lr = tid; lr < BM; lr += kThreads) {
     const int row = rb * BM + lr;
-    RowPlan plan;
-    if (row < p.rows) {
-      plan = p.plans[p.row_base + row];
-    } else {
-      plan = RowPlan{};
-      plan.inv_t = 1.0f;
-      plan.flags = kPlanGreedy;
-      plan.tracked = -1;
-      plan.excluded = -1;
-      plan.q_row = -1;
-    }
-    plans[lr] = plan;
+    plans[lr] = plan_or_placeholder(p.plans, p.row_base, p.rows, row);
   }
   for (int i = tid; i < C::kWarpsN * BM; i += kThreads) running[i] = empty_partial();
 

@@ -32,18 +32,7 @@ __global__ void __launch_bounds__(kThreads) simt_scan_kernel(const ScanParams p)
   int begin, end;
   group_range(p.vocab, p.groups, group, begin, end);
   if (tid < kSimtRows) {
-    RowPlan plan;
-    if (tid < p.rows) {
-      plan = p.plans[p.row_base + tid];
-    } else {
-      plan = RowPlan{};
-      plan.inv_t = 1.0f;
-      plan.flags = kPlanGreedy;
-      plan.tracked = -1;
-      plan.excluded = -1;
-      plan.q_row = -1;
-    }
-    plans[tid] = plan;
+    plans[tid] = plan_or_placeholder(p.plans, p.row_base, p.rows, tid);
   }
   __syncthreads();
 

@@ -170,18 +170,7 @@ __global__ void __launch_bounds__(kThreads, StreamShape<kNT>::kMinBlocks) stream
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   if (tid < kMaxRows) {
-    RowPlan plan;
-    if (tid < p.rows) {
-      plan = p.plans[p.row_base + tid];
-    } else {
-      plan = RowPlan{};
-      plan.inv_t = 1.0f;
-      plan.flags = kPlanGreedy;
-      plan.tracked = -1;
-      plan.excluded = -1;
-      plan.q_row = -1;
-    }
-    plans[tid] = plan;
+    plans[tid] = plan_or_placeholder(p.plans, p.row_base, p.rows, tid);
   }
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt) {
