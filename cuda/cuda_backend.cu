@@ -355,6 +355,36 @@ class CudaBackend final : public Backend {
     guard([&] { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); });
   }
 
+  void* allocate_staging(size_t bytes) override {
+    DeviceScope scope(device_);
+    void* p = nullptr;
+    check(cudaMalloc(&p, bytes), "cudaMalloc (staging)");
+    return p;
+  }
+
+  void release_staging(void* data) noexcept override {
+    if (!data) return;
+    int previous = 0;
+    if (cudaGetDevice(&previous) == cudaSuccess && previous != device_) cudaSetDevice(device_);
+    cudaFree(data);
+    if (previous != device_) cudaSetDevice(previous);
+  }
+
+  void copy_in(void* dst, const void* host_src, size_t bytes) override {
+    DeviceScope scope(device_);
+    guard([&] {
+      check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (staging)");
+    });
+  }
+
+  void copy_out(void* host_dst, const void* src, size_t bytes) override {
+    DeviceScope scope(device_);
+    guard([&] {
+      check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (staging)");
+      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    });
+  }
+
  private:
   template <class Body>
   void guard(Body&& body) {

@@ -459,9 +459,12 @@ FLASHSPEC_API double flashspec_rng_uniform(uint64_t seed, uint64_t request_id, u
  *   5. rolls the host's KV cache back past the rejected drafts, streams the
  *      emitted tokens to the host, records metrics and rewards the arm.
  *
- * Backends: the engine passes host-memory index arrays to the verify call,
- * so it runs on a context with the CPU backend; engine creation on a CUDA
- * context returns FLASHSPEC_ERR_UNSUPPORTED.
+ * Backends: any. The views the host's callbacks return (target hidden rows,
+ * draft logits or hidden rows) live in the backend's memory — device memory
+ * for a CUDA context, where the host's model computes them. The engine's own
+ * index arrays stay on the host; with the CUDA backend it stages them through
+ * a buffer of max_rows entries reserved at engine creation, and each step
+ * waits for its verify (the tokens stream to the host).
  *
  * Lifetimes: an engine borrows its context, target LM head and drafters;
  * destroy the engine first. A drafter serves at most one engine.
@@ -676,7 +679,7 @@ FLASHSPEC_API void flashspec_engine_params_init(flashspec_engine_params* params)
  * (unknown policy, a cost or ucb_exploration out of range, a drafter listed
  * twice or serving another engine, an oracle reward not finite),
  * DEVICE_MISMATCH (target_head or a drafter's head from another backend or
- * device), UNSUPPORTED (a CUDA context). On error *out is untouched. */
+ * device), OUT_OF_MEMORY, CUDA. On error *out is untouched. */
 FLASHSPEC_API flashspec_status flashspec_engine_create(flashspec_context* ctx,
                                                        const flashspec_lm_head* target_head,
                                                        const flashspec_engine_params* params,

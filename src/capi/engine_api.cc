@@ -3,6 +3,7 @@
 // itself (src/engine) reaches the LM head through flashspec_draft and
 // flashspec_verify_and_finalize, wrapped here as an LmHeadRunner.
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,9 +26,30 @@ struct flashspec_drafter {
 
 namespace {
 
+// The engine's side of the C API. The engine keeps its index arrays (draft
+// offsets and tokens, per-request values, results) in host memory; for a
+// device backend they are staged through one small buffer of the backend's
+// memory, reserved with the engine, and the results copied back.
 class CApiRunner final : public LmHeadRunner {
  public:
-  explicit CApiRunner(flashspec_context* ctx) : ctx_(ctx) {}
+  explicit CApiRunner(flashspec_context* ctx) : ctx_(ctx) {
+    if (backend_memory(*ctx_->backend) == FLASHSPEC_MEMORY_HOST) return;
+    const size_t rows = size_t(ctx_->max_rows);
+    layout_.offsets = 0;
+    layout_.tokens = layout_.offsets + 2 * sizeof(int32_t);
+    layout_.scalars = align(layout_.tokens + rows * sizeof(int32_t));
+    layout_.in_bytes = layout_.scalars + sizeof(Scalars);
+    layout_.accepted = align(layout_.in_bytes);
+    layout_.emitted = layout_.accepted + sizeof(int32_t);
+    layout_.bytes = layout_.emitted + rows * sizeof(int32_t);
+    staging_ = ctx_->backend->allocate_staging(layout_.bytes);
+    host_.resize(layout_.bytes);
+  }
+  ~CApiRunner() override {
+    if (staging_) ctx_->backend->release_staging(staging_);
+  }
+  CApiRunner(const CApiRunner&) = delete;
+  CApiRunner& operator=(const CApiRunner&) = delete;
 
   flashspec_memory memory() const override { return backend_memory(*ctx_->backend); }
   int32_t max_rows() const override { return ctx_->max_rows; }
@@ -35,19 +57,83 @@ class CApiRunner final : public LmHeadRunner {
   int64_t hidden_size(const flashspec_lm_head* head) const override { return flashspec_lm_head_hidden_size(head); }
 
   void draft_greedy(const flashspec_lm_head* head, const flashspec_tensor& hidden, int32_t* tokens_out) override {
-    check(flashspec_draft(ctx_, head, &hidden, nullptr, tokens_out, nullptr), "fused draft of the drafter's hidden rows");
+    if (!staging_) {
+      check(flashspec_draft(ctx_, head, &hidden, nullptr, tokens_out, nullptr), "fused draft of the drafter's hidden rows");
+      return;
+    }
+    flashspec_draft_params params;
+    flashspec_draft_params_init(&params);
+    params.memory = FLASHSPEC_MEMORY_CUDA;
+    int32_t* device_tokens = reinterpret_cast<int32_t*>(base() + layout_.emitted);
+    check(flashspec_draft(ctx_, head, &hidden, &params, device_tokens, nullptr), "fused draft of the drafter's hidden rows");
+    ctx_->backend->copy_out(tokens_out, device_tokens, size_t(hidden.rows) * sizeof(int32_t));
   }
 
   void verify_and_finalize(const flashspec_lm_head* head, const flashspec_verify_batch& batch,
                            const flashspec_verify_result& result) override {
-    check(flashspec_verify_and_finalize(ctx_, head, &batch, &result), "verify of the target's hidden rows");
+    if (!staging_) {
+      check(flashspec_verify_and_finalize(ctx_, head, &batch, &result), "verify of the target's hidden rows");
+      return;
+    }
+    // One request (the engine's shape): stage its arrays in one copy.
+    const int32_t drafts = batch.draft_offsets[1];
+    require(batch.num_requests == 1 && drafts + 1 <= ctx_->max_rows, FLASHSPEC_ERR_INTERNAL, "engine",
+            "staged verify expects one request within max_rows");
+    unsigned char* h = host_.data();
+    std::memcpy(h + layout_.offsets, batch.draft_offsets, 2 * sizeof(int32_t));
+    if (drafts > 0) std::memcpy(h + layout_.tokens, batch.draft_tokens, size_t(drafts) * sizeof(int32_t));
+    Scalars scalars{batch.temperatures ? *batch.temperatures : 1.0f,
+                    batch.draft_temperatures ? *batch.draft_temperatures : 1.0f,
+                    batch.seeds ? *batch.seeds : ctx_->seed, batch.request_ids ? *batch.request_ids : 0,
+                    batch.steps ? *batch.steps : 0};
+    std::memcpy(h + layout_.scalars, &scalars, sizeof scalars);
+    ctx_->backend->copy_in(base(), h, layout_.in_bytes);
+
+    unsigned char* d = base();
+    const Scalars* ds = reinterpret_cast<const Scalars*>(d + layout_.scalars);
+    flashspec_verify_batch staged = batch;
+    staged.memory = FLASHSPEC_MEMORY_CUDA;
+    staged.draft_offsets = reinterpret_cast<const int32_t*>(d + layout_.offsets);
+    staged.draft_tokens = drafts > 0 ? reinterpret_cast<const int32_t*>(d + layout_.tokens) : nullptr;
+    staged.temperatures = &ds->temperature;
+    staged.draft_temperatures = &ds->draft_temperature;
+    staged.seeds = &ds->seed;
+    staged.request_ids = &ds->request_id;
+    staged.steps = &ds->step;
+    staged.accept_uniforms = nullptr;
+    flashspec_verify_result out;
+    flashspec_verify_result_init(&out);
+    out.memory = FLASHSPEC_MEMORY_CUDA;
+    out.accepted_counts = reinterpret_cast<int32_t*>(d + layout_.accepted);
+    out.emitted_tokens = reinterpret_cast<int32_t*>(d + layout_.emitted);
+    check(flashspec_verify_and_finalize(ctx_, head, &staged, &out), "verify of the target's hidden rows");
+    // The accepted count and the request's n + 1 emitted slots (adjacent).
+    ctx_->backend->copy_out(h + layout_.accepted, d + layout_.accepted,
+                            (layout_.emitted - layout_.accepted) + size_t(drafts + 1) * sizeof(int32_t));
+    std::memcpy(result.accepted_counts, h + layout_.accepted, sizeof(int32_t));
+    std::memcpy(result.emitted_tokens, h + layout_.emitted, size_t(drafts + 1) * sizeof(int32_t));
   }
 
  private:
+  struct Scalars {
+    float temperature;
+    float draft_temperature;
+    uint64_t seed;
+    uint64_t request_id;
+    uint64_t step;
+  };
+  struct Layout {
+    size_t offsets, tokens, scalars, in_bytes, accepted, emitted, bytes;
+  };
+  static size_t align(size_t v) { return (v + 15) / 16 * 16; }
+  unsigned char* base() const { return static_cast<unsigned char*>(staging_); }
   void check(flashspec_status status, const char* what) {
     if (status != FLASHSPEC_OK) throw Error(status, std::string(what) + ": " + ctx_->last_error, ctx_->last_cuda_error);
   }
   flashspec_context* ctx_;
+  Layout layout_{};
+  void* staging_ = nullptr;
+  std::vector<unsigned char> host_;
 };
 
 }  // namespace
@@ -86,8 +172,6 @@ flashspec_status null_engine() {
 
 EngineConfig validate_engine(flashspec_context& ctx, const flashspec_lm_head* target_head,
                              const flashspec_engine_params* params, std::vector<flashspec_drafter*>& drafters) {
-  require(ctx.backend->kind() == FLASHSPEC_BACKEND_CPU, FLASHSPEC_ERR_UNSUPPORTED, "ctx",
-          "the engine runs on the CPU backend (it passes host-memory index arrays to verify)");
   check_head(ctx, target_head, "target_head");
   require(params != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params", "is NULL (the target callbacks are required)");
   validate_struct_size(params->struct_size, sizeof(flashspec_engine_params), "params->struct_size");

@@ -96,7 +96,7 @@ Engine::StepOutcome Engine::run_step(int32_t arm_index, int32_t draft_len, const
   const uint64_t seed = config.seed, request_id = config.request_id, step_value = step;
   flashspec_verify_batch batch;
   flashspec_verify_batch_init(&batch);
-  batch.memory = runner_.memory();
+  batch.memory = FLASHSPEC_MEMORY_HOST;  // the index arrays; the runner stages them for a device backend
   batch.num_requests = 1;
   batch.draft_offsets = offsets;
   batch.draft_tokens = drafted > 0 ? proposal_.tokens.data() : nullptr;
@@ -112,7 +112,7 @@ Engine::StepOutcome Engine::run_step(int32_t arm_index, int32_t draft_len, const
   emitted_.assign(size_t(drafted + 1), -1);
   flashspec_verify_result result;
   flashspec_verify_result_init(&result);
-  result.memory = runner_.memory();
+  result.memory = FLASHSPEC_MEMORY_HOST;
   result.accepted_counts = &accepted;
   result.emitted_tokens = emitted_.data();
   runner_.verify_and_finalize(config_.target_head, batch, result);

@@ -94,6 +94,15 @@ class Backend {
   virtual void finalize(const VerifyArgs& args, const SummaryStore& summaries, const ResultArgs& result) = 0;
   virtual void synchronize() = 0;
   virtual int last_cuda_error() const { return 0; }
+
+  // Memory in the backend's own space, for callers that hold their index
+  // arrays on the host and stage them (the engine). The defaults are host
+  // memory, which is the CPU backend's space. copy_in is ordered with the
+  // backend's work; copy_out waits for that work and for the copy.
+  virtual void* allocate_staging(size_t bytes);
+  virtual void release_staging(void* data) noexcept;
+  virtual void copy_in(void* dst, const void* host_src, size_t bytes);
+  virtual void copy_out(void* host_dst, const void* src, size_t bytes);
 };
 
 struct BackendConfig {
