@@ -13,26 +13,17 @@
 #include <string>
 #include <vector>
 
+#include "../common/handles.h"
+#include "../common/rng.h"
 #include "flashspec.h"
 
 namespace enginetest {
 
-struct ContextDeleter {
-  void operator()(flashspec_context* c) const { flashspec_context_destroy(c); }
-};
-struct HeadDeleter {
-  void operator()(flashspec_lm_head* h) const { flashspec_lm_head_destroy(h); }
-};
-struct DrafterDeleter {
-  void operator()(flashspec_drafter* d) const { flashspec_drafter_destroy(d); }
-};
-struct EngineDeleter {
-  void operator()(flashspec_engine* e) const { flashspec_engine_destroy(e); }
-};
-using ContextPtr = std::unique_ptr<flashspec_context, ContextDeleter>;
-using HeadPtr = std::unique_ptr<flashspec_lm_head, HeadDeleter>;
-using DrafterPtr = std::unique_ptr<flashspec_drafter, DrafterDeleter>;
-using EnginePtr = std::unique_ptr<flashspec_engine, EngineDeleter>;
+using fscommon::ContextPtr;
+using fscommon::DrafterPtr;
+using fscommon::EnginePtr;
+using fscommon::HeadPtr;
+using fscommon::SummariesPtr;
 
 inline ContextPtr make_cpu_context(int32_t max_rows = 64) {
   flashspec_context_params p;
@@ -46,23 +37,7 @@ inline ContextPtr make_cpu_context(int32_t max_rows = 64) {
   return ContextPtr(ctx);
 }
 
-// splitmix64.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return (double(next() >> 11) + 0.5) * 0x1.0p-53; }
-  double normal() { return std::sqrt(-2.0 * std::log(uniform())) * std::cos(6.283185307179586 * uniform()); }
-  int32_t below(int32_t n) { return int32_t(next() % uint64_t(n)); }
-
- private:
-  uint64_t state_;
-};
+using fscommon::Rng;
 
 // A synthetic target: W [V, d] and token embeddings E [V, d] with N(0, 1)
 // entries scaled by `scale`; the hidden row after a context is

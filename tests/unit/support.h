@@ -11,23 +11,18 @@
 #include <string>
 #include <vector>
 
+#include "../common/handles.h"
+#include "../common/rng.h"
 #include "flashspec.h"
 #include "util/dtype.h"
 
 namespace fstest {
 
-struct ContextDeleter {
-  void operator()(flashspec_context* c) const { flashspec_context_destroy(c); }
-};
-struct HeadDeleter {
-  void operator()(flashspec_lm_head* h) const { flashspec_lm_head_destroy(h); }
-};
-struct SummariesDeleter {
-  void operator()(flashspec_summaries* s) const { flashspec_summaries_destroy(s); }
-};
-using ContextPtr = std::unique_ptr<flashspec_context, ContextDeleter>;
-using HeadPtr = std::unique_ptr<flashspec_lm_head, HeadDeleter>;
-using SummariesPtr = std::unique_ptr<flashspec_summaries, SummariesDeleter>;
+using fscommon::ContextPtr;
+using fscommon::DrafterPtr;
+using fscommon::EnginePtr;
+using fscommon::HeadPtr;
+using fscommon::SummariesPtr;
 
 inline ContextPtr make_cpu_context(int threads = 2, uint64_t seed = 0, int32_t max_rows = 512,
                                    int32_t max_requests = 512) {
@@ -44,25 +39,7 @@ inline ContextPtr make_cpu_context(int threads = 2, uint64_t seed = 0, int32_t m
   return ContextPtr(ctx);
 }
 
-// splitmix64: small, seeded, the same on every platform.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return (double(next() >> 11) + 0.5) * 0x1.0p-53; }  // (0, 1)
-  double normal() {
-    return std::sqrt(-2.0 * std::log(uniform())) * std::cos(6.283185307179586 * uniform());
-  }
-  int32_t below(int64_t n) { return int32_t(next() % uint64_t(n)); }
-
- private:
-  uint64_t state_;
-};
+using fscommon::Rng;
 
 // A [rows, cols] matrix stored in one dtype, with the exact value of every
 // element (what the library reads) kept as double.
