@@ -213,9 +213,13 @@ __global__ void __launch_bounds__(kThreads, StreamShape<kNT>::kMinBlocks) stream
     }
   };
 
-  float acc[kNT][4];
+  // Two accumulator sets (even and odd chunks) halve the chain of dependent
+  // mma instructions a warp waits on; they are added in the epilogue.
+  float acc[2][kNT][4];
 #pragma unroll
-  for (int nt = 0; nt < kNT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) acc[h][nt][0] = acc[h][nt][1] = acc[h][nt][2] = acc[h][nt][3] = 0.0f;
 
   Burst cur;
   if (steps > 0) issue(0, 0, cur);
@@ -238,13 +242,13 @@ __global__ void __launch_bounds__(kThreads, StreamShape<kNT>::kMinBlocks) stream
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
         const uint4 b = (c < chunks && hvalid[nt]) ? load_cached(hrow[nt] + c * 64) : zero;
-        mma16816<kBf16>(acc[nt], cur.a0[u].x, cur.a1[u].x, cur.a0[u].y, cur.a1[u].y, b.x, b.y);
-        mma16816<kBf16>(acc[nt], cur.a0[u].z, cur.a1[u].z, cur.a0[u].w, cur.a1[u].w, b.z, b.w);
+        mma16816<kBf16>(acc[u & 1][nt], cur.a0[u].x, cur.a1[u].x, cur.a0[u].y, cur.a1[u].y, b.x, b.y);
+        mma16816<kBf16>(acc[u & 1][nt], cur.a0[u].z, cur.a1[u].z, cur.a0[u].w, cur.a1[u].w, b.z, b.w);
       }
     }
 
     if (burst == bursts - 1) {
-      // acc[nt] = {(tok_a, row 2t), (tok_a, row 2t+1), (tok_b, row 2t), (tok_b, row 2t+1)}.
+      // acc[·][nt] = {(tok_a, row 2t), (tok_a, row 2t+1), (tok_b, row 2t), (tok_b, row 2t+1)}.
       const int tok_a = (first_tile + tile) * 16 + g, tok_b = tok_a + 8;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
@@ -255,12 +259,14 @@ __global__ void __launch_bounds__(kThreads, StreamShape<kNT>::kMinBlocks) stream
             const RowPlan& plan = plans[row];
             const bool greedy = plan.flags & kPlanGreedy;
             Partial part = running[warp][nt][j][lane];
-            if (tok_a < p.vocab) fold_logit(part, plan, acc[nt][j], tok_a, greedy ? 0u : noise_word(plan.key, tok_a));
-            if (tok_b < p.vocab) fold_logit(part, plan, acc[nt][2 + j], tok_b, greedy ? 0u : noise_word(plan.key, tok_b));
+            const float l_a = acc[0][nt][j] + acc[1][nt][j], l_b = acc[0][nt][2 + j] + acc[1][nt][2 + j];
+            if (tok_a < p.vocab) fold_logit(part, plan, l_a, tok_a, greedy ? 0u : noise_word(plan.key, tok_a));
+            if (tok_b < p.vocab) fold_logit(part, plan, l_b, tok_b, greedy ? 0u : noise_word(plan.key, tok_b));
             running[warp][nt][j][lane] = part;
           }
         }
-        acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) acc[h][nt][0] = acc[h][nt][1] = acc[h][nt][2] = acc[h][nt][3] = 0.0f;
       }
     }
     cur = nxt;
