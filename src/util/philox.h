@@ -84,15 +84,21 @@ FS_HOST_DEVICE uint32_t row_word(const RngRowKey& key, int32_t token) {
 // u = (x + 0.5) / 2^32, strictly inside (0, 1); in double, exact.
 FS_HOST_DEVICE double uniform_from_bits(uint32_t x) { return (double(x) + 0.5) * 2.3283064365386963e-10; }
 
-// log u for u = (x + 0.5) / 2^32, accurate in float over the whole range.
+// log u for u = (x + 0.5) / 2^32, accurate in float over the whole range,
+// without a branch (on a GPU both halves of a warp's lanes would otherwise run
+// both paths). With w the smaller of u and 1 − u (exact, in (0, 1/2]):
+//   u ≤ 1/2: log u = log w;
+//   u > 1/2: log u = log1p(−w) = log(a)·(−w)/(a − 1) with a = 1 − w rounded
+//            (Goldberg's identity; a − 1 is exact), and −w where a rounds to 1.
 FS_HOST_DEVICE float log_uniform_from_bits(uint32_t x) {
-  if (x < 0x80000000u) {
-    // u < 1/2: scaling by 2^-32 is exact, so only logf rounds.
-    return logf((float(x) + 0.5f) * 2.3283064365386963e-10f);
-  }
-  // u > 1/2: log u = log1p(−(1 − u)), 1 − u = (2^32 − 1 − x + 0.5) / 2^32, exact.
-  float one_minus_u = (float(0xffffffffu - x) + 0.5f) * 2.3283064365386963e-10f;
-  return log1pf(-one_minus_u);
+  const bool low = x < 0x80000000u;
+  const uint32_t k = low ? x : 0xffffffffu - x;
+  const float w = (float(k) + 0.5f) * 2.3283064365386963e-10f;
+  const float a = low ? w : 1.0f - w;
+  const float log_a = logf(a);
+  const float a_minus_1 = a - 1.0f;
+  if (low) return log_a;
+  return a_minus_1 == 0.0f ? -w : log_a * (-w / a_minus_1);
 }
 
 // Gumbel noise g = −log(−log u), both tails kept: from about −3.1 (x = 0)
