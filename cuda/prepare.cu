@@ -1,6 +1,7 @@
 // Kernels that run before a scan: row plans (with the device-side argument
 // checks the host cannot do on device memory) and the staging of hidden rows.
 #include "pdl.cuh"
+#include "sampling/algorithm1.h"
 #include "steps.h"
 
 namespace flashspec {
@@ -25,17 +26,8 @@ __device__ RowPlan invalid_plan(int32_t status) {
 }
 
 struct VerifyPlanArgs {
-  const int32_t* offsets;
-  const int32_t* tokens;
-  const float* temperatures;
-  const float* draft_temperatures;
-  const uint64_t* seeds;
-  const uint64_t* request_ids;
-  const uint64_t* steps;
-  const float* uniforms;
-  uint64_t default_seed;
-  int32_t requests, total_drafts, total_rows, max_draft_len, vocab;
-  int32_t stochastic;
+  VerifyArgs batch;  // device-resident arrays, not yet checked
+  int32_t vocab;
   RowPlan* plans;
   int32_t* batch_status;
 };
@@ -43,42 +35,40 @@ struct VerifyPlanArgs {
 // One block: the offsets must be checked as a whole before any row is
 // mapped to its request.
 __global__ void __launch_bounds__(kPlanThreads) verify_plans_kernel(const VerifyPlanArgs a) {
+  const bool stochastic = a.batch.draft_logits != nullptr;
   __shared__ int bad_batch;
   if (threadIdx.x == 0) bad_batch = 0;
-  for (int row = threadIdx.x; row < a.total_rows; row += blockDim.x)
+  for (int row = threadIdx.x; row < a.batch.total_rows; row += blockDim.x)
     a.plans[row] = invalid_plan(FLASHSPEC_ERR_OUT_OF_RANGE);
   __syncthreads();
-  for (int r = threadIdx.x; r < a.requests; r += blockDim.x) {
-    const int32_t lo = a.offsets[r], hi = a.offsets[r + 1];
-    bool bad = lo < 0 || hi < lo || hi - lo > a.max_draft_len || hi > a.total_drafts;
+  for (int r = threadIdx.x; r < a.batch.num_requests; r += blockDim.x) {
+    const int32_t lo = a.batch.draft_offsets[r], hi = a.batch.draft_offsets[r + 1];
+    bool bad = lo < 0 || hi < lo || hi - lo > a.batch.max_draft_len || hi > a.batch.total_drafts;
     if (r == 0 && lo != 0) bad = true;
-    if (r == a.requests - 1 && hi != a.total_drafts) bad = true;
+    if (r == a.batch.num_requests - 1 && hi != a.batch.total_drafts) bad = true;
     if (bad) atomicOr(&bad_batch, 1);
   }
   __syncthreads();
   if (threadIdx.x == 0) *a.batch_status = bad_batch ? FLASHSPEC_ERR_OUT_OF_RANGE : FLASHSPEC_OK;
   if (bad_batch) return;
 
-  for (int r = threadIdx.x; r < a.requests; r += blockDim.x) {
-    const int32_t first_draft = a.offsets[r];
-    const int32_t n = a.offsets[r + 1] - first_draft;
-    const int32_t first_row = first_draft + r;
-    const float temperature = a.temperatures ? a.temperatures[r] : 1.0f;
-    const float draft_t = a.draft_temperatures ? a.draft_temperatures[r] : 1.0f;
+  for (int r = threadIdx.x; r < a.batch.num_requests; r += blockDim.x) {
+    // Offsets are valid here, so the request's view is too.
+    const RequestView v = request_view(a.batch, r);
+    const int32_t first_draft = v.first_draft, n = v.num_drafts, first_row = v.first_row;
+    const float temperature = v.temperature;
+    const float draft_t = a.batch.draft_temperatures ? a.batch.draft_temperatures[r] : 1.0f;
     int32_t status = FLASHSPEC_OK;
     if (!valid_temperature(temperature)) status = FLASHSPEC_ERR_INVALID_ARGUMENT;
-    if (a.stochastic && !(valid_temperature(draft_t) && draft_t > 0.0f)) status = FLASHSPEC_ERR_INVALID_ARGUMENT;
+    if (stochastic && !(valid_temperature(draft_t) && draft_t > 0.0f)) status = FLASHSPEC_ERR_INVALID_ARGUMENT;
     for (int32_t j = 0; j < n; ++j) {
-      const int32_t x = a.tokens[first_draft + j];
+      const int32_t x = a.batch.draft_tokens[first_draft + j];
       if (x < 0 || x >= a.vocab) status = FLASHSPEC_ERR_OUT_OF_RANGE;
-      if (a.uniforms) {
-        const float u = a.uniforms[first_draft + j];
+      if (a.batch.accept_uniforms) {
+        const float u = a.batch.accept_uniforms[first_draft + j];
         if (!(u > 0.0f && u < 1.0f)) status = FLASHSPEC_ERR_INVALID_ARGUMENT;
       }
     }
-    const uint64_t seed = a.seeds ? a.seeds[r] : a.default_seed;
-    const uint64_t id = a.request_ids ? a.request_ids[r] : uint64_t(r);
-    const uint64_t step = a.steps ? a.steps[r] : 0;
     const bool greedy = temperature == 0.0f;
     for (int32_t j = 0; j <= n; ++j) {
       if (status != FLASHSPEC_OK) {
@@ -89,13 +79,14 @@ __global__ void __launch_bounds__(kPlanThreads) verify_plans_kernel(const Verify
       RowPlan plan = {};
       plan.flags = greedy ? kPlanGreedy : 0;
       plan.inv_t = greedy ? 1.0f : 1.0f / temperature;
-      plan.tracked = bonus ? -1 : a.tokens[first_draft + j];
-      plan.excluded = (!bonus && !a.stochastic && !greedy) ? plan.tracked : -1;
-      if (!bonus && a.stochastic && !greedy) plan.flags |= kPlanKeep;
-      plan.q_row = (!bonus && a.stochastic) ? first_draft + j : -1;
-      plan.inv_td = a.stochastic ? 1.0f / draft_t : 1.0f;
+      plan.tracked = bonus ? -1 : a.batch.draft_tokens[first_draft + j];
+      plan.excluded = (!bonus && !stochastic && !greedy) ? plan.tracked : -1;
+      if (!bonus && stochastic && !greedy) plan.flags |= kPlanKeep;
+      plan.q_row = (!bonus && stochastic) ? first_draft + j : -1;
+      plan.inv_td = stochastic ? 1.0f / draft_t : 1.0f;
       if (!greedy)
-        plan.key = make_row_key(seed, id, step, j, bonus ? FLASHSPEC_RNG_BONUS_NOISE : FLASHSPEC_RNG_RESIDUAL_NOISE);
+        plan.key = make_row_key(v.seed, v.request_id, v.step, j,
+                                bonus ? FLASHSPEC_RNG_BONUS_NOISE : FLASHSPEC_RNG_RESIDUAL_NOISE);
       plan.status = FLASHSPEC_OK;
       a.plans[first_row + j] = plan;
     }
@@ -103,22 +94,15 @@ __global__ void __launch_bounds__(kPlanThreads) verify_plans_kernel(const Verify
 }
 
 struct DraftPlanArgs {
-  int32_t rows;
-  float temperature;
-  const float* temperatures;
-  const uint64_t* seeds;
-  const uint64_t* request_ids;
-  const uint64_t* steps;
-  const int32_t* positions;
-  uint64_t default_seed;
+  DraftArgs draft;  // device-resident arrays, not yet checked
   RowPlan* plans;
 };
 
 __global__ void draft_plans_kernel(const DraftPlanArgs a) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= a.rows) return;
-  const float temperature = a.temperatures ? a.temperatures[r] : a.temperature;
-  const int32_t position = a.positions ? a.positions[r] : 0;
+  if (r >= a.draft.rows) return;
+  const float temperature = a.draft.temperatures ? a.draft.temperatures[r] : a.draft.temperature;
+  const int32_t position = a.draft.positions ? a.draft.positions[r] : 0;
   if (!valid_temperature(temperature)) {
     a.plans[r] = invalid_plan(FLASHSPEC_ERR_INVALID_ARGUMENT);
     return;
@@ -136,8 +120,9 @@ __global__ void draft_plans_kernel(const DraftPlanArgs a) {
   plan.q_row = -1;
   plan.inv_td = 1.0f;
   if (!greedy)
-    plan.key = make_row_key(a.seeds ? a.seeds[r] : a.default_seed, a.request_ids ? a.request_ids[r] : uint64_t(r),
-                            a.steps ? a.steps[r] : 0, position, FLASHSPEC_RNG_DRAFT_NOISE);
+    plan.key = make_row_key(a.draft.seeds ? a.draft.seeds[r] : a.draft.default_seed,
+                            a.draft.request_ids ? a.draft.request_ids[r] : uint64_t(r),
+                            a.draft.steps ? a.draft.steps[r] : 0, position, FLASHSPEC_RNG_DRAFT_NOISE);
   plan.status = FLASHSPEC_OK;
   a.plans[r] = plan;
 }
@@ -182,39 +167,13 @@ __global__ void non_finite_kernel(const void* data, flashspec_dtype dtype, int64
 
 cudaError_t verify_plans(const VerifyArgs& args, int32_t vocab, RowPlan* plans, int32_t* batch_status,
                          cudaStream_t stream) {
-  VerifyPlanArgs a;
-  a.offsets = args.draft_offsets;
-  a.tokens = args.draft_tokens;
-  a.temperatures = args.temperatures;
-  a.draft_temperatures = args.draft_temperatures;
-  a.seeds = args.seeds;
-  a.request_ids = args.request_ids;
-  a.steps = args.steps;
-  a.uniforms = args.accept_uniforms;
-  a.default_seed = args.default_seed;
-  a.requests = args.num_requests;
-  a.total_drafts = args.total_drafts;
-  a.total_rows = args.total_rows;
-  a.max_draft_len = args.max_draft_len;
-  a.vocab = vocab;
-  a.stochastic = args.draft_logits != nullptr;
-  a.plans = plans;
-  a.batch_status = batch_status;
+  VerifyPlanArgs a{args, vocab, plans, batch_status};
   verify_plans_kernel<<<1, kPlanThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
 cudaError_t draft_plans(const DraftArgs& args, RowPlan* plans, cudaStream_t stream) {
-  DraftPlanArgs a;
-  a.rows = args.rows;
-  a.temperature = args.temperature;
-  a.temperatures = args.temperatures;
-  a.seeds = args.seeds;
-  a.request_ids = args.request_ids;
-  a.steps = args.steps;
-  a.positions = args.positions;
-  a.default_seed = args.default_seed;
-  a.plans = plans;
+  DraftPlanArgs a{args, plans};
   draft_plans_kernel<<<(args.rows + 127) / 128, 128, 0, stream>>>(a);
   return cudaGetLastError();
 }

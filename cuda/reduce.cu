@@ -79,20 +79,10 @@ __global__ void combine_draft_kernel(const combine::Sources s, int32_t* tokens_o
 }
 
 struct FinalizeArgs {
-  const int32_t* offsets;
-  const int32_t* tokens;
-  const float* temperatures;
-  const uint64_t* seeds;
-  const uint64_t* request_ids;
-  const uint64_t* steps;
-  const float* uniforms;
-  uint64_t default_seed;
-  int32_t requests, total_rows;
+  VerifyArgs batch;  // device-resident arrays, validated
   const RowSummary* rows;
   const int32_t* batch_status;
-  int32_t* accepted;
-  int32_t* emitted;
-  uint64_t* next_steps;
+  ResultArgs result;
 };
 
 __global__ void finalize_kernel(const FinalizeArgs a) {
@@ -100,23 +90,17 @@ __global__ void finalize_kernel(const FinalizeArgs a) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   const bool bad_batch = *a.batch_status != FLASHSPEC_OK;
   if (bad_batch)
-    for (int k = r; k < a.total_rows; k += gridDim.x * blockDim.x) a.emitted[k] = -1;
-  if (r >= a.requests) return;
-  const uint64_t step = a.steps ? a.steps[r] : 0;
+    for (int k = r; k < a.batch.total_rows; k += gridDim.x * blockDim.x) a.result.emitted_tokens[k] = -1;
+  if (r >= a.batch.num_requests) return;
+  const uint64_t step = a.batch.steps ? a.batch.steps[r] : 0;
   if (bad_batch) {
-    a.accepted[r] = -1;
+    a.result.accepted_counts[r] = -1;
   } else {
-    RequestView v;
-    v.first_draft = a.offsets[r];
-    v.num_drafts = a.offsets[r + 1] - v.first_draft;
-    v.first_row = v.first_draft + r;
-    v.temperature = a.temperatures ? a.temperatures[r] : 1.0f;
-    v.seed = a.seeds ? a.seeds[r] : a.default_seed;
-    v.request_id = a.request_ids ? a.request_ids[r] : uint64_t(r);
-    v.step = step;
-    a.accepted[r] = finalize_request(v, a.tokens, a.rows, a.uniforms, a.emitted + v.first_row);
+    const RequestView v = request_view(a.batch, r);
+    a.result.accepted_counts[r] = finalize_request(v, a.batch.draft_tokens, a.rows, a.batch.accept_uniforms,
+                                                   a.result.emitted_tokens + v.first_row);
   }
-  if (a.next_steps) a.next_steps[r] = step + 1;
+  if (a.result.next_steps) a.result.next_steps[r] = step + 1;
 }
 
 }  // namespace
@@ -145,22 +129,7 @@ namespace finalize {
 
 cudaError_t requests(const VerifyArgs& args, const RowSummary* rows, const int32_t* batch_status,
                      const ResultArgs& result, cudaStream_t stream) {
-  FinalizeArgs a;
-  a.offsets = args.draft_offsets;
-  a.tokens = args.draft_tokens;
-  a.temperatures = args.temperatures;
-  a.seeds = args.seeds;
-  a.request_ids = args.request_ids;
-  a.steps = args.steps;
-  a.uniforms = args.accept_uniforms;
-  a.default_seed = args.default_seed;
-  a.requests = args.num_requests;
-  a.total_rows = args.total_rows;
-  a.rows = rows;
-  a.batch_status = batch_status;
-  a.accepted = result.accepted_counts;
-  a.emitted = result.emitted_tokens;
-  a.next_steps = result.next_steps;
+  FinalizeArgs a{args, rows, batch_status, result};
   const int threads = 128;
   const int blocks = (args.num_requests + threads - 1) / threads;
   void* params[] = {&a};

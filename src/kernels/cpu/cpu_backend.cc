@@ -338,18 +338,6 @@ class CpuBackend final : public Backend {
   void synchronize() override {}
 
  private:
-  static RequestView request_view(const VerifyArgs& args, int32_t r) {
-    RequestView v;
-    v.first_draft = args.draft_offsets[r];
-    v.num_drafts = args.draft_offsets[r + 1] - args.draft_offsets[r];
-    v.first_row = v.first_draft + r;
-    v.temperature = args.temperatures ? args.temperatures[r] : 1.0f;
-    v.seed = args.seeds ? args.seeds[r] : args.default_seed;
-    v.request_id = args.request_ids ? args.request_ids[r] : uint64_t(r);
-    v.step = args.steps ? args.steps[r] : 0;
-    return v;
-  }
-
   // Exact residual of a stochastic draft at draft position j: q = softmax(z / T_d)
   // from the caller's draft logits row, then the Gumbel-max over tokens with
   // p > q of log(p − q) + g (RESIDUAL_NOISE), using the row's kept logits.
