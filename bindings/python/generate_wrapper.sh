@@ -8,10 +8,6 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 out=${1:-$here/pregenerated}
 mkdir -p "$out"
-defines=
-if grep -q 'flashspec_engine_create' "$root/include/flashspec.h" && [ "${FLASHSPEC_BINDINGS_ENGINE:-1}" = 1 ]; then
-  defines=-DFLASHSPEC_BINDINGS_ENGINE
-fi
-swig -python -threads -I"$root/include" $defines -outdir "$out" -o "$out/capi_wrap.c" "$here/flashspec/capi.i"
+swig -python -threads -I"$root/include" -outdir "$out" -o "$out/capi_wrap.c" "$here/flashspec/capi.i"
 sha256sum "$root/include/flashspec.h" "$here/flashspec/capi.i" | sed "s|$root/||" > "$out/SOURCES.sha256"
-echo "wrote $out/capi_wrap.c, $out/capi.py ($defines)"
+echo "wrote $out/capi_wrap.c, $out/capi.py"

@@ -17,10 +17,8 @@ from . import capi
 from ._core import Context, LMHead, Summaries, VerifyBatch, VerifyResult, stream_handle
 from .errors import FlashSpecError, error_class
 from .errors import *  # noqa: F401,F403  (one exception class per status)
-
-if hasattr(capi, "flashspec_engine_create"):  # the engine section is wrapped (option bindings_engine)
-    from ._engine import (ArmMetrics, CallbackDrafter, Drafter, Engine, EngineMetrics, FinishReason,
-                          Generation, NgramDrafter)
+from ._engine import (ArmMetrics, CallbackDrafter, Drafter, Engine, EngineMetrics, FinishReason, Generation,
+                      NgramDrafter)
 
 __version__ = capi.flashspec_version_string()
 ABI_VERSION = capi.FLASHSPEC_ABI_VERSION

@@ -59,7 +59,6 @@ FLASHSPEC_OUT_HANDLE(flashspec_context)
 FLASHSPEC_OUT_HANDLE(flashspec_lm_head)
 FLASHSPEC_OUT_HANDLE(flashspec_summaries)
 
-#ifdef FLASHSPEC_BINDINGS_ENGINE
 /* ---- engine: callbacks and arrays as addresses --------------------------- */
 FLASHSPEC_ADDRESS(flashspec_draft_fn)
 FLASHSPEC_ADDRESS(flashspec_target_forward_fn)
@@ -69,7 +68,6 @@ FLASHSPEC_ADDRESS(flashspec_drafter* const*)
 FLASHSPEC_ADDRESS(const flashspec_arm*)
 FLASHSPEC_OUT_HANDLE(flashspec_drafter)
 FLASHSPEC_OUT_HANDLE(flashspec_engine)
-#endif
 
 /* ---- fixed-size uint32 arrays of the Philox helper ---------------------- */
 %define FLASHSPEC_U32_IN(NAME, N)
@@ -101,13 +99,5 @@ FLASHSPEC_U32_IN(key, 2)
       Py_BuildValue("(kkkk)", (unsigned long)$1[0], (unsigned long)$1[1],
                     (unsigned long)$1[2], (unsigned long)$1[3]));
 }
-
-/* The engine section of the header (drafters, bandit, metrics, engine loop)
- * is wrapped when FLASHSPEC_BINDINGS_ENGINE is defined (Meson defines it
- * when the header declares the engine; option bindings_engine). */
-#ifndef FLASHSPEC_BINDINGS_ENGINE
-%rename("$ignore", regextarget=1) "^flashspec_(engine|drafter|ngram|callback_drafter|draft_call|draft_fn|draft_kind|target_|bandit|arm|generate|token_fn|finish_reason)";
-%rename("$ignore", regextarget=1) "^FLASHSPEC_(DRAFT_TOKENS|DRAFT_LOGITS|DRAFT_HIDDEN|DRAFT_KIND|BANDIT_|FINISH_)";
-#endif
 
 %include "flashspec.h"

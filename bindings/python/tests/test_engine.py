@@ -11,9 +11,6 @@ import pytest
 
 import flashspec
 
-if not hasattr(flashspec, "Engine"):
-    pytest.skip("the engine section is not wrapped (bindings_engine disabled)", allow_module_level=True)
-
 V, D = 48, 16
 PROMPT = [3, 17, 5, 3, 17]
 

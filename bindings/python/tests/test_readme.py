@@ -20,7 +20,4 @@ def test_readme_has_python_snippets():
 
 @pytest.mark.parametrize("index", range(len(blocks())))
 def test_readme_snippet_runs(index):
-    import flashspec
-    if "flashspec.Engine" in blocks()[index] and not hasattr(flashspec, "Engine"):
-        pytest.skip("the engine section is not wrapped (bindings_engine disabled)")
     exec(compile(blocks()[index], f"{README}:python[{index}]", "exec"), {"__name__": "__readme__"})
