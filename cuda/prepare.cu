@@ -1,29 +1,18 @@
 // Kernels that run before a scan: row plans (with the device-side argument
 // checks the host cannot do on device memory) and the staging of hidden rows.
-#include "pdl.cuh"
-#include "sampling/algorithm1.h"
-#include "steps.h"
+#include "launch.cuh"
+#include "prepare.h"
+#include "tuning.h"
+#include "util/dtype.h"
 
 namespace flashspec {
 namespace cuda {
 namespace prepare {
 namespace {
 
-constexpr int kPlanThreads = 512;
+constexpr int kPlanThreads = tuning::kPlanThreads;
 
 __device__ bool valid_temperature(float t) { return isfinite(t) && t >= 0.0f; }
-
-__device__ RowPlan invalid_plan(int32_t status) {
-  RowPlan plan = {};
-  plan.inv_t = 1.0f;
-  plan.flags = kPlanGreedy;
-  plan.tracked = -1;
-  plan.excluded = -1;
-  plan.status = status;
-  plan.q_row = -1;
-  plan.inv_td = 1.0f;
-  return plan;
-}
 
 struct VerifyPlanArgs {
   VerifyArgs batch;  // device-resident arrays, not yet checked
@@ -39,7 +28,7 @@ __global__ void __launch_bounds__(kPlanThreads) verify_plans_kernel(const Verify
   __shared__ int bad_batch;
   if (threadIdx.x == 0) bad_batch = 0;
   for (int row = threadIdx.x; row < a.batch.total_rows; row += blockDim.x)
-    a.plans[row] = invalid_plan(FLASHSPEC_ERR_OUT_OF_RANGE);
+    a.plans[row] = inert_plan(FLASHSPEC_ERR_OUT_OF_RANGE);
   __syncthreads();
   for (int r = threadIdx.x; r < a.batch.num_requests; r += blockDim.x) {
     const int32_t lo = a.batch.draft_offsets[r], hi = a.batch.draft_offsets[r + 1];
@@ -55,41 +44,21 @@ __global__ void __launch_bounds__(kPlanThreads) verify_plans_kernel(const Verify
   for (int r = threadIdx.x; r < a.batch.num_requests; r += blockDim.x) {
     // Offsets are valid here, so the request's view is too.
     const RequestView v = request_view(a.batch, r);
-    const int32_t first_draft = v.first_draft, n = v.num_drafts, first_row = v.first_row;
-    const float temperature = v.temperature;
-    const float draft_t = a.batch.draft_temperatures ? a.batch.draft_temperatures[r] : 1.0f;
     int32_t status = FLASHSPEC_OK;
-    if (!valid_temperature(temperature)) status = FLASHSPEC_ERR_INVALID_ARGUMENT;
-    if (stochastic && !(valid_temperature(draft_t) && draft_t > 0.0f)) status = FLASHSPEC_ERR_INVALID_ARGUMENT;
-    for (int32_t j = 0; j < n; ++j) {
-      const int32_t x = a.batch.draft_tokens[first_draft + j];
+    if (!valid_temperature(v.temperature)) status = FLASHSPEC_ERR_INVALID_ARGUMENT;
+    if (stochastic && !(valid_temperature(v.draft_temperature) && v.draft_temperature > 0.0f))
+      status = FLASHSPEC_ERR_INVALID_ARGUMENT;
+    for (int32_t j = 0; j < v.num_drafts; ++j) {
+      const int32_t x = a.batch.draft_tokens[v.first_draft + j];
       if (x < 0 || x >= a.vocab) status = FLASHSPEC_ERR_OUT_OF_RANGE;
       if (a.batch.accept_uniforms) {
-        const float u = a.batch.accept_uniforms[first_draft + j];
+        const float u = a.batch.accept_uniforms[v.first_draft + j];
         if (!(u > 0.0f && u < 1.0f)) status = FLASHSPEC_ERR_INVALID_ARGUMENT;
       }
     }
-    const bool greedy = temperature == 0.0f;
-    for (int32_t j = 0; j <= n; ++j) {
-      if (status != FLASHSPEC_OK) {
-        a.plans[first_row + j] = invalid_plan(status);
-        continue;
-      }
-      const bool bonus = j == n;
-      RowPlan plan = {};
-      plan.flags = greedy ? kPlanGreedy : 0;
-      plan.inv_t = greedy ? 1.0f : 1.0f / temperature;
-      plan.tracked = bonus ? -1 : a.batch.draft_tokens[first_draft + j];
-      plan.excluded = (!bonus && !stochastic && !greedy) ? plan.tracked : -1;
-      if (!bonus && stochastic && !greedy) plan.flags |= kPlanKeep;
-      plan.q_row = (!bonus && stochastic) ? first_draft + j : -1;
-      plan.inv_td = stochastic ? 1.0f / draft_t : 1.0f;
-      if (!greedy)
-        plan.key = make_row_key(v.seed, v.request_id, v.step, j,
-                                bonus ? FLASHSPEC_RNG_BONUS_NOISE : FLASHSPEC_RNG_RESIDUAL_NOISE);
-      plan.status = FLASHSPEC_OK;
-      a.plans[first_row + j] = plan;
-    }
+    for (int32_t j = 0; j <= v.num_drafts; ++j)
+      a.plans[v.first_row + j] =
+          status == FLASHSPEC_OK ? verify_row_plan(v, j, a.batch.draft_tokens, stochastic) : inert_plan(status);
   }
 }
 
@@ -101,30 +70,13 @@ struct DraftPlanArgs {
 __global__ void draft_plans_kernel(const DraftPlanArgs a) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= a.draft.rows) return;
-  const float temperature = a.draft.temperatures ? a.draft.temperatures[r] : a.draft.temperature;
-  const int32_t position = a.draft.positions ? a.draft.positions[r] : 0;
-  if (!valid_temperature(temperature)) {
-    a.plans[r] = invalid_plan(FLASHSPEC_ERR_INVALID_ARGUMENT);
-    return;
-  }
-  if (position < 0 || position > FLASHSPEC_MAX_DRAFT_LEN) {
-    a.plans[r] = invalid_plan(FLASHSPEC_ERR_OUT_OF_RANGE);
-    return;
-  }
-  const bool greedy = temperature == 0.0f;
-  RowPlan plan = {};
-  plan.flags = greedy ? kPlanGreedy : 0;
-  plan.inv_t = greedy ? 1.0f : 1.0f / temperature;
-  plan.tracked = -1;
-  plan.excluded = -1;
-  plan.q_row = -1;
-  plan.inv_td = 1.0f;
-  if (!greedy)
-    plan.key = make_row_key(a.draft.seeds ? a.draft.seeds[r] : a.draft.default_seed,
-                            a.draft.request_ids ? a.draft.request_ids[r] : uint64_t(r),
-                            a.draft.steps ? a.draft.steps[r] : 0, position, FLASHSPEC_RNG_DRAFT_NOISE);
-  plan.status = FLASHSPEC_OK;
-  a.plans[r] = plan;
+  const DraftRowView v = draft_row_view(a.draft, r);
+  if (!valid_temperature(v.temperature))
+    a.plans[r] = inert_plan(FLASHSPEC_ERR_INVALID_ARGUMENT);
+  else if (v.position < 0 || v.position > FLASHSPEC_MAX_DRAFT_LEN)
+    a.plans[r] = inert_plan(FLASHSPEC_ERR_OUT_OF_RANGE);
+  else
+    a.plans[r] = draft_row_plan(v);
 }
 
 // One block per row.

@@ -8,16 +8,19 @@
 // Philox block serves four Gumbel draws, and writes one Partial per (row,
 // slice of the chunk); slices are numbered in token order, so the combine
 // folds them exactly like the other scans' groups.
-#include "pdl.cuh"
+#include "launch.cuh"
 #include "scan_gemm.h"
+#include "tuning.h"
+#include "warp_fold.cuh"
 
 namespace flashspec {
 namespace cuda {
 namespace gemm_scan {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kTokensPerThread = 4;
+constexpr int kThreads = tuning::kGemmFoldThreads;
+constexpr int kTokensPerThread = tuning::kGemmTokensPerThread;
+constexpr int32_t kSliceTokens = tuning::kGemmSliceTokens;
 
 __global__ void __launch_bounds__(kThreads) fold_chunk_kernel(const float* logits, int32_t chunk_ld, int32_t v0,
                                                                 int32_t count, int32_t slice, const RowPlan* plans,
@@ -70,39 +73,38 @@ const char* cublas_name(cublasStatus_t s) {
 
 }  // namespace
 
-int32_t slice_tokens() { return 4096; }
-
 int groups_for(int32_t vocab, int32_t chunk) {
   int groups = 0;
   for (int32_t v0 = 0; v0 < vocab; v0 += chunk) {
     const int32_t count = std::min(chunk, vocab - v0);
-    groups += (count + slice_tokens() - 1) / slice_tokens();
+    groups += (count + kSliceTokens - 1) / kSliceTokens;
   }
   return groups;
 }
 
 Status scan(const Request& r, cudaStream_t stream) {
-  const cudaDataType type = r.w_dtype == FLASHSPEC_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  const ScanParams& p = r.p;
+  const cudaDataType type = p.w_dtype == FLASHSPEC_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
   const float alpha = 1.0f, beta = 0.0f;
   int group = 0;
-  for (int32_t v0 = 0; v0 < r.vocab; v0 += r.chunk) {
-    const int32_t count = std::min(r.chunk, r.vocab - v0);
+  for (int32_t v0 = 0; v0 < p.vocab; v0 += r.chunk) {
+    const int32_t count = std::min(r.chunk, p.vocab - v0);
     // Column-major view: C[count, rows] = W_chunkᵀ-as-stored · H, i.e. row r
     // of the workspace holds the logits of hidden row r over the chunk.
-    const void* w = static_cast<const unsigned char*>(r.w) + int64_t(v0) * r.ldw * 2;
-    const void* h = static_cast<const unsigned char*>(r.h) + int64_t(r.row_base) * r.ldh * 2;
-    cublasStatus_t s = cublasGemmEx(r.handle, CUBLAS_OP_T, CUBLAS_OP_N, count, r.rows, r.d, &alpha, w, type,
-                                    int(r.ldw), h, type, int(r.ldh), &beta, r.workspace, CUDA_R_32F, r.chunk,
+    const void* w = static_cast<const unsigned char*>(p.w) + int64_t(v0) * p.ldw * 2;
+    const void* h = static_cast<const unsigned char*>(p.h) + int64_t(p.row_base) * p.k_pad * 2;
+    cublasStatus_t s = cublasGemmEx(r.handle, CUBLAS_OP_T, CUBLAS_OP_N, count, p.rows, r.d, &alpha, w, type,
+                                    int(p.ldw), h, type, int(p.k_pad), &beta, r.workspace, CUDA_R_32F, r.chunk,
                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS) return Status{cudaSuccess, cublas_name(s)};
-    const int slices = (count + slice_tokens() - 1) / slice_tokens();
+    const int slices = (count + kSliceTokens - 1) / kSliceTokens;
     const float* logits = r.workspace;
-    int32_t chunk_ld = r.chunk, slice = slice_tokens(), row_base = r.row_base, stride = r.partial_stride;
-    const RowPlan* plans = r.plans;
-    Partial* partials = r.partials;
+    int32_t chunk_ld = r.chunk, slice = kSliceTokens, row_base = p.row_base, stride = p.partial_stride;
+    const RowPlan* plans = p.plans;
+    Partial* partials = p.partials;
     int32_t first = v0, n = count, group_base = group;
     void* args[] = {&logits, &chunk_ld, &first, &n, &slice, &plans, &row_base, &partials, &stride, &group_base};
-    cudaError_t e = launch_dependent(reinterpret_cast<const void*>(&fold_chunk_kernel), dim3(slices, r.rows),
+    cudaError_t e = launch_dependent(reinterpret_cast<const void*>(&fold_chunk_kernel), dim3(slices, p.rows),
                                      dim3(kThreads), 0, stream, args);
     if (e != cudaSuccess) return Status{e, "fold of a logits chunk"};
     group += slices;

@@ -8,28 +8,21 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "device_common.cuh"
+#include "scan_params.h"
 
 namespace flashspec {
 namespace cuda {
 namespace gemm_scan {
 
+// The scan's rows and W as every scan takes them (p.h holds the staged
+// hidden rows in W's 16-bit dtype, row stride p.k_pad), plus what the cuBLAS
+// product needs.
 struct Request {
+  ScanParams p;
+  int32_t d;              // reduction length (W's hidden size)
   cublasHandle_t handle;  // bound to the stream, with its workspace set
-  const void* w;          // LM head, [vocab, ldw], bf16 or fp16
-  int64_t ldw;
-  flashspec_dtype w_dtype;
-  int32_t vocab;
-  int32_t d;              // reduction length
-  const void* h;          // staged hidden rows, [*, ldh], same dtype as W
-  int64_t ldh;
-  int32_t rows;           // rows in this launch
-  int32_t row_base;       // first global row
   float* workspace;       // [rows, chunk] fp32
-  int32_t chunk;          // tokens per chunk, a multiple of slice_tokens()
-  const RowPlan* plans;
-  Partial* partials;      // [groups][partial_stride]
-  int32_t partial_stride;
+  int32_t chunk;          // tokens per chunk, a multiple of tuning::kGemmSliceTokens
 };
 
 // What failed, if anything: a CUDA error, or (cuda == cudaSuccess) a cuBLAS
@@ -39,8 +32,6 @@ struct Status {
   const char* what;
 };
 
-// Tokens per fold CTA; chunks are multiples of it.
-int32_t slice_tokens();
 // Partials (groups) a scan of `vocab` tokens in chunks of `chunk` writes.
 int groups_for(int32_t vocab, int32_t chunk);
 // Enqueues the whole scan on `stream`.

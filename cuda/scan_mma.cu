@@ -11,31 +11,34 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <utility>
+
+#include "mma.cuh"
 #include "scan.h"
-#include "scan_common.cuh"
+#include "stochastic_phase.cuh"
+#include "tuning.h"
 
 namespace flashspec {
 namespace cuda {
 namespace scan {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kBN = 128;
+constexpr int kThreads = tuning::kMmaThreads;
+constexpr int kBN = tuning::kMmaTileTokens;
 
-// BK is the k-extent of a stage: each weight row contributes BK * 2
-// contiguous bytes per stage. Few rows make the scan a pure weight stream,
-// where long contiguous runs per row keep DRAM pages open (BK = 128: 256
-// bytes); many rows make it compute-bound, where smaller stages leave room
-// for a second CTA per SM.
-template <int BM>
+// The layout of shape kShape of tuning::kMmaShapes (BM rows, BK columns per
+// stage; see the table for why each shape is what it is).
+template <int kShape>
 struct Config {
-  static constexpr int kBK = BM == 16 ? 128 : BM == 64 ? 64 : 32;
+  static constexpr tuning::MmaShape kTuned = tuning::kMmaShapes[kShape];
+  static constexpr int BM = kTuned.bm;
+  static constexpr int kBK = kTuned.bk;
   static constexpr int kChunks = kBK / 8;  // 16-byte chunks per smem row
   static constexpr int kRowBytes = kBK * 2;
-  static constexpr int kStages = 4;
-  static constexpr int kMinBlocks = BM == 16 ? 1 : 2;
+  static constexpr int kStages = tuning::kMmaStages;
+  static constexpr int kMinBlocks = kTuned.min_blocks;
   static constexpr int kWarpsM = BM >= 64 ? 2 : 1;
-  static constexpr int kWarpsN = 8 / kWarpsM;
+  static constexpr int kWarpsN = (kThreads / 32) / kWarpsM;
   static constexpr int kWM = BM / kWarpsM;
   static constexpr int kWN = kBN / kWarpsN;
   static constexpr int kMT = kWM / 16;
@@ -79,26 +82,10 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_
                : "r"(addr));
 }
 
-template <bool kBf16>
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (kBf16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-template <int BM, bool kBf16>
-__global__ void __launch_bounds__(kThreads, Config<BM>::kMinBlocks) mma_scan_kernel(const ScanParams p) {
-  using C = Config<BM>;
+template <int kShape, bool kBf16>
+__global__ void __launch_bounds__(kThreads, Config<kShape>::kMinBlocks) mma_scan_kernel(const ScanParams p) {
+  using C = Config<kShape>;
+  constexpr int BM = C::BM;
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* pipe = smem;
   RowPlan* plans = reinterpret_cast<RowPlan*>(smem + C::kPipeBytes);
@@ -201,7 +188,8 @@ __global__ void __launch_bounds__(kThreads, Config<BM>::kMinBlocks) mma_scan_ker
 #pragma unroll
       for (int mt = 0; mt < C::kMT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < C::kNT; ++nt) mma16816<kBf16>(acc[mt][nt], a[mt], b[nt][0], b[nt][1]);
+        for (int nt = 0; nt < C::kNT; ++nt)
+          mma_m16n8k16<kBf16>(acc[mt][nt], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b[nt][0], b[nt][1]);
     }
 
     if (++kt == ktiles) {
@@ -269,41 +257,25 @@ __global__ void __launch_bounds__(kThreads, Config<BM>::kMinBlocks) mma_scan_ker
   }
 }
 
-template <int BM, bool kBf16>
-const void* kernel_of() {
-  return reinterpret_cast<const void*>(&mma_scan_kernel<BM, kBf16>);
+template <int kShape>
+MmaKernel mma_kernel_of() {
+  using C = Config<kShape>;
+  return MmaKernel{reinterpret_cast<const void*>(&mma_scan_kernel<kShape, true>),
+                   reinterpret_cast<const void*>(&mma_scan_kernel<kShape, false>), size_t(C::kBaseBytes),
+                   size_t(C::kPipeBytes)};
+}
+
+template <size_t... kShapes>
+const MmaKernel* mma_kernel_table(std::index_sequence<kShapes...>) {
+  static const MmaKernel table[] = {mma_kernel_of<int(kShapes)>()...};
+  return table;
 }
 
 }  // namespace
 
-const void* mma_kernel(int bm, bool bf16) {
-  switch (bm) {
-    case 16: return bf16 ? kernel_of<16, true>() : kernel_of<16, false>();
-    case 64: return bf16 ? kernel_of<64, true>() : kernel_of<64, false>();
-    case 128: return bf16 ? kernel_of<128, true>() : kernel_of<128, false>();
-    default: return nullptr;
-  }
+const MmaKernel& mma_kernel(int shape) {
+  return mma_kernel_table(std::make_index_sequence<tuning::kMmaShapeCount>())[shape];
 }
-
-size_t mma_base_smem(int bm) {
-  switch (bm) {
-    case 16: return Config<16>::kBaseBytes;
-    case 64: return Config<64>::kBaseBytes;
-    case 128: return Config<128>::kBaseBytes;
-    default: return 0;
-  }
-}
-
-size_t mma_scratch_capacity(int bm) {
-  switch (bm) {
-    case 16: return Config<16>::kPipeBytes;
-    case 64: return Config<64>::kPipeBytes;
-    case 128: return Config<128>::kPipeBytes;
-    default: return 0;
-  }
-}
-
-int mma_threads() { return kThreads; }
 
 }  // namespace scan
 }  // namespace cuda

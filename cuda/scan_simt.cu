@@ -6,14 +6,16 @@
 // the lanes split d, accumulate up to kSimtRows dot products and reduce them
 // with shuffles; lane r then folds row r's logit into its partial.
 #include "scan.h"
-#include "scan_common.cuh"
+#include "stochastic_phase.cuh"
+#include "tuning.h"
 
 namespace flashspec {
 namespace cuda {
 namespace scan {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kSimtRows = tuning::kSimtRows;
+constexpr int kThreads = tuning::kSimtThreads;
 constexpr int kWarps = kThreads / 32;
 constexpr size_t kPlanBytes = kSimtRows * sizeof(RowPlan);
 constexpr size_t kRunningBytes = kWarps * kSimtRows * sizeof(Partial);
@@ -87,24 +89,6 @@ __global__ void __launch_bounds__(kThreads) simt_scan_kernel(const ScanParams p)
 
 const void* simt_kernel() { return reinterpret_cast<const void*>(&simt_scan_kernel); }
 size_t simt_base_smem() { return kBaseBytes; }
-int simt_threads() { return kThreads; }
-
-cudaError_t launch(const void* kernel, const ScanParams& params, int grid, int threads, size_t smem,
-                   bool cooperative, cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(grid));
-  config.blockDim = dim3(unsigned(threads));
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  config.attrs = cooperative ? attr : nullptr;
-  config.numAttrs = cooperative ? 1 : 0;
-  ScanParams copy = params;
-  void* args[] = {&copy};
-  return cudaLaunchKernelExC(&config, kernel, args);
-}
 
 }  // namespace scan
 }  // namespace cuda

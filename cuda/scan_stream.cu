@@ -19,28 +19,23 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "pdl.cuh"
-#include "row_outputs.cuh"
+#include <utility>
+
+#include "launch.cuh"
+#include "mma.cuh"
 #include "scan.h"
-#include "scan_common.cuh"
+#include "scan_params.h"
+#include "tuning.h"
+#include "warp_fold.cuh"
 
 namespace flashspec {
 namespace cuda {
 namespace scan {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = tuning::kStreamThreads;
 constexpr int kWarps = kThreads / 32;
-constexpr int kMaxRows = 16;
-// 32-element chunks per burst. With ≤ 8 rows two CTAs per SM and 4-chunk
-// bursts (two in flight: up to 8 KB per warp) were fastest on an H200; with
-// 9–16 rows the second row group's registers leave room for one CTA per SM,
-// and 8-chunk bursts keep as many bytes in flight.
-template <int kNT>
-struct StreamShape {
-  static constexpr int kUnroll = kNT == 1 ? 4 : 8;
-  static constexpr int kMinBlocks = kNT == 1 ? 2 : 1;
-};
+constexpr int kMaxRows = tuning::kStreamMaxRows;
 
 __device__ __forceinline__ uint4 load_stream(const void* p) {
   uint4 v;
@@ -55,24 +50,6 @@ __device__ __forceinline__ uint4 load_cached(const void* p) {
   uint4 v;
   asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
-}
-
-template <bool kBf16>
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  if constexpr (kBf16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
 }
 
 static_assert(sizeof(Partial) == 32, "load_partial_l2 reads a Partial as two float4");
@@ -135,11 +112,12 @@ __device__ __forceinline__ void finish_scan(const ScanParams& p, const StreamTai
     if (lane == 0) {
       const int global_row = p.row_base + row;
       const RowPlan& plan = plans[row];
-      const int32_t bad = tail.hidden_bad[global_row];
+      const int32_t status = row_status(plan, all, tail.hidden_bad[global_row]);
       if (tail.summaries)
-        tail.summaries[global_row] = verify_summary(plan, all, bad, *tail.batch_status);
+        tail.summaries[global_row] =
+            verify_summary(plan, all, *tail.batch_status != FLASHSPEC_OK ? *tail.batch_status : status);
       else
-        draft_outputs(plan, all, bad, tail.tokens_out + global_row,
+        draft_outputs(plan, all, status, tail.tokens_out + global_row,
                       tail.scores_out ? tail.scores_out + global_row : nullptr);
     }
   }
@@ -152,17 +130,19 @@ struct Burst {
   uint4 a0[kUnroll], a1[kUnroll];
 };
 
-// kNT: 8-row groups of hidden rows (1 for ≤ 8 rows, 2 for ≤ 16).
-template <bool kBf16, int kNT>
-__global__ void __launch_bounds__(kThreads, StreamShape<kNT>::kMinBlocks) stream_scan_kernel(const ScanParams p, const StreamTail tail,
-                                                                  int tiles_per_warp) {
+// kShape: the entry of tuning::kStreamShapes (rows, 8-row groups, burst
+// length, CTAs per SM).
+template <bool kBf16, int kShape>
+__global__ void __launch_bounds__(kThreads, tuning::kStreamShapes[kShape].min_blocks)
+    stream_scan_kernel(const ScanParams p, const StreamTail tail, int tiles_per_warp) {
+  constexpr int kNT = tuning::kStreamShapes[kShape].row_groups;
   __shared__ RowPlan plans[kMaxRows];
   // The lanes' running partials live here rather than in registers, which
   // the double-buffered loads need: [warp][nt][j][lane].
   __shared__ Partial running[kWarps][kNT][2][32];
   __shared__ Partial merged[kWarps][kMaxRows];
 
-  constexpr int kUnroll = StreamShape<kNT>::kUnroll;
+  constexpr int kUnroll = tuning::kStreamShapes[kShape].unroll;
   using Burst = flashspec::cuda::scan::Burst<kUnroll>;
   pdl_wait();     // plans and staged hidden rows come from the kernels before
   pdl_trigger();  // what follows may launch now; it waits for this grid to finish
@@ -242,8 +222,8 @@ __global__ void __launch_bounds__(kThreads, StreamShape<kNT>::kMinBlocks) stream
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
         const uint4 b = (c < chunks && hvalid[nt]) ? load_cached(hrow[nt] + c * 64) : zero;
-        mma16816<kBf16>(acc[u & 1][nt], cur.a0[u].x, cur.a1[u].x, cur.a0[u].y, cur.a1[u].y, b.x, b.y);
-        mma16816<kBf16>(acc[u & 1][nt], cur.a0[u].z, cur.a1[u].z, cur.a0[u].w, cur.a1[u].w, b.z, b.w);
+        mma_m16n8k16<kBf16>(acc[u & 1][nt], cur.a0[u].x, cur.a1[u].x, cur.a0[u].y, cur.a1[u].y, b.x, b.y);
+        mma_m16n8k16<kBf16>(acc[u & 1][nt], cur.a0[u].z, cur.a1[u].z, cur.a0[u].w, cur.a1[u].w, b.z, b.w);
       }
     }
 
@@ -282,20 +262,18 @@ __global__ void __launch_bounds__(kThreads, StreamShape<kNT>::kMinBlocks) stream
   finish_scan<kNT, kWarps>(p, tail, plans, part, merged, warp, lane);
 }
 
-template <bool kBf16, int kNT>
-const void* kernel_of() {
-  return reinterpret_cast<const void*>(&stream_scan_kernel<kBf16, kNT>);
+template <size_t... kShapes>
+const void* const* stream_kernel_table(bool bf16, std::index_sequence<kShapes...>) {
+  static const void* const bf16_kernels[] = {reinterpret_cast<const void*>(&stream_scan_kernel<true, int(kShapes)>)...};
+  static const void* const fp16_kernels[] = {reinterpret_cast<const void*>(&stream_scan_kernel<false, int(kShapes)>)...};
+  return bf16 ? bf16_kernels : fp16_kernels;
 }
 
 }  // namespace
 
-const void* stream_kernel(int rows, bool bf16) {
-  if (rows <= 8) return bf16 ? kernel_of<true, 1>() : kernel_of<false, 1>();
-  return bf16 ? kernel_of<true, 2>() : kernel_of<false, 2>();
+const void* stream_kernel(int shape, bool bf16) {
+  return stream_kernel_table(bf16, std::make_index_sequence<tuning::kStreamShapeCount>())[shape];
 }
-
-int stream_threads() { return kThreads; }
-int stream_max_rows() { return kMaxRows; }
 
 int stream_tiles_per_warp(int32_t vocab, int max_blocks) {
   const int64_t tiles = (int64_t(vocab) + 15) / 16;

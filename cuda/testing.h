@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "kernels/backend.h"
-#include "kernels/row_summary.h"
+#include "sampling/row_summary.h"
 
 namespace flashspec {
 namespace cuda {

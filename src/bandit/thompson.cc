@@ -39,7 +39,7 @@ class Thompson final : public Policy {
   }
 
   void update(int32_t arm, double reward) override {
-    require(arm >= 0 && arm < num_arms(), FLASHSPEC_ERR_OUT_OF_RANGE, "arm", "outside [0, num_arms)");
+    require(arm >= 0 && arm < num_arms(), FLASHSPEC_ERR_OUT_OF_RANGE, "policy update", "arm outside [0, num_arms)");
     const double r = std::isnan(reward) ? 0.0 : std::min(1.0, std::max(0.0, reward));
     RandomStream stream(seed_, round_, kBinarizeStream);
     if (stream.uniform() < r)

@@ -37,7 +37,7 @@ class Ucb1 final : public Policy {
   }
 
   void update(int32_t arm, double reward) override {
-    require(arm >= 0 && arm < num_arms(), FLASHSPEC_ERR_OUT_OF_RANGE, "arm", "outside [0, num_arms)");
+    require(arm >= 0 && arm < num_arms(), FLASHSPEC_ERR_OUT_OF_RANGE, "policy update", "arm outside [0, num_arms)");
     plays_[size_t(arm)] += 1;
     sums_[size_t(arm)] += std::isnan(reward) ? 0.0 : std::fmin(1.0, std::fmax(0.0, reward));
     rounds_ += 1;

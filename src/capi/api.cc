@@ -21,44 +21,6 @@ std::string& thread_error_message() {
 
 namespace {
 
-const LmHeadStorage& checked_head(const flashspec_context& ctx, const flashspec_lm_head* head) {
-  require(head != nullptr, FLASHSPEC_ERR_NULL_POINTER, "head", "is NULL");
-  const LmHeadStorage& storage = *head->storage;
-  require(storage.backend == ctx.backend->kind() && storage.device == ctx.backend->device(),
-          FLASHSPEC_ERR_DEVICE_MISMATCH, "head", "was created for another backend or device than this context's");
-  return storage;
-}
-
-// FNV-1a over the effective per-request values both verify and finalize
-// read, so finalize can refuse a batch of the same shape that the summaries
-// do not describe (their rows would be scored against the wrong tokens).
-VerifiedBatch fingerprint(const flashspec_verify_batch& batch, const VerifyArgs& args) {
-  VerifiedBatch v;
-  if (batch.memory != FLASHSPEC_MEMORY_HOST) return v;  // not readable without a device sync
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](const void* data, size_t bytes) {
-    const unsigned char* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  };
-  mix(&args.num_requests, sizeof args.num_requests);
-  mix(args.draft_offsets, sizeof(int32_t) * size_t(args.num_requests + 1));
-  if (args.total_drafts > 0) mix(args.draft_tokens, sizeof(int32_t) * size_t(args.total_drafts));
-  for (int32_t r = 0; r < args.num_requests; ++r) {
-    float t = args.temperatures ? args.temperatures[r] : 1.0f;
-    if (t == 0.0f) t = 0.0f;  // −0 and +0 are the same greedy request
-    uint64_t seed = args.seeds ? args.seeds[r] : args.default_seed;
-    uint64_t id = args.request_ids ? args.request_ids[r] : uint64_t(r);
-    uint64_t step = args.steps ? args.steps[r] : 0;
-    mix(&t, sizeof t);
-    mix(&seed, sizeof seed);
-    mix(&id, sizeof id);
-    mix(&step, sizeof step);
-  }
-  v.known = true;
-  v.fingerprint = h;
-  return v;
-}
-
 SummaryStore& checked_summaries(const flashspec_context& ctx, const flashspec_summaries* summaries) {
   require(summaries != nullptr, FLASHSPEC_ERR_NULL_POINTER, "summaries", "is NULL");
   SummaryStore& store = *summaries->store;
@@ -67,39 +29,36 @@ SummaryStore& checked_summaries(const flashspec_context& ctx, const flashspec_su
   return store;
 }
 
-void run_verify(flashspec_context& ctx, const flashspec_lm_head* head, const flashspec_verify_batch* batch,
-                SummaryStore& store, VerifiedBatch& verified, const char* store_name) {
-  const LmHeadStorage& storage = checked_head(ctx, head);
-  VerifyArgs args = validate_batch(ctx, storage, batch);
-  validate_summaries_capacity(store, args, store_name);
-  VerifiedBatch described = fingerprint(*batch, args);
-  ctx.backend->verify(storage, args, store);
-  store.verified_vocab = storage.vocab;
-  store.verified_rows = args.total_rows;
-  store.verified_requests = args.num_requests;
-  verified = described;
+// What a backend's Field tags are called in each call of this file.
+FieldNames context_names() {
+  FieldNames n{};
+  n[size_t(Field::kBackend)] = "params->backend";
+  n[size_t(Field::kDeviceOrdinal)] = "params->device_ordinal";
+  return n;
 }
 
-void run_finalize(flashspec_context& ctx, const flashspec_verify_batch* batch, const SummaryStore& store,
-                  const VerifiedBatch& verified, const flashspec_verify_result* result) {
-  VerifyArgs args = validate_batch_for_finalize(ctx, batch);
-  require(store.verified_rows == args.total_rows && store.verified_requests == args.num_requests,
-          FLASHSPEC_ERR_INVALID_ARGUMENT, "summaries",
-          "describe a batch of " + std::to_string(store.verified_requests) + " requests and " +
-              std::to_string(store.verified_rows) + " rows, not this one (verify it first)");
-  if (batch->memory == FLASHSPEC_MEMORY_HOST)
-    for (int32_t k = 0; k < args.total_drafts; ++k)
-      require(batch->draft_tokens[k] >= 0 && batch->draft_tokens[k] < store.verified_vocab,
-              FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_tokens",
-              "entry " + std::to_string(k) + " is outside [0, " + std::to_string(store.verified_vocab) + ")");
-  if (verified.known) {
-    VerifiedBatch given = fingerprint(*batch, args);
-    require(given.known && given.fingerprint == verified.fingerprint, FLASHSPEC_ERR_INVALID_ARGUMENT, "summaries",
-            "describe another batch of the same shape (draft offsets, tokens, temperatures, seeds, request ids or "
-            "steps differ; verify this batch first)");
-  }
-  ResultArgs out = validate_result(ctx, result);
-  ctx.backend->finalize(args, store, out);
+FieldNames lm_head_names() {
+  FieldNames n{};
+  n[size_t(Field::kWeight)] = "weight";
+  n[size_t(Field::kFlags)] = "flags";
+  return n;
+}
+
+FieldNames draft_names() {
+  FieldNames n{};
+  n[size_t(Field::kHead)] = "head";
+  n[size_t(Field::kHidden)] = "hidden";
+  n[size_t(Field::kTemperature)] = "params->temperature";
+  return n;
+}
+
+FieldNames verify_names() {
+  FieldNames n{};
+  n[size_t(Field::kHead)] = "head";
+  n[size_t(Field::kHidden)] = "batch->target_hidden";
+  n[size_t(Field::kTemperature)] = "batch->temperatures";
+  n[size_t(Field::kDraftLogits)] = "batch->draft_logits";
+  return n;
 }
 
 }  // namespace
@@ -142,7 +101,8 @@ flashspec_status flashspec_context_create(const flashspec_context_params* params
     auto ctx = std::make_unique<flashspec_context>();
     bool use_cuda = p.backend == FLASHSPEC_BACKEND_CUDA ||
                     (p.backend == FLASHSPEC_BACKEND_AUTO && cuda_device_count() > p.device_ordinal);
-    ctx->backend = use_cuda ? make_cuda_backend(config) : make_cpu_backend(config);
+    ctx->backend = naming_fields(context_names(),
+                                 [&] { return use_cuda ? make_cuda_backend(config) : make_cpu_backend(config); });
     ctx->seed = p.seed;
     ctx->max_rows = p.max_rows;
     ctx->max_requests = p.max_requests;
@@ -198,7 +158,7 @@ flashspec_status flashspec_lm_head_create(flashspec_context* ctx, const flashspe
     require(raw_flags == FLASHSPEC_LM_HEAD_COPY || raw_flags == FLASHSPEC_LM_HEAD_BORROW,
             FLASHSPEC_ERR_INVALID_ARGUMENT, "flags", "unknown value " + std::to_string(raw_flags));
     auto head = std::make_unique<flashspec_lm_head>();
-    head->storage = ctx->backend->create_lm_head(*weight, flags);
+    head->storage = naming_fields(lm_head_names(), [&] { return ctx->backend->create_lm_head(*weight, flags); });
     *out = head.release();
   });
 }
@@ -222,9 +182,9 @@ flashspec_status flashspec_draft(flashspec_context* ctx, const flashspec_lm_head
                                  int32_t* tokens_out, float* scores_out) {
   if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
   return guarded(ctx, [&] {
-    const LmHeadStorage& storage = checked_head(*ctx, head);
+    const LmHeadStorage& storage = validate_head(*ctx, head, "head");
     DraftArgs args = validate_draft(*ctx, storage, hidden, params, tokens_out, scores_out);
-    ctx->backend->draft(storage, args);
+    naming_fields(draft_names(), [&] { ctx->backend->draft(storage, args); });
   });
 }
 
@@ -264,7 +224,11 @@ flashspec_status flashspec_verify(flashspec_context* ctx, const flashspec_lm_hea
   if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
   return guarded(ctx, [&] {
     SummaryStore& store = checked_summaries(*ctx, summaries);
-    run_verify(*ctx, head, batch, store, summaries->verified, "summaries");
+    const LmHeadStorage& storage = validate_head(*ctx, head, "head");
+    const VerifyArgs args = validate_batch(*ctx, storage, batch, store, "summaries");
+    const VerifiedBatch described = describe_batch(storage, *batch, args);
+    naming_fields(verify_names(), [&] { ctx->backend->verify(storage, args, store); });
+    summaries->verified = described;
   });
 }
 
@@ -273,7 +237,9 @@ flashspec_status flashspec_finalize(flashspec_context* ctx, const flashspec_veri
   if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
   return guarded(ctx, [&] {
     const SummaryStore& store = checked_summaries(*ctx, summaries);
-    run_finalize(*ctx, batch, store, summaries->verified, result);
+    const VerifyArgs args = validate_batch_for_finalize(*ctx, batch, summaries->verified);
+    const ResultArgs out = validate_result(*ctx, result);
+    ctx->backend->finalize(args, store, out);
   });
 }
 
@@ -282,11 +248,15 @@ flashspec_status flashspec_verify_and_finalize(flashspec_context* ctx, const fla
                                                const flashspec_verify_result* result) {
   if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
   return guarded(ctx, [&] {
-    // Validate the result before any work, so a bad result leaves the
-    // context's summaries as they were.
-    validate_result(*ctx, result);
-    run_verify(*ctx, head, batch, *ctx->own_summaries, ctx->own_verified, "context workspace");
-    run_finalize(*ctx, batch, *ctx->own_summaries, ctx->own_verified, result);
+    // Everything is validated before any work, once: the context's own
+    // summaries then describe exactly this batch.
+    const ResultArgs out = validate_result(*ctx, result);
+    const LmHeadStorage& storage = validate_head(*ctx, head, "head");
+    const VerifyArgs args = validate_batch(*ctx, storage, batch, *ctx->own_summaries, "context workspace");
+    naming_fields(verify_names(), [&] {
+      ctx->backend->verify(storage, args, *ctx->own_summaries);
+      ctx->backend->finalize(args, *ctx->own_summaries, out);
+    });
   });
 }
 

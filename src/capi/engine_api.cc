@@ -1,7 +1,6 @@
 // The engine section of flashspec.h: drafters, engines, generation and
 // metrics. Validation first, each failure naming its argument; the engine
-// itself (src/engine) reaches the LM head through flashspec_draft and
-// flashspec_verify_and_finalize, wrapped here as an LmHeadRunner.
+// itself (src/engine) drives the context's backend directly.
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -13,6 +12,7 @@
 #include "capi/validate.h"
 #include "engine/callback_drafter.h"
 #include "engine/engine.h"
+#include "engine/lm_head_runner.h"
 #include "engine/ngram_drafter.h"
 #include "flashspec.h"
 
@@ -24,123 +24,9 @@ struct flashspec_drafter {
   const flashspec_engine* owner = nullptr;  // the engine it serves, if any
 };
 
-namespace {
-
-// The engine's side of the C API. The engine keeps its index arrays (draft
-// offsets and tokens, per-request values, results) in host memory; for a
-// device backend they are staged through one small buffer of the backend's
-// memory, reserved with the engine, and the results copied back.
-class CApiRunner final : public LmHeadRunner {
- public:
-  explicit CApiRunner(flashspec_context* ctx) : ctx_(ctx) {
-    if (backend_memory(*ctx_->backend) == FLASHSPEC_MEMORY_HOST) return;
-    const size_t rows = size_t(ctx_->max_rows);
-    layout_.offsets = 0;
-    layout_.tokens = layout_.offsets + 2 * sizeof(int32_t);
-    layout_.scalars = align(layout_.tokens + rows * sizeof(int32_t));
-    layout_.in_bytes = layout_.scalars + sizeof(Scalars);
-    layout_.accepted = align(layout_.in_bytes);
-    layout_.emitted = layout_.accepted + sizeof(int32_t);
-    layout_.bytes = layout_.emitted + rows * sizeof(int32_t);
-    staging_ = ctx_->backend->allocate_staging(layout_.bytes);
-    host_.resize(layout_.bytes);
-  }
-  ~CApiRunner() override {
-    if (staging_) ctx_->backend->release_staging(staging_);
-  }
-  CApiRunner(const CApiRunner&) = delete;
-  CApiRunner& operator=(const CApiRunner&) = delete;
-
-  flashspec_memory memory() const override { return backend_memory(*ctx_->backend); }
-  int32_t max_rows() const override { return ctx_->max_rows; }
-  int64_t vocab_size(const flashspec_lm_head* head) const override { return flashspec_lm_head_vocab_size(head); }
-  int64_t hidden_size(const flashspec_lm_head* head) const override { return flashspec_lm_head_hidden_size(head); }
-
-  void draft_greedy(const flashspec_lm_head* head, const flashspec_tensor& hidden, int32_t* tokens_out) override {
-    if (!staging_) {
-      check(flashspec_draft(ctx_, head, &hidden, nullptr, tokens_out, nullptr), "fused draft of the drafter's hidden rows");
-      return;
-    }
-    flashspec_draft_params params;
-    flashspec_draft_params_init(&params);
-    params.memory = FLASHSPEC_MEMORY_CUDA;
-    int32_t* device_tokens = reinterpret_cast<int32_t*>(base() + layout_.emitted);
-    check(flashspec_draft(ctx_, head, &hidden, &params, device_tokens, nullptr), "fused draft of the drafter's hidden rows");
-    ctx_->backend->copy_out(tokens_out, device_tokens, size_t(hidden.rows) * sizeof(int32_t));
-  }
-
-  void verify_and_finalize(const flashspec_lm_head* head, const flashspec_verify_batch& batch,
-                           const flashspec_verify_result& result) override {
-    if (!staging_) {
-      check(flashspec_verify_and_finalize(ctx_, head, &batch, &result), "verify of the target's hidden rows");
-      return;
-    }
-    // One request (the engine's shape): stage its arrays in one copy.
-    const int32_t drafts = batch.draft_offsets[1];
-    require(batch.num_requests == 1 && drafts + 1 <= ctx_->max_rows, FLASHSPEC_ERR_INTERNAL, "engine",
-            "staged verify expects one request within max_rows");
-    unsigned char* h = host_.data();
-    std::memcpy(h + layout_.offsets, batch.draft_offsets, 2 * sizeof(int32_t));
-    if (drafts > 0) std::memcpy(h + layout_.tokens, batch.draft_tokens, size_t(drafts) * sizeof(int32_t));
-    Scalars scalars{batch.temperatures ? *batch.temperatures : 1.0f,
-                    batch.draft_temperatures ? *batch.draft_temperatures : 1.0f,
-                    batch.seeds ? *batch.seeds : ctx_->seed, batch.request_ids ? *batch.request_ids : 0,
-                    batch.steps ? *batch.steps : 0};
-    std::memcpy(h + layout_.scalars, &scalars, sizeof scalars);
-    ctx_->backend->copy_in(base(), h, layout_.in_bytes);
-
-    unsigned char* d = base();
-    const Scalars* ds = reinterpret_cast<const Scalars*>(d + layout_.scalars);
-    flashspec_verify_batch staged = batch;
-    staged.memory = FLASHSPEC_MEMORY_CUDA;
-    staged.draft_offsets = reinterpret_cast<const int32_t*>(d + layout_.offsets);
-    staged.draft_tokens = drafts > 0 ? reinterpret_cast<const int32_t*>(d + layout_.tokens) : nullptr;
-    staged.temperatures = &ds->temperature;
-    staged.draft_temperatures = &ds->draft_temperature;
-    staged.seeds = &ds->seed;
-    staged.request_ids = &ds->request_id;
-    staged.steps = &ds->step;
-    staged.accept_uniforms = nullptr;
-    flashspec_verify_result out;
-    flashspec_verify_result_init(&out);
-    out.memory = FLASHSPEC_MEMORY_CUDA;
-    out.accepted_counts = reinterpret_cast<int32_t*>(d + layout_.accepted);
-    out.emitted_tokens = reinterpret_cast<int32_t*>(d + layout_.emitted);
-    check(flashspec_verify_and_finalize(ctx_, head, &staged, &out), "verify of the target's hidden rows");
-    // The accepted count and the request's n + 1 emitted slots (adjacent).
-    ctx_->backend->copy_out(h + layout_.accepted, d + layout_.accepted,
-                            (layout_.emitted - layout_.accepted) + size_t(drafts + 1) * sizeof(int32_t));
-    std::memcpy(result.accepted_counts, h + layout_.accepted, sizeof(int32_t));
-    std::memcpy(result.emitted_tokens, h + layout_.emitted, size_t(drafts + 1) * sizeof(int32_t));
-  }
-
- private:
-  struct Scalars {
-    float temperature;
-    float draft_temperature;
-    uint64_t seed;
-    uint64_t request_id;
-    uint64_t step;
-  };
-  struct Layout {
-    size_t offsets, tokens, scalars, in_bytes, accepted, emitted, bytes;
-  };
-  static size_t align(size_t v) { return (v + 15) / 16 * 16; }
-  unsigned char* base() const { return static_cast<unsigned char*>(staging_); }
-  void check(flashspec_status status, const char* what) {
-    if (status != FLASHSPEC_OK) throw Error(status, std::string(what) + ": " + ctx_->last_error, ctx_->last_cuda_error);
-  }
-  flashspec_context* ctx_;
-  Layout layout_{};
-  void* staging_ = nullptr;
-  std::vector<unsigned char> host_;
-};
-
-}  // namespace
-
 struct flashspec_engine {
   flashspec_context* ctx = nullptr;
-  std::unique_ptr<CApiRunner> runner;
+  std::unique_ptr<LmHeadRunner> runner;
   std::unique_ptr<Engine> engine;
   std::vector<flashspec_drafter*> drafters;
 };
@@ -148,14 +34,6 @@ struct flashspec_engine {
 namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
-
-void check_head(const flashspec_context& ctx, const flashspec_lm_head* head, const std::string& argument) {
-  require(head != nullptr, FLASHSPEC_ERR_NULL_POINTER, argument.c_str(), "is NULL");
-  const LmHeadStorage& storage = *head->storage;
-  require(storage.backend == ctx.backend->kind() && storage.device == ctx.backend->device(),
-          FLASHSPEC_ERR_DEVICE_MISMATCH, argument.c_str(),
-          "was created for another backend or device than this context's");
-}
 
 void check_cost(double cost, const char* argument) {
   require(std::isfinite(cost) && cost >= 0.0, FLASHSPEC_ERR_INVALID_ARGUMENT, argument,
@@ -172,7 +50,7 @@ flashspec_status null_engine() {
 
 EngineConfig validate_engine(flashspec_context& ctx, const flashspec_lm_head* target_head,
                              const flashspec_engine_params* params, std::vector<flashspec_drafter*>& drafters) {
-  check_head(ctx, target_head, "target_head");
+  validate_head(ctx, target_head, "target_head");
   require(params != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params", "is NULL (the target callbacks are required)");
   validate_struct_size(params->struct_size, sizeof(flashspec_engine_params), "params->struct_size");
   require(params->target_forward != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params->target_forward", "is NULL");
@@ -180,7 +58,7 @@ EngineConfig validate_engine(flashspec_context& ctx, const flashspec_lm_head* ta
   const int32_t max_len = std::min<int32_t>(FLASHSPEC_MAX_DRAFT_LEN, ctx.max_rows - 1);
 
   EngineConfig config;
-  config.target_head = target_head;
+  config.target_head = target_head->storage.get();
   config.target_forward = params->target_forward;
   config.target_rollback = params->target_rollback;
   config.target_user_data = params->target_user_data;
@@ -199,7 +77,7 @@ EngineConfig validate_engine(flashspec_context& ctx, const flashspec_lm_head* ta
       require(params->drafters[j] != drafter, FLASHSPEC_ERR_INVALID_ARGUMENT, name.c_str(),
               "is listed twice (also at index " + str(j) + "); use two arms of one drafter instead");
     if (drafter->head) {
-      check_head(ctx, drafter->head, name + " head");
+      validate_head(ctx, drafter->head, (name + " head").c_str());
       require(drafter->head->storage->vocab == vocab, FLASHSPEC_ERR_OUT_OF_RANGE, name.c_str(),
               "drafts over a vocabulary of " + str(drafter->head->storage->vocab) + ", the target's has " +
                   str(vocab));
@@ -396,7 +274,7 @@ flashspec_status flashspec_drafter_create_callback(flashspec_context* ctx,
       require(std::isfinite(params->draft_temperature) && params->draft_temperature > 0.0f,
               FLASHSPEC_ERR_INVALID_ARGUMENT, "params->draft_temperature",
               "must be finite and > 0 for LOGITS drafts, got " + std::to_string(params->draft_temperature));
-    if (params->kind == FLASHSPEC_DRAFT_HIDDEN) check_head(*ctx, params->head, "params->head");
+    if (params->kind == FLASHSPEC_DRAFT_HIDDEN) validate_head(*ctx, params->head, "params->head");
     check_cost(params->call_cost, "params->call_cost");
     check_cost(params->token_cost, "params->token_cost");
     CallbackDrafterConfig config;
@@ -404,11 +282,11 @@ flashspec_status flashspec_drafter_create_callback(flashspec_context* ctx,
     config.draft = params->draft;
     config.user_data = params->user_data;
     config.draft_temperature = params->draft_temperature;
-    config.head = params->kind == FLASHSPEC_DRAFT_HIDDEN ? params->head : nullptr;
+    config.head = params->kind == FLASHSPEC_DRAFT_HIDDEN ? params->head->storage.get() : nullptr;
     config.cost = DrafterCost{params->call_cost, params->token_cost};
     auto drafter = std::make_unique<flashspec_drafter>();
     drafter->impl = std::make_unique<CallbackDrafter>(config);
-    drafter->head = config.head;
+    drafter->head = params->kind == FLASHSPEC_DRAFT_HIDDEN ? params->head : nullptr;
     *out = drafter.release();
   });
 }
@@ -434,7 +312,7 @@ flashspec_status flashspec_engine_create(flashspec_context* ctx, const flashspec
     auto engine = std::make_unique<flashspec_engine>();
     EngineConfig config = validate_engine(*ctx, target_head, params, engine->drafters);
     engine->ctx = ctx;
-    engine->runner = std::make_unique<CApiRunner>(ctx);
+    engine->runner = std::make_unique<LmHeadRunner>(*ctx->backend, ctx->max_rows, ctx->seed);
     engine->engine = std::make_unique<Engine>(std::move(config), *engine->runner);
     for (flashspec_drafter* drafter : engine->drafters) drafter->owner = engine.get();
     *out = engine.release();
@@ -469,8 +347,10 @@ flashspec_status flashspec_engine_generate(flashspec_engine* engine, const int32
   return guarded(engine->ctx, [&] {
     GenerateConfig config =
         validate_generate(*engine, prompt, prompt_len, params, tokens_out, tokens_capacity, result);
+    FieldNames names{};
+    names[size_t(Field::kTemperature)] = "params->temperature";
     try {
-      engine->engine->generate(prompt, prompt_len, config, tokens_out);
+      naming_fields(names, [&] { engine->engine->generate(prompt, prompt_len, config, tokens_out); });
     } catch (...) {
       write_result(engine->engine->progress(), result);
       throw;

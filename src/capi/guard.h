@@ -13,6 +13,23 @@ namespace flashspec {
 // The message of the last failed call that had no context (create).
 std::string& thread_error_message();
 
+// What a Field is, for an error whose field no caller named (every call
+// names the fields its backend calls can raise; this keeps a message whole
+// should one slip through).
+inline const char* field_description(Field field) {
+  switch (field) {
+    case Field::kBackend: return "backend";
+    case Field::kDeviceOrdinal: return "device ordinal";
+    case Field::kWeight: return "weight";
+    case Field::kFlags: return "flags";
+    case Field::kHead: return "head";
+    case Field::kHidden: return "hidden rows";
+    case Field::kTemperature: return "temperature";
+    case Field::kDraftLogits: return "draft logits";
+    default: return "argument";
+  }
+}
+
 template <class Body>
 flashspec_status guarded(flashspec_context* ctx, Body&& body) noexcept {
   flashspec_status status = FLASHSPEC_OK;
@@ -22,7 +39,7 @@ flashspec_status guarded(flashspec_context* ctx, Body&& body) noexcept {
     body();
   } catch (const Error& e) {
     status = e.status();
-    message = e.what();
+    message = e.field() == Field::kNone ? e.what() : std::string(field_description(e.field())) + ": " + e.what();
     cuda_error = e.cuda_error();
   } catch (const std::bad_alloc&) {
     status = FLASHSPEC_ERR_OUT_OF_MEMORY;

@@ -9,11 +9,16 @@
 #include "kernels/backend.h"
 
 namespace flashspec {
-// What finalize checks a batch against: a fingerprint of the host-visible
-// arrays that the verify pass and finalize both read (offsets, tokens,
-// temperatures, seeds, request ids, steps). Unknown for device-memory batches.
+// What the last verify into a summaries object described, so finalize can
+// refuse a batch the summaries do not describe: its shape, and a fingerprint
+// of the host-visible arrays that verify and finalize both read (offsets,
+// tokens, temperatures, seeds, request ids, steps; unknown for device-memory
+// batches).
 struct VerifiedBatch {
-  bool known = false;
+  int64_t vocab = 0;
+  int32_t rows = 0;
+  int32_t requests = 0;
+  bool fingerprint_known = false;
   uint64_t fingerprint = 0;
 };
 }  // namespace flashspec
@@ -21,7 +26,6 @@ struct VerifiedBatch {
 struct flashspec_context {
   std::unique_ptr<flashspec::Backend> backend;
   std::unique_ptr<flashspec::SummaryStore> own_summaries;  // for verify_and_finalize
-  flashspec::VerifiedBatch own_verified;                   // what own_summaries describe
   std::string last_error;
   int last_cuda_error = 0;
   uint64_t seed = 0;

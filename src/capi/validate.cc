@@ -40,6 +40,34 @@ void check_temperatures(const float* values, int32_t count, bool strictly_positi
   }
 }
 
+// Host draft tokens lie in [0, vocab).
+void check_draft_tokens(const int32_t* tokens, int32_t count, int64_t vocab) {
+  for (int32_t k = 0; k < count; ++k)
+    require(tokens[k] >= 0 && tokens[k] < vocab, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_tokens",
+            "entry " + str(k) + " is " + str(tokens[k]) + ", outside [0, " + str(vocab) + ")");
+}
+
+// FNV-1a of a host batch's offsets, tokens and effective per-request values.
+uint64_t fingerprint(const VerifyArgs& args) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const void* data, size_t bytes) {
+    const unsigned char* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  };
+  mix(&args.num_requests, sizeof args.num_requests);
+  mix(args.draft_offsets, sizeof(int32_t) * size_t(args.num_requests + 1));
+  if (args.total_drafts > 0) mix(args.draft_tokens, sizeof(int32_t) * size_t(args.total_drafts));
+  for (int32_t r = 0; r < args.num_requests; ++r) {
+    const RequestView v = request_view(args, r);
+    const float t = v.temperature == 0.0f ? 0.0f : v.temperature;  // −0 and +0 are the same greedy request
+    mix(&t, sizeof t);
+    mix(&v.seed, sizeof v.seed);
+    mix(&v.request_id, sizeof v.request_id);
+    mix(&v.step, sizeof v.step);
+  }
+  return h;
+}
+
 // The checks of a batch that need no head. total_rows comes from
 // target_hidden; host offsets are checked against it.
 VerifyArgs validate_batch_common(const flashspec_context& ctx, const flashspec_verify_batch* batch) {
@@ -121,8 +149,12 @@ VerifyArgs validate_batch_common(const flashspec_context& ctx, const flashspec_v
 
 }  // namespace
 
-flashspec_memory backend_memory(const Backend& backend) {
-  return backend.kind() == FLASHSPEC_BACKEND_CUDA ? FLASHSPEC_MEMORY_CUDA : FLASHSPEC_MEMORY_HOST;
+const LmHeadStorage& validate_head(const flashspec_context& ctx, const flashspec_lm_head* head, const char* argument) {
+  require(head != nullptr, FLASHSPEC_ERR_NULL_POINTER, argument, "is NULL");
+  const LmHeadStorage& storage = *head->storage;
+  require(storage.backend == ctx.backend->kind() && storage.device == ctx.backend->device(),
+          FLASHSPEC_ERR_DEVICE_MISMATCH, argument, "was created for another backend or device than this context's");
+  return storage;
 }
 
 void validate_struct_size(uint32_t given, size_t expected, const char* argument) {
@@ -194,23 +226,53 @@ DraftArgs validate_draft(const flashspec_context& ctx, const LmHeadStorage& head
 }
 
 VerifyArgs validate_batch(const flashspec_context& ctx, const LmHeadStorage& head,
-                          const flashspec_verify_batch* batch) {
+                          const flashspec_verify_batch* batch, const SummaryStore& summaries,
+                          const char* summaries_name) {
   VerifyArgs args = validate_batch_common(ctx, batch);
   require(batch->target_hidden->cols == head.hidden, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->target_hidden",
           "has " + str(batch->target_hidden->cols) + " columns, the LM head's hidden size is " + str(head.hidden));
   if (batch->draft_logits)
     require(batch->draft_logits->cols == head.vocab, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_logits",
             "has " + str(batch->draft_logits->cols) + " columns, the vocabulary has " + str(head.vocab));
-  if (batch->memory == FLASHSPEC_MEMORY_HOST)
-    for (int32_t k = 0; k < args.total_drafts; ++k)
-      require(batch->draft_tokens[k] >= 0 && batch->draft_tokens[k] < head.vocab, FLASHSPEC_ERR_OUT_OF_RANGE,
-              "batch->draft_tokens",
-              "entry " + str(k) + " is " + str(batch->draft_tokens[k]) + ", outside [0, " + str(head.vocab) + ")");
+  if (batch->memory == FLASHSPEC_MEMORY_HOST) check_draft_tokens(batch->draft_tokens, args.total_drafts, head.vocab);
+  require(args.total_rows <= summaries.max_rows, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, summaries_name,
+          "hold " + str(summaries.max_rows) + " rows, the batch has " + str(args.total_rows));
+  require(args.num_requests <= summaries.max_requests, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, summaries_name,
+          "hold " + str(summaries.max_requests) + " requests, the batch has " + str(args.num_requests));
+  require(args.total_rows <= ctx.max_rows, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, "batch->target_hidden",
+          "has " + str(args.total_rows) + " rows, more than the context's max_rows " + str(ctx.max_rows));
   return args;
 }
 
-VerifyArgs validate_batch_for_finalize(const flashspec_context& ctx, const flashspec_verify_batch* batch) {
-  return validate_batch_common(ctx, batch);
+// FNV-1a over the effective per-request values both verify and finalize
+// read, so finalize can refuse a batch of the same shape that the summaries
+// do not describe (their rows would be scored against the wrong tokens).
+VerifiedBatch describe_batch(const LmHeadStorage& head, const flashspec_verify_batch& batch, const VerifyArgs& args) {
+  VerifiedBatch v;
+  v.vocab = head.vocab;
+  v.rows = args.total_rows;
+  v.requests = args.num_requests;
+  if (batch.memory != FLASHSPEC_MEMORY_HOST) return v;  // not readable without a device sync
+  v.fingerprint_known = true;
+  v.fingerprint = fingerprint(args);
+  return v;
+}
+
+VerifyArgs validate_batch_for_finalize(const flashspec_context& ctx, const flashspec_verify_batch* batch,
+                                       const VerifiedBatch& verified) {
+  VerifyArgs args = validate_batch_common(ctx, batch);
+  require(verified.rows == args.total_rows && verified.requests == args.num_requests,
+          FLASHSPEC_ERR_INVALID_ARGUMENT, "summaries",
+          "describe a batch of " + str(verified.requests) + " requests and " + str(verified.rows) +
+              " rows, not this one (verify it first)");
+  if (batch->memory == FLASHSPEC_MEMORY_HOST) {
+    check_draft_tokens(batch->draft_tokens, args.total_drafts, verified.vocab);
+    require(!verified.fingerprint_known || fingerprint(args) == verified.fingerprint, FLASHSPEC_ERR_INVALID_ARGUMENT,
+            "summaries",
+            "describe another batch of the same shape (draft offsets, tokens, temperatures, seeds, request ids or "
+            "steps differ; verify this batch first)");
+  }
+  return args;
 }
 
 ResultArgs validate_result(const flashspec_context& ctx, const flashspec_verify_result* result) {
@@ -220,13 +282,6 @@ ResultArgs validate_result(const flashspec_context& ctx, const flashspec_verify_
   require(result->accepted_counts != nullptr, FLASHSPEC_ERR_NULL_POINTER, "result->accepted_counts", "is NULL");
   require(result->emitted_tokens != nullptr, FLASHSPEC_ERR_NULL_POINTER, "result->emitted_tokens", "is NULL");
   return ResultArgs{result->accepted_counts, result->emitted_tokens, result->next_steps};
-}
-
-void validate_summaries_capacity(const SummaryStore& store, const VerifyArgs& args, const char* argument) {
-  require(args.total_rows <= store.max_rows, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, argument,
-          "hold " + str(store.max_rows) + " rows, the batch has " + str(args.total_rows));
-  require(args.num_requests <= store.max_requests, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, argument,
-          "hold " + str(store.max_requests) + " requests, the batch has " + str(args.num_requests));
 }
 
 }  // namespace flashspec

@@ -10,8 +10,6 @@
 
 namespace flashspec {
 
-flashspec_memory backend_memory(const Backend& backend);
-
 // The integer a C caller stored in an enum field or argument. C allows any
 // int there; in C++ reading an enum object that holds a value outside the
 // enum's range (a negative one, here) is undefined, so validation reads the
@@ -23,6 +21,9 @@ int32_t raw_enum(const Enum& value) {
   std::memcpy(&raw, &value, sizeof raw);
   return raw;
 }
+
+// A head of this context's backend and device.
+const LmHeadStorage& validate_head(const flashspec_context& ctx, const flashspec_lm_head* head, const char* argument);
 
 // A view that can be read: data non-NULL, known dtype and memory, sizes
 // positive, row_stride ≥ cols, byte size without overflow.
@@ -36,16 +37,21 @@ void validate_temperature(float t, const char* argument);
 DraftArgs validate_draft(const flashspec_context& ctx, const LmHeadStorage& head, const flashspec_tensor* hidden,
                          const flashspec_draft_params* params, int32_t* tokens_out, float* scores_out);
 
-// Validates a verify batch against the head; total sizes are read from the
-// offsets when they are host memory (CPU backend).
+// Validates a verify batch against the head, the summaries it will fill and
+// the context's max_rows; total sizes are read from the offsets when they
+// are host memory (CPU backend). `summaries_name` names the store in errors.
 VerifyArgs validate_batch(const flashspec_context& ctx, const LmHeadStorage& head,
-                          const flashspec_verify_batch* batch);
+                          const flashspec_verify_batch* batch, const SummaryStore& summaries,
+                          const char* summaries_name);
 
-// Validates the batch as finalize needs it (no head: sizes from the batch).
-VerifyArgs validate_batch_for_finalize(const flashspec_context& ctx, const flashspec_verify_batch* batch);
+// What a verify of `batch` (validated as `args`) leaves for finalize to check.
+VerifiedBatch describe_batch(const LmHeadStorage& head, const flashspec_verify_batch& batch, const VerifyArgs& args);
+
+// Validates a batch for finalize: well formed, and the batch the summaries
+// describe (`verified`).
+VerifyArgs validate_batch_for_finalize(const flashspec_context& ctx, const flashspec_verify_batch* batch,
+                                       const VerifiedBatch& verified);
 
 ResultArgs validate_result(const flashspec_context& ctx, const flashspec_verify_result* result);
-
-void validate_summaries_capacity(const SummaryStore& store, const VerifyArgs& args, const char* argument);
 
 }  // namespace flashspec

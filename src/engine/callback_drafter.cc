@@ -73,7 +73,9 @@ void CallbackDrafter::propose_tokens(const DraftRequest& request, LmHeadRunner& 
 }
 
 void CallbackDrafter::propose_hidden(const DraftRequest& request, LmHeadRunner& runner, DraftProposal& out) {
-  const int64_t hidden_size = runner.hidden_size(config_.head);
+  const int64_t hidden_size = config_.head->hidden;
+  FieldNames names{};
+  names[size_t(Field::kHidden)] = "draft callback: hidden";
   while (int32_t(out.tokens.size()) < request.max_tokens) {
     const int32_t drafted = int32_t(out.tokens.size());
     flashspec_draft_call call = make_call(request, request.max_tokens - drafted);
@@ -83,7 +85,7 @@ void CallbackDrafter::propose_hidden(const DraftRequest& request, LmHeadRunner& 
     if (call.num_tokens == 0) break;
     check_callback_view(call.hidden, "draft callback: hidden", runner.memory(), call.num_tokens, hidden_size);
     buffer_.assign(size_t(call.num_tokens), -1);
-    runner.draft_greedy(config_.head, call.hidden, buffer_.data());
+    naming_fields(names, [&] { runner.draft_greedy(*config_.head, call.hidden, buffer_.data()); });
     // The head's vocabulary is the target's (checked when the engine is made).
     out.tokens.insert(out.tokens.end(), buffer_.begin(), buffer_.end());
   }

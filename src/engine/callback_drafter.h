@@ -10,6 +10,7 @@
 
 #include "engine/drafter.h"
 #include "flashspec.h"
+#include "kernels/backend.h"
 
 namespace flashspec {
 
@@ -18,7 +19,7 @@ struct CallbackDrafterConfig {
   flashspec_draft_fn draft = nullptr;
   void* user_data = nullptr;
   float draft_temperature = 1.0f;          // LOGITS
-  const flashspec_lm_head* head = nullptr;  // HIDDEN
+  const LmHeadStorage* head = nullptr;     // HIDDEN
   DrafterCost cost;
 };
 
@@ -29,7 +30,6 @@ class CallbackDrafter final : public Drafter {
   void begin(const int32_t*, int32_t) override {}
   void propose(const DraftRequest& request, LmHeadRunner& runner, DraftProposal& out) override;
   DrafterCost cost() const override { return config_.cost; }
-  const flashspec_lm_head* head() const { return config_.head; }
 
  private:
   void propose_tokens(const DraftRequest& request, LmHeadRunner& runner, DraftProposal& out);

@@ -45,8 +45,8 @@ class BusyGuard {
 Engine::Engine(EngineConfig config, LmHeadRunner& runner)
     : config_(std::move(config)),
       runner_(runner),
-      vocab_(runner.vocab_size(config_.target_head)),
-      hidden_(runner.hidden_size(config_.target_head)),
+      vocab_(config_.target_head->vocab),
+      hidden_(config_.target_head->hidden),
       policy_(make_policy(config_.policy)),
       reward_scale_(config_.cost, arm_costs(config_), arm_lengths(config_)),
       metrics_(int32_t(config_.arms.size())) {}
@@ -89,34 +89,30 @@ Engine::StepOutcome Engine::run_step(int32_t arm_index, int32_t draft_len, const
   forward_target(forward_tokens_, cache_length_, drafted + 1, step, hidden);
   cache_length_ = length + drafted;
 
-  // Verify and finalize through the fused LM head.
-  const int32_t offsets[2] = {0, drafted};
-  const float temperature = config.temperature;
-  const float draft_temperature = proposal_.temperature;
-  const uint64_t seed = config.seed, request_id = config.request_id, step_value = step;
-  flashspec_verify_batch batch;
-  flashspec_verify_batch_init(&batch);
-  batch.memory = FLASHSPEC_MEMORY_HOST;  // the index arrays; the runner stages them for a device backend
-  batch.num_requests = 1;
-  batch.draft_offsets = offsets;
-  batch.draft_tokens = drafted > 0 ? proposal_.tokens.data() : nullptr;
-  batch.target_hidden = &hidden;
-  batch.draft_logits = proposal_.has_logits ? &proposal_.logits : nullptr;
-  batch.temperatures = &temperature;
-  batch.draft_temperatures = &draft_temperature;
-  batch.seeds = &seed;
-  batch.request_ids = &request_id;
-  batch.steps = &step_value;
-  batch.max_draft_len = std::max(1, drafted);
-  int32_t accepted = 0;
+  // Verify and finalize through the fused LM head. Its errors name the
+  // callback outputs they are about.
+  SequenceVerify verify{};
+  verify.drafts = proposal_.tokens.data();
+  verify.num_drafts = drafted;
+  verify.hidden = &hidden;
+  verify.draft_logits = proposal_.has_logits ? &proposal_.logits : nullptr;
+  verify.temperature = config.temperature;
+  verify.draft_temperature = proposal_.temperature;
+  verify.seed = config.seed;
+  verify.request_id = config.request_id;
+  verify.step = step;
   emitted_.assign(size_t(drafted + 1), -1);
-  flashspec_verify_result result;
-  flashspec_verify_result_init(&result);
-  result.memory = FLASHSPEC_MEMORY_HOST;
-  result.accepted_counts = &accepted;
-  result.emitted_tokens = emitted_.data();
-  runner_.verify_and_finalize(config_.target_head, batch, result);
-  if (accepted < 0 || accepted > drafted)
+  FieldNames names{};
+  names[size_t(Field::kHidden)] = "target forward: hidden";
+  names[size_t(Field::kDraftLogits)] = "draft callback: logits";
+  const int32_t accepted =
+      naming_fields(names, [&] { return runner_.verify(*config_.target_head, verify, emitted_.data()); });
+  // A device backend reports what only the device sees per request: the
+  // engine's own values are valid, so a row was not finite.
+  if (accepted < 0)
+    fail(FLASHSPEC_ERR_NON_FINITE, "target forward: hidden: a row holds a non-finite value, or gives a logit "
+                                   "that overflows fp32 (divided by the temperature)");
+  if (accepted > drafted)
     fail(FLASHSPEC_ERR_INTERNAL, "verify: accepted count " + str(accepted) + " outside [0, " + str(drafted) + "]");
 
   // Drop the rejected drafts from the target's cache.
@@ -131,8 +127,8 @@ Engine::StepOutcome Engine::run_step(int32_t arm_index, int32_t draft_len, const
 
 void Engine::generate(const int32_t* prompt, int32_t prompt_len, const GenerateConfig& config,
                       int32_t* tokens_out) {
-  require(!busy_, FLASHSPEC_ERR_INVALID_ARGUMENT, "engine",
-          "is already generating (flashspec_engine_generate called from one of its callbacks)");
+  // The C API refuses a nested generate before it gets here.
+  if (busy_) fail(FLASHSPEC_ERR_INTERNAL, "Engine::generate entered while generating");
   BusyGuard busy(busy_);
   cancel_requested_.store(false, std::memory_order_relaxed);
   progress_ = GenerateProgress{};

@@ -13,6 +13,7 @@
 #include "engine/drafter.h"
 #include "engine/lm_head_runner.h"
 #include "flashspec.h"
+#include "kernels/backend.h"
 #include "metrics/metrics.h"
 
 namespace flashspec {
@@ -23,7 +24,7 @@ struct Arm {
 };
 
 struct EngineConfig {
-  const flashspec_lm_head* target_head = nullptr;
+  const LmHeadStorage* target_head = nullptr;
   flashspec_target_forward_fn target_forward = nullptr;
   flashspec_target_rollback_fn target_rollback = nullptr;
   void* target_user_data = nullptr;
@@ -54,7 +55,9 @@ struct GenerateProgress {
 
 class Engine {
  public:
-  // The runner is borrowed; config is validated by the caller (C API).
+  // The runner is borrowed; config is validated by the caller (C API). The
+  // engine's own arguments to the runner are valid by construction: tokens
+  // from the drafters and the host's callbacks are checked as they arrive.
   Engine(EngineConfig config, LmHeadRunner& runner);
 
   // Runs the loop; tokens_out (capacity ≥ max_tokens, or NULL) receives the

@@ -1,29 +1,72 @@
-// How the engine reaches FlashSpec's fused LM head. The engine sits below
-// the C API (DESIGN.md §2), so it states what it needs here and the C API
-// layer implements it with flashspec_draft and flashspec_verify_and_finalize:
-// the engine's target sampling is exactly the public fused verify.
+// How the engine reaches FlashSpec's fused LM head: the context's backend,
+// driven through its internal interface (kernels/backend.h) with arguments
+// the engine builds valid by construction. The engine keeps its index arrays
+// (draft offsets and tokens, per-request values, results) on the host; for a
+// device backend they are staged through one small buffer of the backend's
+// memory, reserved with the engine, and the results copied back.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "flashspec.h"
+#include "kernels/backend.h"
 
 namespace flashspec {
 
+// One sequence's verify: n drafts scored by n + 1 target hidden rows.
+struct SequenceVerify {
+  const int32_t* drafts;                  // [n], host memory, in [0, V)
+  int32_t num_drafts;                     // n ≤ max_rows − 1
+  const flashspec_tensor* hidden;         // [n + 1, d], the backend's memory, checked
+  const flashspec_tensor* draft_logits;   // [n, V] of a stochastic draft, checked, or NULL
+  float temperature;                      // ≥ 0, finite
+  float draft_temperature;                // > 0, finite
+  uint64_t seed, request_id, step;
+};
+
 class LmHeadRunner {
  public:
-  virtual ~LmHeadRunner() = default;
-  // Where hidden rows, logits and index arrays must live for this backend.
-  virtual flashspec_memory memory() const = 0;
-  // Most target rows one verify may hold (the context's max_rows).
-  virtual int32_t max_rows() const = 0;
-  virtual int64_t vocab_size(const flashspec_lm_head* head) const = 0;
-  virtual int64_t hidden_size(const flashspec_lm_head* head) const = 0;
-  // Greedy fused draft: tokens_out[r] = argmax of hidden row r · Wᵀ.
-  virtual void draft_greedy(const flashspec_lm_head* head, const flashspec_tensor& hidden, int32_t* tokens_out) = 0;
-  // flashspec_verify_and_finalize; throws flashspec::Error on failure.
-  virtual void verify_and_finalize(const flashspec_lm_head* head, const flashspec_verify_batch& batch,
-                                   const flashspec_verify_result& result) = 0;
+  // The backend and max_rows are the context's; default_seed its seed.
+  LmHeadRunner(Backend& backend, int32_t max_rows, uint64_t default_seed);
+  ~LmHeadRunner();
+  LmHeadRunner(const LmHeadRunner&) = delete;
+  LmHeadRunner& operator=(const LmHeadRunner&) = delete;
+
+  // Where hidden rows and logits must live for this backend.
+  flashspec_memory memory() const { return backend_memory(backend_); }
+
+  // Greedy fused draft: tokens_out[r] (host) = argmax of hidden row r · Wᵀ.
+  // hidden has been checked (rows ≤ max_rows, head's hidden size).
+  void draft_greedy(const LmHeadStorage& head, const flashspec_tensor& hidden, int32_t* tokens_out);
+
+  // Verify and finalize one sequence (Algorithm 1); emitted[0 .. n] (host)
+  // receives the accepted drafts and one more token. Returns the accepted
+  // count. Errors carry the backend's Field tags.
+  int32_t verify(const LmHeadStorage& head, const SequenceVerify& request, int32_t* emitted);
+
+ private:
+  struct Scalars {
+    float temperature;
+    float draft_temperature;
+    uint64_t seed;
+    uint64_t request_id;
+    uint64_t step;
+  };
+  // Byte offsets of the staged arrays; inputs first, so one copy stages them.
+  struct Layout {
+    size_t offsets, tokens, scalars, inputs_end, accepted, emitted, bytes;
+  };
+  unsigned char* staged() const { return static_cast<unsigned char*>(staging_); }
+
+  Backend& backend_;
+  int32_t max_rows_;
+  uint64_t default_seed_;
+  std::unique_ptr<SummaryStore> summaries_;
+  Layout layout_{};
+  void* staging_ = nullptr;          // the backend's memory; NULL for a host backend
+  std::vector<unsigned char> host_;  // the staged bytes' host image
 };
 
 }  // namespace flashspec

@@ -1,13 +1,15 @@
-// The interface each backend (CPU, CUDA) implements. The C API validates
-// arguments, then calls exactly one of these; a backend throws
-// flashspec::Error on failure and writes no output before it has succeeded.
+// The interface each backend (CPU, CUDA) implements. Callers (the C API, the
+// engine) hand it arguments that are valid by construction (kernels/args.h);
+// a backend throws flashspec::Error on failure, tagged with the Field it is
+// about rather than a public argument name, and writes no output before it
+// has succeeded.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 
 #include "flashspec.h"
-#include "kernels/row_summary.h"
+#include "kernels/args.h"
 
 namespace flashspec {
 
@@ -32,53 +34,6 @@ class SummaryStore {
   int device = -1;
   int32_t max_rows = 0;
   int32_t max_requests = 0;
-  // Shape of the batch the last verify summarised (host-side bookkeeping),
-  // so finalize can refuse a batch the summaries do not describe.
-  int64_t verified_vocab = 0;
-  int32_t verified_rows = 0;
-  int32_t verified_requests = 0;
-};
-
-// A validated draft call. Arrays are per hidden row, in the backend's memory,
-// NULL meaning the documented default.
-struct DraftArgs {
-  const flashspec_tensor* hidden;
-  int32_t rows;
-  float temperature;
-  const float* temperatures;
-  const uint64_t* seeds;
-  const uint64_t* request_ids;
-  const uint64_t* steps;
-  const int32_t* positions;
-  uint64_t default_seed;
-  int32_t* tokens_out;
-  float* scores_out;  // may be NULL
-};
-
-// A validated verify batch. total_drafts = draft_offsets[R]; total_rows =
-// total_drafts + R.
-struct VerifyArgs {
-  int32_t num_requests;
-  int32_t total_drafts;
-  int32_t total_rows;
-  int32_t max_draft_len;
-  const int32_t* draft_offsets;
-  const int32_t* draft_tokens;
-  const flashspec_tensor* target_hidden;
-  const flashspec_tensor* draft_logits;  // NULL: greedy drafts
-  const float* temperatures;
-  const float* draft_temperatures;
-  const uint64_t* seeds;
-  const uint64_t* request_ids;
-  const uint64_t* steps;
-  const float* accept_uniforms;
-  uint64_t default_seed;
-};
-
-struct ResultArgs {
-  int32_t* accepted_counts;
-  int32_t* emitted_tokens;
-  uint64_t* next_steps;  // may be NULL
 };
 
 class Backend {
@@ -89,6 +44,12 @@ class Backend {
   virtual std::unique_ptr<LmHeadStorage> create_lm_head(const flashspec_tensor& weight,
                                                         flashspec_lm_head_flags flags) = 0;
   virtual std::unique_ptr<SummaryStore> create_summaries(int32_t max_rows, int32_t max_requests) = 0;
+  // The calls below take arguments whose shapes fit: head and summaries of
+  // this backend, hidden rows of the head's hidden size, at most the
+  // config's max_rows rows, a batch within the summaries' capacity. Values
+  // in host memory are checked too (token ids, temperatures, offsets); values
+  // in device memory only the device can check, so a device backend reports
+  // those per row (RowSummary::status, accepted_counts[r] = −1).
   virtual void draft(const LmHeadStorage& head, const DraftArgs& args) = 0;
   virtual void verify(const LmHeadStorage& head, const VerifyArgs& args, SummaryStore& summaries) = 0;
   virtual void finalize(const VerifyArgs& args, const SummaryStore& summaries, const ResultArgs& result) = 0;
@@ -105,6 +66,11 @@ class Backend {
   virtual void copy_out(void* host_dst, const void* src, size_t bytes);
 };
 
+// The memory a backend reads: host for the CPU backend, device for CUDA.
+inline flashspec_memory backend_memory(const Backend& backend) {
+  return backend.kind() == FLASHSPEC_BACKEND_CUDA ? FLASHSPEC_MEMORY_CUDA : FLASHSPEC_MEMORY_HOST;
+}
+
 struct BackendConfig {
   int device_ordinal;
   void* cuda_stream;
@@ -115,7 +81,7 @@ struct BackendConfig {
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendConfig& config);
 // Defined in cuda/ when the library is built with CUDA; otherwise throws
-// FLASHSPEC_ERR_NO_DEVICE.
+// FLASHSPEC_ERR_NO_DEVICE (Field::kBackend).
 std::unique_ptr<Backend> make_cuda_backend(const BackendConfig& config);
 // Number of usable CUDA devices (0 without CUDA or without a device).
 int cuda_device_count();

@@ -5,7 +5,7 @@
 namespace flashspec {
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendConfig&) {
-  fail(FLASHSPEC_ERR_NO_DEVICE, "params->backend: this build of FlashSpec has no CUDA backend");
+  fail(FLASHSPEC_ERR_NO_DEVICE, Field::kBackend, "this build of FlashSpec has no CUDA backend");
 }
 
 int cuda_device_count() { return 0; }

@@ -5,34 +5,12 @@
 
 #include <cstdint>
 
-#include "kernels/backend.h"
-#include "kernels/row_summary.h"
+#include "sampling/row_plan.h"
+#include "sampling/row_summary.h"
 #include "util/host_device.h"
 #include "util/philox.h"
 
 namespace flashspec {
-
-struct RequestView {
-  int32_t first_draft;     // index of draft token 1 in draft_tokens
-  int32_t num_drafts;      // n
-  int32_t first_row;       // index of the request's first target row
-  float temperature;       // target T ≥ 0
-  uint64_t seed, request_id, step;
-};
-
-// Request r of a validated batch, its optional arrays resolved to their
-// documented defaults.
-FS_HOST_DEVICE RequestView request_view(const VerifyArgs& args, int32_t r) {
-  RequestView v;
-  v.first_draft = args.draft_offsets[r];
-  v.num_drafts = args.draft_offsets[r + 1] - v.first_draft;
-  v.first_row = v.first_draft + r;
-  v.temperature = args.temperatures ? args.temperatures[r] : 1.0f;
-  v.seed = args.seeds ? args.seeds[r] : args.default_seed;
-  v.request_id = args.request_ids ? args.request_ids[r] : uint64_t(r);
-  v.step = args.steps ? args.steps[r] : 0;
-  return v;
-}
 
 // log u of the acceptance test at draft position j (0-based), from the
 // caller's uniforms when given, else Philox ACCEPT_UNIFORM at (step, j).

@@ -1,6 +1,6 @@
 // What one pass over the LM head leaves behind for one target row: a few
-// numbers instead of a vocabulary-sized vector. Shared by both backends and
-// by the finalize step.
+// numbers instead of a vocabulary-sized vector. Written by every backend's
+// verify, read by the Algorithm 1 finalize.
 #pragma once
 
 #include <cstdint>

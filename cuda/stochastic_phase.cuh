@@ -1,14 +1,9 @@
-// What every scan kernel shares: its parameters, the per-CTA reduction of
-// row partials, and the residual phase of stochastic drafts.
-//
-// A scan launch is a persistent grid: CTA c serves row block c % row_blocks
-// and the contiguous token range of group c / row_blocks. Each CTA leaves one
-// Partial per row in partials[group * partial_stride + row]; the combine
-// kernel folds the groups in order. For stochastic drafts (row_blocks = 1,
-// cooperative launch) each CTA also keeps its range's scaled logits of the
-// rows that need a residual in shared memory, publishes its partials, waits
-// at a grid-wide barrier, and then scores the residual max(p − q, 0) of its
-// range locally: W is read once and no vocabulary-sized vector is written.
+// The residual phase of stochastic drafts, shared by the tiled scans
+// (scan_mma.cu, scan_simt.cu). Those scans run cooperatively (row_blocks = 1):
+// each CTA keeps its token range's scaled logits of the rows that need a
+// residual in shared memory, publishes its partials, waits at a grid-wide
+// barrier, and then scores the residual max(p − q, 0) of its range locally:
+// W is read once and no vocabulary-sized vector is written.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -16,54 +11,16 @@
 
 #include <cstdint>
 
-#include "device_common.cuh"
+#include "scan_params.h"
+#include "util/dtype.h"
+#include "warp_fold.cuh"
 
 namespace flashspec {
 namespace cuda {
 
-struct ScanParams {
-  const void* w;          // LM head, [vocab, ldw]
-  int64_t ldw;            // elements per weight row
-  flashspec_dtype w_dtype;
-  int32_t vocab;
-  int32_t d_load;         // columns read from W (multiple of 8 on the mma path)
-  int32_t k_pad;          // staged hidden columns (multiple of 32), zero beyond d
-  const void* h;          // staged hidden rows, [total rows, k_pad]
-  int32_t rows;           // rows in this launch
-  int32_t row_base;       // first global row of this launch
-  const RowPlan* plans;   // indexed by global row
-  Partial* partials;      // [groups][partial_stride]
-  int32_t partial_stride;
-  int32_t groups;
-  int32_t row_blocks;
-  // Stochastic drafts (cooperative launches only).
-  int32_t stochastic;
-  const void* q_logits;
-  flashspec_dtype q_dtype;
-  int64_t q_ld;
-  QPartial* q_partials;   // [groups][partial_stride]
-  Residual* residuals;    // [groups][partial_stride]
-  int32_t slice;          // kept tokens per row in shared memory
-};
-
-__device__ __forceinline__ void warp_reduce_residual(Residual& r, int lane) {
-  for (int mask = 1; mask < 32; mask <<= 1) {
-    Residual o;
-    o.best = __shfl_xor_sync(0xffffffffu, r.best, mask);
-    o.token = __shfl_xor_sync(0xffffffffu, r.token, mask);
-    o.second = __shfl_xor_sync(0xffffffffu, r.second, mask);
-    o.pad = 0;
-    if ((lane & mask) == 0) merge_residual(r, o);
-    else {
-      merge_residual(o, r);
-      r = o;
-    }
-  }
-}
-
 // The residual phase; every thread of the CTA calls it after the CTA's
 // partials are in global memory. kept: [rows][slice] scaled logits of the
-// CTA's range; scratch: at least 8 * blockDim/32 floats... (see launcher).
+// CTA's range; scratch: 2 * rows + 4 * warps floats.
 __device__ __forceinline__ void stochastic_phase(const ScanParams& p, int group, int begin, int end, const RowPlan* plans,
                                  const float* kept, float* scratch) {
   namespace cg = cooperative_groups;
@@ -81,7 +38,7 @@ __device__ __forceinline__ void stochastic_phase(const ScanParams& p, int group,
     float m = neg_inf(), s = 0.0f;
     int bad = 0;
     for (int i = begin + tid; i < end; i += blockDim.x) {
-      float b = load_element(qrow, p.q_dtype, i);
+      float b = load_as_float(qrow, p.q_dtype, i);
       if (!isfinite(b)) bad = 1;
       lse_add(m, s, b * plan.inv_td);
     }
@@ -122,8 +79,8 @@ __device__ __forceinline__ void stochastic_phase(const ScanParams& p, int group,
     int qbad;
     warp_combine_q(p.q_partials + p.row_base + lr, p.groups, p.partial_stride, lane, qm, qs, qbad);
     if (lane == 0) {
-      lse_p[lr] = all.m + logf(all.s);
-      lse_q[lr] = qm + logf(qs);
+      lse_p[lr] = lse_value(all.m, all.s);
+      lse_q[lr] = lse_value(qm, qs);
     }
   }
   __syncthreads();
@@ -136,23 +93,11 @@ __device__ __forceinline__ void stochastic_phase(const ScanParams& p, int group,
     const void* qrow = static_cast<const unsigned char*>(p.q_logits) +
                        (int64_t(plan.q_row) * p.q_ld) * int64_t(dtype_size(p.q_dtype));
     const float lp = lse_p[lr], lq = lse_q[lr];
-    Residual r;
-    r.best = neg_inf();
-    r.token = -1;
-    r.second = neg_inf();
-    r.pad = 0;
+    Residual r = empty_residual();
     for (int i = begin + tid; i < end; i += blockDim.x) {
-      float log_p = kept[int64_t(lr) * p.slice + (i - begin)] - lp;
-      float log_q = load_element(qrow, p.q_dtype, i) * plan.inv_td - lq;
-      if (!(log_p > log_q)) continue;
-      float score = log_p + log1pf(-expf(log_q - log_p)) + gumbel_from_bits(noise_word(plan.key, i));
-      if (score > r.best) {
-        r.second = r.best;
-        r.best = score;
-        r.token = i;
-      } else if (score > r.second) {
-        r.second = score;
-      }
+      const float log_p = kept[int64_t(lr) * p.slice + (i - begin)] - lp;
+      const float log_q = load_as_float(qrow, p.q_dtype, i) * plan.inv_td - lq;
+      fold_residual(r, log_p, log_q, i, noise_word(plan.key, i));
     }
     warp_reduce_residual(r, lane);
     if (lane == 0) {
@@ -162,11 +107,7 @@ __device__ __forceinline__ void stochastic_phase(const ScanParams& p, int group,
     }
     __syncthreads();
     if (tid == 0) {
-      Residual acc;
-      acc.best = neg_inf();
-      acc.token = -1;
-      acc.second = neg_inf();
-      acc.pad = 0;
+      Residual acc = empty_residual();
       for (int w = 0; w < warps; ++w) {
         Residual o;
         o.best = red[w * 4 + 0];

@@ -1,19 +1,18 @@
-// Host launchers of the small kernels around a scan: preparing row plans and
-// staging hidden rows (before), combining partials into summaries or draft
-// outputs, and the Algorithm 1 finalize (after). Each takes an explicit
-// stream and returns the launch's cudaError_t.
+// Host launchers of the kernels that run before a scan: row plans (with the
+// device-side checks of values only the device can read) and the staging of
+// hidden rows. Each takes an explicit stream and returns the launch's
+// cudaError_t.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "device_common.cuh"
-#include "kernels/backend.h"
+#include "kernels/args.h"
+#include "sampling/row_plan.h"
 
 namespace flashspec {
 namespace cuda {
-
 namespace prepare {
 
 // Row plans of a verify batch; device-side checks of offsets, token ids,
@@ -36,34 +35,5 @@ cudaError_t find_non_finite(const void* data, flashspec_dtype dtype, int64_t row
                             int32_t* found, cudaStream_t stream);
 
 }  // namespace prepare
-
-namespace combine {
-
-struct Sources {
-  const RowPlan* plans;
-  const Partial* partials;
-  const QPartial* q_partials;
-  const Residual* residuals;
-  const int32_t* hidden_bad;
-  int32_t partial_stride;
-  int32_t groups;
-  int32_t rows;
-  const void* q_logits;  // NULL: no stochastic drafts
-  flashspec_dtype q_dtype;
-  int64_t q_ld;
-};
-
-cudaError_t verify_rows(const Sources& src, const int32_t* batch_status, RowSummary* out, cudaStream_t stream);
-cudaError_t draft_rows(const Sources& src, int32_t* tokens_out, float* scores_out, cudaStream_t stream);
-
-}  // namespace combine
-
-namespace finalize {
-
-cudaError_t requests(const VerifyArgs& args, const RowSummary* rows, const int32_t* batch_status,
-                     const ResultArgs& result, cudaStream_t stream);
-
-}  // namespace finalize
-
 }  // namespace cuda
 }  // namespace flashspec

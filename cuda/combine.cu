@@ -1,0 +1,91 @@
+// The combine kernels: one warp per row folds the groups' partials in a fixed
+// order, then the shared rules of sampling/fold.h turn the row's reduction
+// into its summary or draft outputs.
+#include "combine.h"
+#include "launch.cuh"
+#include "tuning.h"
+#include "util/dtype.h"
+
+namespace flashspec {
+namespace cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = tuning::kCombineWarpsPerBlock;
+
+// A row's combined partial and status; for stochastic drafts also q's
+// log-sum-exp.
+struct CombinedRow {
+  int32_t status;
+  Partial all;
+  float q_lse;
+};
+
+__device__ CombinedRow combine_row(const combine::Sources& s, int row, int lane) {
+  CombinedRow res;
+  const RowPlan& plan = s.plans[row];
+  res.all = warp_combine(s.partials + row, s.groups, s.partial_stride, lane);
+  res.status = row_status(plan, res.all, s.hidden_bad[row]);
+  res.q_lse = 0.0f;
+  if (s.q_logits && plan.q_row >= 0) {
+    float qm, qs;
+    int q_bad;
+    warp_combine_q(s.q_partials + row, s.groups, s.partial_stride, lane, qm, qs, q_bad);
+    res.q_lse = lse_value(qm, qs);
+    if (res.status == FLASHSPEC_OK && q_bad) res.status = FLASHSPEC_ERR_NON_FINITE;
+  }
+  return res;
+}
+
+__global__ void combine_verify_kernel(const combine::Sources s, const int32_t* batch_status, RowSummary* out) {
+  pdl_wait();
+  pdl_trigger();
+  const int lane = threadIdx.x & 31;
+  const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= s.rows) return;  // whole warp
+  const RowPlan& plan = s.plans[row];
+  const CombinedRow res = combine_row(s, row, lane);
+  RowSummary summary = verify_summary(plan, res.all, *batch_status != FLASHSPEC_OK ? *batch_status : res.status);
+  if (summary.status == FLASHSPEC_OK && s.q_logits && plan.q_row >= 0) {
+    const void* qrow = static_cast<const unsigned char*>(s.q_logits) +
+                       int64_t(plan.q_row) * s.q_ld * int64_t(dtype_size(s.q_dtype));
+    Residual residual = empty_residual();
+    if ((plan.flags & kPlanKeep) && lane == 0)
+      for (int k = 0; k < s.groups; ++k) merge_residual(residual, s.residuals[int64_t(k) * s.partial_stride + row]);
+    stochastic_summary(summary, plan, load_as_float(qrow, s.q_dtype, plan.tracked), res.q_lse, residual);
+  }
+  if (lane == 0) out[row] = summary;
+}
+
+__global__ void combine_draft_kernel(const combine::Sources s, int32_t* tokens_out, float* scores_out) {
+  pdl_wait();
+  const int lane = threadIdx.x & 31;
+  const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= s.rows) return;
+  const CombinedRow res = combine_row(s, row, lane);
+  if (lane != 0) return;
+  draft_outputs(s.plans[row], res.all, res.status, tokens_out + row, scores_out ? scores_out + row : nullptr);
+}
+
+}  // namespace
+
+namespace combine {
+
+cudaError_t verify_rows(const Sources& src, const int32_t* batch_status, RowSummary* out, cudaStream_t stream) {
+  const int blocks = (src.rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  Sources s = src;
+  void* args[] = {&s, &batch_status, &out};
+  return launch_dependent(reinterpret_cast<const void*>(&combine_verify_kernel), dim3(blocks),
+                          dim3(kWarpsPerBlock * 32), 0, stream, args);
+}
+
+cudaError_t draft_rows(const Sources& src, int32_t* tokens_out, float* scores_out, cudaStream_t stream) {
+  const int blocks = (src.rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  Sources s = src;
+  void* args[] = {&s, &tokens_out, &scores_out};
+  return launch_dependent(reinterpret_cast<const void*>(&combine_draft_kernel), dim3(blocks),
+                          dim3(kWarpsPerBlock * 32), 0, stream, args);
+}
+
+}  // namespace combine
+}  // namespace cuda
+}  // namespace flashspec

@@ -1,0 +1,199 @@
+#include "dispatch.h"
+
+#include <algorithm>
+#include <string>
+
+#include "launch.cuh"
+#include "scan.h"
+#include "scan_gemm.h"
+
+namespace flashspec {
+namespace cuda {
+namespace {
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+int occupancy(const void* kernel, int threads, size_t smem) {
+  int blocks = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  return std::max(1, blocks);
+}
+
+ScanParams base_params(const ScanWorkspace& ws, const CudaLmHead& head, int rows) {
+  ScanParams p = {};
+  p.w = head.data;
+  p.ldw = head.row_stride;
+  p.w_dtype = head.dtype;
+  p.vocab = int32_t(head.vocab);
+  p.d_load = head.d_load;
+  p.k_pad = int32_t(round_up(head.hidden, 32));
+  p.h = ws.hidden;
+  p.rows = rows;
+  p.row_base = 0;
+  p.plans = ws.plans;
+  p.partials = ws.partials;
+  p.partial_stride = ws.max_rows;
+  p.q_partials = ws.q_partials;
+  p.residuals = ws.residuals;
+  return p;
+}
+
+const void* mma_kernel_for(int shape, flashspec_dtype dtype) {
+  const scan::MmaKernel& k = scan::mma_kernel(shape);
+  return dtype == FLASHSPEC_DTYPE_BF16 ? k.bf16 : k.fp16;
+}
+
+cudaError_t launch_tiled(const void* kernel, const ScanParams& params, int grid, int threads, size_t smem,
+                         bool cooperative, cudaStream_t stream) {
+  ScanParams copy = params;
+  void* args[] = {&copy};
+  return launch(kernel, dim3(unsigned(grid)), dim3(unsigned(threads)), smem, cooperative, stream, args);
+}
+
+// Stochastic drafts: one CTA per SM (co-resident, cooperative launch), each
+// keeping its token range's scaled logits of the launch's rows in shared
+// memory. Rows beyond what fits go to further launches.
+int scan_stochastic(const ScanLimits& limits, const CudaLmHead& head, bool tc, int rows, ScanParams p,
+                    int max_groups, cudaStream_t stream) {
+  const int groups = std::max(1, std::min(max_groups, limits.sm_count));
+  const int64_t slice = round_up(((head.vocab + 7) / 8 + groups - 1) / groups * 8, 8);
+  const int shape = tuning::mma_shape_for(rows);
+  const scan::MmaKernel& mma = scan::mma_kernel(shape);
+  const int bm = tc ? tuning::kMmaShapes[shape].bm : tuning::kSimtRows;
+  const size_t base = tc ? mma.base_smem : scan::simt_base_smem();
+  const size_t per_row = size_t(slice) * sizeof(float);
+  int fit = limits.max_smem > base ? int((limits.max_smem - base) / per_row) : 0;
+  fit = std::min(fit, bm);
+  // The residual phase's scratch (2 floats per row, 64 for the warps) lives
+  // in the tensor-core scan's pipeline buffers.
+  if (tc) fit = std::min<int>(fit, int((mma.scratch_bytes / sizeof(float) - 64) / 2));
+  require(fit >= 1, FLASHSPEC_ERR_UNSUPPORTED, Field::kDraftLogits,
+          "the vocabulary (" + std::to_string(head.vocab) +
+              ") is too large for the exact stochastic residual on this device: one row's share of the logits (" +
+              std::to_string(per_row) + " bytes per CTA) does not fit in shared memory");
+  p.groups = groups;
+  p.row_blocks = 1;
+  p.slice = int32_t(slice);
+  const void* kernel = tc ? mma_kernel_for(shape, head.dtype) : scan::simt_kernel();
+  const int threads = tc ? tuning::kMmaThreads : tuning::kSimtThreads;
+  for (int first = 0; first < rows; first += fit) {
+    p.row_base = first;
+    p.rows = std::min(fit, rows - first);
+    const size_t smem = base + size_t(p.rows) * per_row;
+    check_cuda(launch_tiled(kernel, p, groups, threads, smem, true, stream), "scan (stochastic drafts)");
+  }
+  return groups;
+}
+
+}  // namespace
+
+ScanLimits configure_scans(int device) {
+  ScanLimits limits;
+  check_cuda(cudaDeviceGetAttribute(&limits.sm_count, cudaDevAttrMultiProcessorCount, device),
+             "cudaDeviceGetAttribute");
+  int optin = 0;
+  check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+             "cudaDeviceGetAttribute");
+  limits.max_smem = size_t(optin);
+
+  // The tiled scans may use all the shared memory a block can have (kept
+  // logits of stochastic drafts).
+  for (int shape = 0; shape < tuning::kMmaShapeCount; ++shape) {
+    const scan::MmaKernel& k = scan::mma_kernel(shape);
+    for (const void* kernel : {k.bf16, k.fp16})
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
+                 "cudaFuncSetAttribute");
+    limits.mma_blocks_per_sm[shape] = occupancy(k.bf16, tuning::kMmaThreads, k.base_smem);
+  }
+  check_cuda(cudaFuncSetAttribute(scan::simt_kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
+             "cudaFuncSetAttribute");
+  limits.simt_blocks_per_sm = occupancy(scan::simt_kernel(), tuning::kSimtThreads, scan::simt_base_smem());
+
+  // The weight-streaming scans re-read the hidden rows (up to 16 × d × 2
+  // bytes) from L1 for every tile: ask for the smallest shared-memory
+  // carveout that still holds their resident CTAs, leaving the rest to L1.
+  int smem_per_sm = 0, reserved_per_block = 0;
+  check_cuda(cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
+             "cudaDeviceGetAttribute");
+  check_cuda(cudaDeviceGetAttribute(&reserved_per_block, cudaDevAttrReservedSharedMemoryPerBlock, device),
+             "cudaDeviceGetAttribute");
+  for (int shape = 0; shape < tuning::kStreamShapeCount; ++shape)
+    for (bool bf16 : {true, false}) {
+      const void* kernel = scan::stream_kernel(shape, bf16);
+      const int blocks = occupancy(kernel, tuning::kStreamThreads, 0);
+      cudaFuncAttributes attributes{};
+      check_cuda(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
+      const int needed = blocks * (int(attributes.sharedSizeBytes) + reserved_per_block);
+      const int percent = std::min(100, (100 * needed + smem_per_sm - 1) / std::max(1, smem_per_sm));
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent),
+                 "cudaFuncSetAttribute (carveout)");
+      if (bf16) limits.stream_blocks_per_sm[shape] = occupancy(kernel, tuning::kStreamThreads, 0);
+    }
+  return limits;
+}
+
+int32_t gemm_chunk_tokens(int32_t max_rows) {
+  const int64_t slice = tuning::kGemmSliceTokens;
+  const int64_t fit = int64_t(tuning::kGemmWorkspaceBytes) / (int64_t(max_rows) * int64_t(sizeof(float)));
+  return int32_t(std::max<int64_t>(slice, std::min<int64_t>(tuning::kGemmMaxChunkTokens, fit / slice * slice)));
+}
+
+ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const CudaLmHead& head, bool tc, int rows,
+                     const flashspec_tensor* q, const StreamTail& tail, cudaStream_t stream) {
+  ScanParams p = base_params(ws, head, rows);
+  const int max_groups = int(std::min<int64_t>(tuning::kMaxGroups, (head.vocab + 7) / 8));
+  if (q) {
+    p.stochastic = 1;
+    p.q_logits = q->data;
+    p.q_dtype = q->dtype;
+    p.q_ld = q->row_stride;
+    return ScanOutcome{scan_stochastic(limits, head, tc, rows, p, max_groups, stream), false};
+  }
+  if (tc && rows <= tuning::kStreamMaxRows) {
+    const int shape = tuning::stream_shape_for(rows);
+    const int max_blocks = std::min(max_groups, limits.sm_count * limits.stream_blocks_per_sm[shape]);
+    const int tiles_per_warp = scan::stream_tiles_per_warp(p.vocab, max_blocks);
+    const int blocks = scan::stream_blocks(p.vocab, tiles_per_warp);
+    p.groups = blocks;
+    p.row_blocks = 1;
+    check_cuda(scan::launch_stream(scan::stream_kernel(shape, head.dtype == FLASHSPEC_DTYPE_BF16), p, tail,
+                                   tiles_per_warp, blocks, stream),
+               "scan (weight stream)");
+    return ScanOutcome{blocks, true};
+  }
+  if (tc && ws.cublas) {
+    const gemm_scan::Request r{p, int32_t(head.hidden), ws.cublas, ws.chunk_logits, ws.chunk};
+    const gemm_scan::Status status = gemm_scan::scan(r, stream);
+    if (status.cuda != cudaSuccess) cuda_fail(status.cuda, std::string("scan (cuBLAS chunks): ") + status.what);
+    if (status.what) fail(FLASHSPEC_ERR_CUDA, std::string("scan (cuBLAS chunks): cublasGemmEx: ") + status.what);
+    return ScanOutcome{gemm_scan::groups_for(p.vocab, ws.chunk), false};
+  }
+  if (tc) {
+    const int shape = tuning::mma_shape_for(rows);
+    const int bm = tuning::kMmaShapes[shape].bm;
+    const int row_blocks = (rows + bm - 1) / bm;
+    const int slots = limits.sm_count * limits.mma_blocks_per_sm[shape];
+    const int groups = std::max(1, std::min(max_groups, slots / row_blocks));
+    p.groups = groups;
+    p.row_blocks = row_blocks;
+    check_cuda(launch_tiled(mma_kernel_for(shape, head.dtype), p, groups * row_blocks, tuning::kMmaThreads,
+                            scan::mma_kernel(shape).base_smem, false, stream),
+               "scan (tensor cores)");
+    return ScanOutcome{groups, false};
+  }
+  const int groups = std::max(1, std::min(max_groups, limits.sm_count * limits.simt_blocks_per_sm));
+  p.groups = groups;
+  p.row_blocks = 1;
+  for (int base = 0; base < rows; base += tuning::kSimtRows) {
+    p.row_base = base;
+    p.rows = std::min(tuning::kSimtRows, rows - base);
+    check_cuda(launch_tiled(scan::simt_kernel(), p, groups, tuning::kSimtThreads, scan::simt_base_smem(), false,
+                            stream),
+               "scan (CUDA cores)");
+  }
+  return ScanOutcome{groups, false};
+}
+
+}  // namespace cuda
+}  // namespace flashspec

@@ -1,0 +1,67 @@
+// Which scan serves a call, and how it is launched: the shape tables of
+// tuning.h applied to the rows of a call and the device the context runs on.
+//
+//   stochastic drafts            tiled scan (tensor cores, or CUDA cores),
+//                                cooperative, kept logits in shared memory
+//   ≤ kStreamMaxRows rows, 16-bit weight-streaming scan (combines its rows)
+//   more rows, 16-bit            cuBLAS one vocabulary chunk at a time
+//                                (the tiled tensor-core scan without cuBLAS)
+//   any other dtype combination  CUDA-core fp32 scan
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "device_storage.h"
+#include "scan_params.h"
+#include "tuning.h"
+
+namespace flashspec {
+namespace cuda {
+
+// What the device allows each scan kernel, read once per context.
+struct ScanLimits {
+  int sm_count = 0;
+  size_t max_smem = 0;  // dynamic shared memory a block may opt in to
+  int stream_blocks_per_sm[tuning::kStreamShapeCount] = {};
+  int mma_blocks_per_sm[tuning::kMmaShapeCount] = {};
+  int simt_blocks_per_sm = 1;
+};
+
+// Sets the scan kernels' attributes on `device` (the current device) and
+// reads their occupancy.
+ScanLimits configure_scans(int device);
+
+// The context's scan workspace, sized for max_rows rows.
+struct ScanWorkspace {
+  RowPlan* plans;          // [max_rows]
+  const void* hidden;      // staged hidden rows, [max_rows, k_pad]
+  Partial* partials;       // [kMaxGroups, max_rows]
+  QPartial* q_partials;    // [kMaxGroups, max_rows]
+  Residual* residuals;     // [kMaxGroups, max_rows]
+  int32_t max_rows;        // the partials' stride
+  cublasHandle_t cublas;   // NULL when max_rows ≤ kStreamMaxRows
+  float* chunk_logits;     // [max_rows, chunk] for the cuBLAS scan
+  int32_t chunk;           // tokens per cuBLAS chunk
+};
+
+// Tokens per cuBLAS chunk for max_rows rows: as many as fit the logits
+// workspace, in whole fold slices.
+int32_t gemm_chunk_tokens(int32_t max_rows);
+
+struct ScanOutcome {
+  int groups;     // partials per row the scan wrote
+  bool combined;  // the scan also wrote the rows' outputs (`tail`)
+};
+
+// Runs the scan that serves `rows` rows of `head` (tensor_cores: the hidden
+// rows are staged in W's 16-bit dtype), stochastic when `q` is given.
+ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& workspace, const CudaLmHead& head,
+                     bool tensor_cores, int rows, const flashspec_tensor* q, const StreamTail& tail,
+                     cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace flashspec

@@ -1,0 +1,23 @@
+// Host launcher of the Algorithm 1 finalize on the device: one thread per
+// request runs the shared finalize_request (sampling/algorithm1.h).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/args.h"
+#include "sampling/row_summary.h"
+
+namespace flashspec {
+namespace cuda {
+namespace finalize {
+
+// A batch whose offsets the verify plans found invalid (*batch_status ≠ 0)
+// emits −1 everywhere.
+cudaError_t requests(const VerifyArgs& args, const RowSummary* rows, const int32_t* batch_status,
+                     const ResultArgs& result, cudaStream_t stream);
+
+}  // namespace finalize
+}  // namespace cuda
+}  // namespace flashspec

@@ -1,0 +1,56 @@
+// What a scan launch is given. A scan launch is a persistent grid: CTA c
+// serves row block c % row_blocks and the contiguous token range of group
+// c / row_blocks. Each CTA leaves one Partial per row in
+// partials[group * partial_stride + row]; the combine folds the groups in
+// order (or the weight-streaming scan's last CTA does, StreamTail).
+#pragma once
+
+#include <cstdint>
+
+#include "flashspec.h"
+#include "sampling/fold.h"
+#include "sampling/row_plan.h"
+#include "sampling/row_summary.h"
+#include "warp_fold.cuh"
+
+namespace flashspec {
+namespace cuda {
+
+struct ScanParams {
+  const void* w;          // LM head, [vocab, ldw]
+  int64_t ldw;            // elements per weight row
+  flashspec_dtype w_dtype;
+  int32_t vocab;
+  int32_t d_load;         // columns read from W (multiple of 8 on the mma path)
+  int32_t k_pad;          // staged hidden columns (multiple of 32), zero beyond d
+  const void* h;          // staged hidden rows, [total rows, k_pad]
+  int32_t rows;           // rows in this launch
+  int32_t row_base;       // first global row of this launch
+  const RowPlan* plans;   // indexed by global row
+  Partial* partials;      // [groups][partial_stride]
+  int32_t partial_stride;
+  int32_t groups;
+  int32_t row_blocks;
+  // Stochastic drafts (cooperative launches only).
+  int32_t stochastic;
+  const void* q_logits;
+  flashspec_dtype q_dtype;
+  int64_t q_ld;
+  QPartial* q_partials;   // [groups][partial_stride]
+  Residual* residuals;    // [groups][partial_stride]
+  int32_t slice;          // kept tokens per row in shared memory
+};
+
+// Where the weight-streaming scan's last CTA writes the combined rows (it
+// combines its own rows, so no combine kernel follows it).
+struct StreamTail {
+  int32_t* done_counter;        // device int, 0 between launches
+  const int32_t* hidden_bad;    // [rows] from the staging kernel
+  const int32_t* batch_status;  // verify: the batch-level status; NULL for a draft
+  RowSummary* summaries;        // verify: output
+  int32_t* tokens_out;          // draft: output
+  float* scores_out;            // draft: output, may be NULL
+};
+
+}  // namespace cuda
+}  // namespace flashspec

@@ -1,0 +1,96 @@
+// Every tuning constant of the CUDA backend: one table per scan, read by the
+// kernels (as template parameters) and by dispatch (to pick a shape), with
+// the measurement that chose each value beside it. Change a value here and
+// nowhere else.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace flashspec {
+namespace cuda {
+namespace tuning {
+
+// Token-range groups a scan may split the vocabulary into: sizes the
+// partials workspace, [kMaxGroups, max_rows] Partials.
+constexpr int kMaxGroups = 1024;
+
+// ---- Weight-streaming scan (scan_stream.cu): ≤ 16 rows, 16-bit W ----------
+// Each warp streams 16-token tiles of W into mma.sync fragments; row_groups
+// 8-row groups of hidden rows ride on each tile.
+struct StreamShape {
+  int max_rows;    // rows this shape serves
+  int row_groups;  // 8-row mma n-tiles
+  int unroll;      // 32-element chunks per burst; two bursts in flight per lane
+  int min_blocks;  // CTAs per SM the kernel is compiled for (__launch_bounds__)
+};
+// With ≤ 8 rows two CTAs per SM and 4-chunk bursts (up to 8 KB per warp in
+// flight) were fastest on an H200; with 9–16 rows the second row group's
+// registers leave room for one CTA per SM, and 8-chunk bursts keep as many
+// bytes in flight.
+constexpr StreamShape kStreamShapes[] = {
+    {8, 1, 4, 2},
+    {16, 2, 8, 1},
+};
+constexpr int kStreamShapeCount = int(sizeof(kStreamShapes) / sizeof(kStreamShapes[0]));
+constexpr int kStreamMaxRows = kStreamShapes[kStreamShapeCount - 1].max_rows;
+constexpr int kStreamThreads = 256;
+
+// The first shape that serves `rows` (rows ≤ kStreamMaxRows).
+constexpr int stream_shape_for(int rows) {
+  int i = 0;
+  while (i + 1 < kStreamShapeCount && rows > kStreamShapes[i].max_rows) ++i;
+  return i;
+}
+
+// ---- Tensor-core tiled scan (scan_mma.cu): stochastic drafts, and many ----
+// rows without cuBLAS. A CTA owns BM rows and walks its token range in
+// tiles of kMmaTileTokens; each pipeline stage holds BK columns.
+struct MmaShape {
+  int max_rows;    // rows per call this shape serves (the last serves all)
+  int bm;          // rows per CTA
+  int bk;          // columns per stage: each W row contributes bk * 2 bytes
+  int min_blocks;  // CTAs per SM the kernel is compiled for
+};
+// Few rows make the scan a pure weight stream, where long contiguous runs per
+// row keep DRAM pages open (BK = 128: 256 bytes); many rows make it
+// compute-bound, where smaller stages leave room for a second CTA per SM.
+constexpr MmaShape kMmaShapes[] = {
+    {16, 16, 128, 1},
+    {64, 64, 64, 2},
+    {1 << 30, 128, 32, 2},
+};
+constexpr int kMmaShapeCount = int(sizeof(kMmaShapes) / sizeof(kMmaShapes[0]));
+constexpr int kMmaTileTokens = 128;
+constexpr int kMmaStages = 4;
+constexpr int kMmaThreads = 256;
+
+constexpr int mma_shape_for(int rows) {
+  int i = 0;
+  while (i + 1 < kMmaShapeCount && rows > kMmaShapes[i].max_rows) ++i;
+  return i;
+}
+
+// ---- CUDA-core fp32 scan (scan_simt.cu): every other dtype combination -----
+constexpr int kSimtRows = 16;  // rows per launch: one per lane of the first half-warp
+constexpr int kSimtThreads = 256;
+
+// ---- cuBLAS chunked scan (scan_gemm.cu): > kStreamMaxRows rows ------------
+// The product is compute-bound there: cuBLAS writes one chunk of logits
+// [rows, chunk] into a workspace that stays in L2, and a fold kernel reduces
+// it before the next chunk overwrites it.
+constexpr size_t kGemmWorkspaceBytes = size_t(64) << 20;      // logits chunk, about L2-sized per chunk
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;    // cuBLAS's own, fixed so graphs can capture it
+constexpr int32_t kGemmSliceTokens = 4096;                    // tokens per fold CTA; chunks are multiples
+constexpr int32_t kGemmMaxChunkTokens = 65536;
+constexpr int kGemmFoldThreads = 256;
+constexpr int kGemmTokensPerThread = 4;                       // one Philox block serves four Gumbel draws
+
+// ---- Kernels around the scan (prepare.cu, combine.cu, finalize.cu) --------
+constexpr int kPlanThreads = 512;      // the verify plans kernel is one block
+constexpr int kCombineWarpsPerBlock = 4;
+constexpr int kFinalizeThreads = 128;
+
+}  // namespace tuning
+}  // namespace cuda
+}  // namespace flashspec

@@ -1,0 +1,212 @@
+// The fold rules of the one pass over the LM head, shared by every backend:
+// how a logit enters a row's running reduction, how two reductions of
+// adjacent token ranges merge, and what a row's final reduction becomes.
+// CPU/CUDA parity rests on these being one implementation.
+//
+// A Partial reduces a row over a token range: the log-sum-exp of l/T kept
+// online (m, s = Σ exp(x − m)), the Gumbel (T > 0) or logit (T = 0) winner
+// and runner-up, and the tracked token's scaled logit. Tokens reach a Partial
+// in increasing order and merges break ties towards the smaller token id, so
+// the winner does not depend on how the vocabulary was cut.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "flashspec.h"
+#include "sampling/row_plan.h"
+#include "sampling/row_summary.h"
+#include "util/host_device.h"
+#include "util/philox.h"
+
+namespace flashspec {
+
+constexpr int32_t kPartialTracked = 1;        // `tracked` holds the tracked token's l/T
+constexpr int32_t kPartialNonFinite = 2;      // a logit is NaN or ±Inf
+constexpr int32_t kPartialScaleOverflow = 4;  // a finite logit overflowed when divided by T
+
+struct Partial {
+  float m;            // max of l/T (T > 0)
+  float s;            // Σ exp(l/T − m)
+  float best;         // the winner's score
+  float best_scaled;  // the winner's l/T (T > 0) or l (T = 0)
+  int32_t token;      // the winner, −1 for an empty range
+  float second;       // the runner-up's score
+  float tracked;      // l/T of the tracked token
+  int32_t flags;      // kPartial*
+};
+static_assert(sizeof(Partial) == 32, "a Partial is two 16-byte words on the device");
+
+// Best candidate of the residual max(p − q, 0) of a stochastic draft over a
+// token range.
+struct Residual {
+  float best;
+  int32_t token;  // −1: no token of the range has p > q
+  float second;
+  int32_t pad;
+};
+
+FS_HOST_DEVICE Partial empty_partial() {
+  Partial p;
+  p.m = neg_inf();
+  p.s = 0.0f;
+  p.best = neg_inf();
+  p.best_scaled = 0.0f;
+  p.token = -1;
+  p.second = neg_inf();
+  p.tracked = 0.0f;
+  p.flags = 0;
+  return p;
+}
+
+FS_HOST_DEVICE Residual empty_residual() {
+  Residual r;
+  r.best = neg_inf();
+  r.token = -1;
+  r.second = neg_inf();
+  r.pad = 0;
+  return r;
+}
+
+// Online log-sum-exp: (m, s) ← (m, s) ∪ {x}.
+FS_HOST_DEVICE void lse_add(float& m, float& s, float x) {
+  if (x > m) {
+    s = s * expf(m - x) + 1.0f;
+    m = x;
+  } else {
+    s += expf(x - m);
+  }
+}
+
+// (m, s) ← (m, s) ∪ (bm, bs).
+FS_HOST_DEVICE void lse_merge(float& m, float& s, float bm, float bs) {
+  if (bm > m) {
+    s = s * expf(m - bm) + bs;
+    m = bm;
+  } else if (bm != neg_inf()) {
+    s += bs * expf(bm - m);
+  }
+}
+
+FS_HOST_DEVICE float lse_value(float m, float s) { return m + logf(s); }
+
+// Score gap between a winner and its runner-up; +Inf without a runner-up.
+FS_HOST_DEVICE float winner_gap(float best, float second) {
+  return second == neg_inf() ? pos_inf() : best - second;
+}
+
+// Folds logit l of `token` into p. `noise` is the token's RNG word under
+// plan.key (ignored for greedy rows).
+FS_HOST_DEVICE void fold_logit(Partial& p, const RowPlan& plan, float l, int32_t token, uint32_t noise) {
+  const bool greedy = plan.flags & kPlanGreedy;
+  const float scaled = greedy ? l : l * plan.inv_t;
+  if (!is_finite(scaled)) p.flags |= is_finite(l) ? kPartialScaleOverflow : kPartialNonFinite;
+  if (token == plan.tracked) {
+    p.tracked = scaled;
+    p.flags |= kPartialTracked;
+  }
+  if (!greedy) lse_add(p.m, p.s, scaled);
+  if (token == plan.excluded) return;
+  const float score = greedy ? scaled : scaled + gumbel_from_bits(noise);
+  if (score > p.best) {
+    p.second = p.best;
+    p.best = score;
+    p.best_scaled = scaled;
+    p.token = token;
+  } else if (score > p.second) {
+    p.second = score;
+  }
+}
+
+// a ← a ∪ b; ties between winners go to the smaller token id.
+FS_HOST_DEVICE void merge_partial(Partial& a, const Partial& b) {
+  lse_merge(a.m, a.s, b.m, b.s);
+  if (b.flags & kPartialTracked) a.tracked = b.tracked;
+  a.flags |= b.flags;
+  const bool b_wins = b.token >= 0 && (a.token < 0 || b.best > a.best || (b.best == a.best && b.token < a.token));
+  if (b_wins) {
+    a.second = fmaxf(a.best, b.second);
+    a.best = b.best;
+    a.best_scaled = b.best_scaled;
+    a.token = b.token;
+  } else {
+    a.second = fmaxf(a.second, b.best);
+  }
+}
+
+// Folds `token` into the residual max(p − q, 0): tokens with p > q compete
+// with score log(p − q) + g, g the token's RESIDUAL_NOISE Gumbel.
+FS_HOST_DEVICE void fold_residual(Residual& r, float log_p, float log_q, int32_t token, uint32_t noise) {
+  if (!(log_p > log_q)) return;
+  const float score = log_p + log1pf(-expf(log_q - log_p)) + gumbel_from_bits(noise);
+  if (score > r.best) {
+    r.second = r.best;
+    r.best = score;
+    r.token = token;
+  } else if (score > r.second) {
+    r.second = score;
+  }
+}
+
+// a ← a ∪ b; ties go to the smaller token id.
+FS_HOST_DEVICE void merge_residual(Residual& a, const Residual& b) {
+  const bool b_wins = b.token >= 0 && (a.token < 0 || b.best > a.best || (b.best == a.best && b.token < a.token));
+  if (b_wins) {
+    a.second = fmaxf(a.best, b.second);
+    a.best = b.best;
+    a.token = b.token;
+  } else {
+    a.second = fmaxf(a.second, b.best);
+  }
+}
+
+// A row's status after the pass: what planning found, else non-finite
+// hidden values (hidden_bad), logits or scaled logits.
+FS_HOST_DEVICE int32_t row_status(const RowPlan& plan, const Partial& all, int32_t hidden_bad) {
+  if (plan.status != FLASHSPEC_OK) return plan.status;
+  if (hidden_bad || (all.flags & (kPartialNonFinite | kPartialScaleOverflow))) return FLASHSPEC_ERR_NON_FINITE;
+  return FLASHSPEC_OK;
+}
+
+FS_HOST_DEVICE float row_lse(const RowPlan& plan, const Partial& all) {
+  return (plan.flags & kPlanGreedy) ? 0.0f : lse_value(all.m, all.s);
+}
+
+// The summary of a verify row with its whole-vocabulary reduction `all`.
+// For a stochastic draft row, draft_logq and (T > 0) the residual candidate
+// are set afterwards by stochastic_summary.
+FS_HOST_DEVICE RowSummary verify_summary(const RowPlan& plan, const Partial& all, int32_t status) {
+  RowSummary summary;
+  summary.lse = row_lse(plan, all);
+  summary.draft_logit = plan.tracked >= 0 ? all.tracked : 0.0f;
+  summary.draft_logq = 0.0f;
+  summary.candidate = all.token;
+  summary.candidate_gap = winner_gap(all.best, all.second);
+  summary.status = status;
+  return summary;
+}
+
+// Completes a stochastic draft row's summary: log q(x) = z_x/T_d − LSE(z/T_d)
+// from the drafted token's draft logit z_x and q's log-sum-exp, and the
+// residual candidate. An empty residual (p ≤ q everywhere: unreachable in
+// exact arithmetic) leaves the p-sample as the candidate.
+FS_HOST_DEVICE void stochastic_summary(RowSummary& summary, const RowPlan& plan, float drafted_draft_logit,
+                                       float q_lse, const Residual& residual) {
+  summary.draft_logq = drafted_draft_logit * plan.inv_td - q_lse;
+  if ((plan.flags & kPlanKeep) && residual.token >= 0) {
+    summary.candidate = residual.token;
+    summary.candidate_gap = winner_gap(residual.best, residual.second);
+  }
+}
+
+// A draft row's outputs: the token (−1 on error) and its logit (T = 0) or
+// log q (T > 0), NaN on error.
+FS_HOST_DEVICE void draft_outputs(const RowPlan& plan, const Partial& all, int32_t status, int32_t* token,
+                                  float* score) {
+  const bool ok = status == FLASHSPEC_OK && all.token >= 0;
+  *token = ok ? all.token : -1;
+  if (score)
+    *score = !ok ? NAN : ((plan.flags & kPlanGreedy) ? all.best_scaled : all.best_scaled - row_lse(plan, all));
+}
+
+}  // namespace flashspec
