@@ -22,6 +22,22 @@ constexpr int kThreads = tuning::kGemmFoldThreads;
 constexpr int kTokensPerThread = tuning::kGemmTokensPerThread;
 constexpr int32_t kSliceTokens = tuning::kGemmSliceTokens;
 
+// Folds logits [begin, end) of one row (token v0 + i at l[i]); each thread
+// takes four consecutive tokens at a time.
+template <bool kGreedy>
+__device__ __forceinline__ void fold_slice(Partial& part, const RowPlan& plan, const float* l, int begin, int end,
+                                           int32_t v0) {
+  for (int base = begin + threadIdx.x * kTokensPerThread; base < end; base += kThreads * kTokensPerThread) {
+    const int token0 = v0 + base;
+    // Tokens 4b .. 4b+3 share one Philox block; v0 and slice are multiples of 4.
+    Philox4 noise = {{0, 0, 0, 0}};
+    if (!kGreedy) noise = row_block(plan.key, uint32_t(token0) >> 2);
+#pragma unroll
+    for (int k = 0; k < kTokensPerThread; ++k)
+      if (base + k < end) fold_logit(part, plan, l[base + k], token0 + k, noise.v[k]);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) fold_chunk_kernel(const float* logits, int32_t chunk_ld, int32_t v0,
                                                                 int32_t count, int32_t slice, const RowPlan* plans,
                                                                 int32_t row_base, Partial* partials,
@@ -34,16 +50,11 @@ __global__ void __launch_bounds__(kThreads) fold_chunk_kernel(const float* logit
   const float* l = logits + int64_t(row) * chunk_ld;
   const int begin = s * slice, end = min(count, begin + slice);
 
+  // One loop per row kind, so the greedy loop carries no noise and no
+  // scaling (the compiler no longer unswitches it by itself).
   Partial part = empty_partial();
-  for (int base = begin + threadIdx.x * kTokensPerThread; base < end; base += kThreads * kTokensPerThread) {
-    const int token0 = v0 + base;
-    // Tokens 4b .. 4b+3 share one Philox block; v0 and slice are multiples of 4.
-    Philox4 noise = {{0, 0, 0, 0}};
-    if (!greedy) noise = row_block(plan.key, uint32_t(token0) >> 2);
-#pragma unroll
-    for (int k = 0; k < kTokensPerThread; ++k)
-      if (base + k < end) fold_logit(part, plan, l[base + k], token0 + k, noise.v[k]);
-  }
+  if (greedy) fold_slice<true>(part, plan, l, begin, end, v0);
+  else fold_slice<false>(part, plan, l, begin, end, v0);
 
   __shared__ Partial warp_parts[kThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
