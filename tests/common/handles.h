@@ -5,7 +5,7 @@
 
 #include "flashspec.h"
 
-namespace fscommon {
+namespace fstest {
 
 struct ContextDeleter {
   void operator()(flashspec_context* c) const { flashspec_context_destroy(c); }
@@ -28,4 +28,4 @@ using SummariesPtr = std::unique_ptr<flashspec_summaries, SummariesDeleter>;
 using DrafterPtr = std::unique_ptr<flashspec_drafter, DrafterDeleter>;
 using EnginePtr = std::unique_ptr<flashspec_engine, EngineDeleter>;
 
-}  // namespace fscommon
+}  // namespace fstest

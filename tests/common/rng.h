@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
-namespace fscommon {
+namespace fstest {
 
 class Rng {
  public:
@@ -24,4 +24,4 @@ class Rng {
   uint64_t state_;
 };
 
-}  // namespace fscommon
+}  // namespace fstest

@@ -19,11 +19,11 @@
 
 namespace enginetest {
 
-using fscommon::ContextPtr;
-using fscommon::DrafterPtr;
-using fscommon::EnginePtr;
-using fscommon::HeadPtr;
-using fscommon::SummariesPtr;
+using fstest::ContextPtr;
+using fstest::DrafterPtr;
+using fstest::EnginePtr;
+using fstest::HeadPtr;
+using fstest::SummariesPtr;
 
 inline ContextPtr make_cpu_context(int32_t max_rows = 64) {
   flashspec_context_params p;
@@ -37,7 +37,7 @@ inline ContextPtr make_cpu_context(int32_t max_rows = 64) {
   return ContextPtr(ctx);
 }
 
-using fscommon::Rng;
+using fstest::Rng;
 
 // A synthetic target: W [V, d] and token embeddings E [V, d] with N(0, 1)
 // entries scaled by `scale`; the hidden row after a context is

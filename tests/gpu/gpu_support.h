@@ -65,11 +65,11 @@ class Dev {
   size_t n_;
 };
 
-using fscommon::ContextPtr;
-using fscommon::DrafterPtr;
-using fscommon::EnginePtr;
-using fscommon::HeadPtr;
-using fscommon::SummariesPtr;
+using fstest::ContextPtr;
+using fstest::DrafterPtr;
+using fstest::EnginePtr;
+using fstest::HeadPtr;
+using fstest::SummariesPtr;
 
 inline ContextPtr make_context(flashspec_backend backend, uint64_t seed, void* stream = nullptr,
                                int32_t max_rows = 512) {
@@ -85,7 +85,7 @@ inline ContextPtr make_context(flashspec_backend backend, uint64_t seed, void* s
   return ContextPtr(ctx);
 }
 
-using fscommon::Rng;
+using fstest::Rng;
 
 // A row-major matrix in one dtype plus the exact value of every element.
 struct Matrix {

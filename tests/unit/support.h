@@ -18,12 +18,6 @@
 
 namespace fstest {
 
-using fscommon::ContextPtr;
-using fscommon::DrafterPtr;
-using fscommon::EnginePtr;
-using fscommon::HeadPtr;
-using fscommon::SummariesPtr;
-
 inline ContextPtr make_cpu_context(int threads = 2, uint64_t seed = 0, int32_t max_rows = 512,
                                    int32_t max_requests = 512) {
   flashspec_context_params p;
@@ -38,8 +32,6 @@ inline ContextPtr make_cpu_context(int threads = 2, uint64_t seed = 0, int32_t m
   EXPECT_EQ(s, FLASHSPEC_OK) << flashspec_context_last_error(nullptr);
   return ContextPtr(ctx);
 }
-
-using fscommon::Rng;
 
 // A [rows, cols] matrix stored in one dtype, with the exact value of every
 // element (what the library reads) kept as double.
