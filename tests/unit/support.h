@@ -12,26 +12,12 @@
 #include <vector>
 
 #include "../common/handles.h"
+#include "../common/make.h"
 #include "../common/rng.h"
 #include "flashspec.h"
 #include "util/dtype.h"
 
 namespace fstest {
-
-inline ContextPtr make_cpu_context(int threads = 2, uint64_t seed = 0, int32_t max_rows = 512,
-                                   int32_t max_requests = 512) {
-  flashspec_context_params p;
-  flashspec_context_params_init(&p);
-  p.backend = FLASHSPEC_BACKEND_CPU;
-  p.cpu_threads = threads;
-  p.seed = seed;
-  p.max_rows = max_rows;
-  p.max_requests = max_requests;
-  flashspec_context* ctx = nullptr;
-  flashspec_status s = flashspec_context_create(&p, &ctx);
-  EXPECT_EQ(s, FLASHSPEC_OK) << flashspec_context_last_error(nullptr);
-  return ContextPtr(ctx);
-}
 
 // A [rows, cols] matrix stored in one dtype, with the exact value of every
 // element (what the library reads) kept as double.
@@ -77,14 +63,6 @@ inline Matrix random_matrix(flashspec_dtype dtype, int64_t rows, int64_t cols, R
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) m.set(r, c, scale * rng.normal());
   return m;
-}
-
-inline HeadPtr make_head(flashspec_context* ctx, const Matrix& w) {
-  flashspec_tensor t = w.view();
-  flashspec_lm_head* head = nullptr;
-  flashspec_status s = flashspec_lm_head_create(ctx, &t, FLASHSPEC_LM_HEAD_COPY, &head);
-  EXPECT_EQ(s, FLASHSPEC_OK) << flashspec_context_last_error(ctx);
-  return HeadPtr(head);
 }
 
 // Exact float64 logits of one hidden row, and for each logit the bound on

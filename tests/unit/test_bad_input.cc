@@ -131,10 +131,10 @@ TEST(BadInput, ContextCreate) {
 class BadInputWithHead : public ::testing::Test {
  protected:
   void SetUp() override {
-    ctx_ = make_cpu_context(2, /*seed=*/7, kMaxRows, kMaxRequests);
+    ctx_ = make_context(ContextOptions().cpu_threads(2).seed(7).max_rows(kMaxRows).max_requests(kMaxRequests));
     Rng rng(51);
     w_ = random_matrix(FLASHSPEC_DTYPE_F32, kVocab, kHidden, rng, 1.0);
-    head_ = make_head(ctx_.get(), w_);
+    head_ = make_head(ctx_.get(), w_.view());
     ASSERT_TRUE(head_);
   }
   flashspec_context* ctx() { return ctx_.get(); }

@@ -90,8 +90,8 @@ TEST(Determinism, SameSeedSameTokensForAnyThreadCount) {
   Outcome first_greedy, first_stochastic;
   bool have_first = false;
   for (int threads : {1, 2, 3, 7}) {
-    auto ctx = make_cpu_context(threads, /*seed=*/123);
-    HeadPtr head = make_head(ctx.get(), w);
+    auto ctx = make_context(ContextOptions().cpu_threads(threads).seed(123));
+    HeadPtr head = make_head(ctx.get(), w.view());
     DraftRun d = sampled_draft(ctx.get(), head.get(), hidden, 0.9f, seeds, ids, steps, positions);
     Outcome g = verify_and_finalize(ctx.get(), head.get(), greedy_drafts);
     Outcome s = verify_and_finalize(ctx.get(), head.get(), stochastic_drafts);
@@ -108,8 +108,8 @@ TEST(Determinism, SameSeedSameTokensForAnyThreadCount) {
     EXPECT_TRUE(s == first_stochastic) << threads << " threads";
   }
   // Run to run on one context: the same again.
-  auto ctx = make_cpu_context(2, 123);
-  HeadPtr head = make_head(ctx.get(), w);
+  auto ctx = make_context(ContextOptions().cpu_threads(2).seed(123));
+  HeadPtr head = make_head(ctx.get(), w.view());
   EXPECT_EQ(sampled_draft(ctx.get(), head.get(), hidden, 0.9f, seeds, ids, steps, positions).tokens,
             first_draft.tokens);
   EXPECT_TRUE(verify_and_finalize(ctx.get(), head.get(), greedy_drafts) == first_greedy);
@@ -142,8 +142,8 @@ TEST(Determinism, RequestAloneEqualsRequestInsideABatch) {
   // Sharp targets (logit spread ~7): drafted argmaxes are often but not
   // always accepted.
   Matrix w = random_matrix(FLASHSPEC_DTYPE_BF16, kVocab, kHidden, rng, 1.5);
-  auto ctx = make_cpu_context(2, /*seed=*/5);
-  HeadPtr head = make_head(ctx.get(), w);
+  auto ctx = make_context(ContextOptions().cpu_threads(2).seed(5));
+  HeadPtr head = make_head(ctx.get(), w.view());
   for (bool stochastic : {false, true}) {
     std::set<std::vector<int32_t>> distinct;
     std::set<int32_t> accepted_counts;
@@ -203,8 +203,8 @@ TEST(Determinism, StepsAndRequestIdsChangeTheSamples) {
   // steps would be a broken key, not chance.
   Rng rng(43);
   Matrix w = random_matrix(FLASHSPEC_DTYPE_F32, kVocab, kHidden, rng, 0.02);
-  auto ctx = make_cpu_context(2, 8);
-  HeadPtr head = make_head(ctx.get(), w);
+  auto ctx = make_context(ContextOptions().cpu_threads(2).seed(8));
+  HeadPtr head = make_head(ctx.get(), w.view());
   Matrix one = random_matrix(FLASHSPEC_DTYPE_F32, 1, kHidden, rng, 1.0);
   Matrix rows(FLASHSPEC_DTYPE_F32, 16, kHidden);
   for (int64_t r = 0; r < 16; ++r) rows.copy_row(r, one, 0);

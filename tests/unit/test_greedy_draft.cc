@@ -29,7 +29,7 @@ Drafted greedy_draft(flashspec_context* ctx, flashspec_lm_head* head, const Matr
 }
 
 TEST(GreedyDraft, ArgmaxAndLogitMatchTheFloat64Reference) {
-  auto ctx = make_cpu_context(2);
+  auto ctx = make_context(ContextOptions().cpu_threads(2));
   Rng rng(11);
   const flashspec_dtype dtypes[] = {FLASHSPEC_DTYPE_F32, FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F16};
   const int64_t vocabs[] = {1, 7, 255, 256, 257, 1000, 1537};
@@ -42,7 +42,7 @@ TEST(GreedyDraft, ArgmaxAndLogitMatchTheFloat64Reference) {
           if (ht != wt && d != 64) continue;  // mixed dtypes: one shape is enough
           Matrix w = random_matrix(wt, V, d, rng, 0.5);
           Matrix hidden = random_matrix(ht, 5, d, rng, 1.0);
-          HeadPtr head = make_head(ctx.get(), w);
+          HeadPtr head = make_head(ctx.get(), w.view());
           ASSERT_TRUE(head);
           EXPECT_EQ(flashspec_lm_head_vocab_size(head.get()), V);
           EXPECT_EQ(flashspec_lm_head_hidden_size(head.get()), d);
@@ -73,13 +73,13 @@ TEST(GreedyDraft, ArgmaxAndLogitMatchTheFloat64Reference) {
 // With d = 1 each logit is one fp32 product, rounded once: the fp32
 // reference is exact, and bf16 weights make exact ties common.
 TEST(GreedyDraft, HiddenSizeOneTiesGoToTheSmallestId) {
-  auto ctx = make_cpu_context(3);
+  auto ctx = make_context(ContextOptions().cpu_threads(3));
   Rng rng(12);
   for (flashspec_dtype wt : {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F32}) {
     const int64_t V = 700;
     Matrix w(wt, V, 1);
     for (int64_t v = 0; v < V; ++v) w.set(v, 0, double(rng.below(9)) - 4.0);  // values in {−4..4}: many ties
-    HeadPtr head = make_head(ctx.get(), w);
+    HeadPtr head = make_head(ctx.get(), w.view());
     Matrix hidden(FLASHSPEC_DTYPE_F32, 4, 1);
     const double hs[] = {1.0, -1.0, 0.37, -2.5};
     for (int r = 0; r < 4; ++r) hidden.set(r, 0, hs[r]);
@@ -120,8 +120,8 @@ TEST(GreedyDraft, DuplicateRowsTieToTheSmallestIdAcrossTiles) {
       for (int64_t row : tie_sets[k])
         for (int64_t c = 0; c < d; ++c) wk.set(row, c, v.at(0, c));
       for (int threads : {1, 2, 3}) {
-        auto ctx = make_cpu_context(threads);
-        HeadPtr head = make_head(ctx.get(), wk);
+        auto ctx = make_context(ContextOptions().cpu_threads(threads));
+        HeadPtr head = make_head(ctx.get(), wk.view());
         Matrix one(FLASHSPEC_DTYPE_F32, 1, d);
         one.copy_row(0, hidden, int64_t(k));
         Drafted got = greedy_draft(ctx.get(), head.get(), one);
@@ -145,11 +145,11 @@ TEST(GreedyDraft, DuplicateRowsTieToTheSmallestIdAcrossTiles) {
 }
 
 TEST(GreedyDraft, PerRowZeroTemperatureIsGreedy) {
-  auto ctx = make_cpu_context(2);
+  auto ctx = make_context(ContextOptions().cpu_threads(2));
   Rng rng(14);
   Matrix w = random_matrix(FLASHSPEC_DTYPE_BF16, 600, 16, rng, 0.5);
   Matrix hidden = random_matrix(FLASHSPEC_DTYPE_F32, 3, 16, rng, 1.0);
-  HeadPtr head = make_head(ctx.get(), w);
+  HeadPtr head = make_head(ctx.get(), w.view());
   Drafted plain = greedy_draft(ctx.get(), head.get(), hidden);
   flashspec_draft_params p;
   flashspec_draft_params_init(&p);
@@ -169,7 +169,7 @@ TEST(GreedyDraft, PerRowZeroTemperatureIsGreedy) {
 }
 
 TEST(GreedyDraft, StridedHiddenAndWeightViews) {
-  auto ctx = make_cpu_context(2);
+  auto ctx = make_context(ContextOptions().cpu_threads(2));
   Rng rng(15);
   const int64_t V = 300, d = 10, stride = 13;
   Matrix w = random_matrix(FLASHSPEC_DTYPE_F32, V, d, rng, 0.5);
@@ -186,7 +186,7 @@ TEST(GreedyDraft, StridedHiddenAndWeightViews) {
   ASSERT_EQ(flashspec_lm_head_create(ctx.get(), &wt, FLASHSPEC_LM_HEAD_COPY, &raw), FLASHSPEC_OK)
       << flashspec_context_last_error(ctx.get());
   HeadPtr strided(raw);
-  HeadPtr dense = make_head(ctx.get(), w);
+  HeadPtr dense = make_head(ctx.get(), w.view());
   flashspec_tensor ht = flashspec_tensor_make(hp.data(), FLASHSPEC_DTYPE_F32, FLASHSPEC_MEMORY_HOST, 4, d);
   ht.row_stride = stride;
   std::vector<int32_t> t1(4), t2(4);

@@ -77,9 +77,9 @@ void expect_greedy(const Case& c, const Outcome& got) {
 TEST(GreedyVerify, EqualsGreedyDecodingTokenForToken) {
   Rng rng(31);
   for (flashspec_dtype wt : {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F32, FLASHSPEC_DTYPE_F16}) {
-    auto ctx = make_cpu_context(2);
+    auto ctx = make_context(ContextOptions().cpu_threads(2));
     Matrix w = random_matrix(wt, 1000, 32, rng, 0.5);
-    HeadPtr head = make_head(ctx.get(), w);
+    HeadPtr head = make_head(ctx.get(), w.view());
     for (int trial = 0; trial < 8; ++trial) {
       Case c = make_case(w, rng, {0, 1, 2, 4, 7, 3, 5});
       Outcome got = verify_and_finalize(ctx.get(), head.get(), c.batch);
@@ -100,8 +100,8 @@ TEST(GreedyVerify, EqualsGreedyDecodingTokenForToken) {
 TEST(GreedyVerify, IndependentOfSeedStepAndSeparateSummaries) {
   Rng rng(32);
   Matrix w = random_matrix(FLASHSPEC_DTYPE_BF16, 700, 24, rng, 0.5);
-  auto ctx = make_cpu_context(3, /*seed=*/1);
-  HeadPtr head = make_head(ctx.get(), w);
+  auto ctx = make_context(ContextOptions().cpu_threads(3).seed(1));
+  HeadPtr head = make_head(ctx.get(), w.view());
   Case c = make_case(w, rng, {3, 0, 6, 2});
   Outcome base = verify_and_finalize(ctx.get(), head.get(), c.batch);
   expect_greedy(c, base);
@@ -144,8 +144,8 @@ TEST(GreedyVerify, TiesResolveToTheSmallestIdAsInGreedyDecoding) {
   Matrix v = random_matrix(FLASHSPEC_DTYPE_F32, 1, d, rng, 1.0);
   w.copy_row(3, v, 0);
   w.copy_row(700, v, 0);
-  auto ctx = make_cpu_context(2);
-  HeadPtr head = make_head(ctx.get(), w);
+  auto ctx = make_context(ContextOptions().cpu_threads(2));
+  HeadPtr head = make_head(ctx.get(), w.view());
   HostBatch hb;
   hb.hidden = Matrix(FLASHSPEC_DTYPE_F32, 4, d);
   for (int64_t r = 0; r < 4; ++r) hb.hidden.copy_row(r, v, 0);
@@ -160,8 +160,8 @@ TEST(GreedyVerify, TiesResolveToTheSmallestIdAsInGreedyDecoding) {
 TEST(GreedyVerify, GreedyRequestsAreUnaffectedBySampledNeighbours) {
   Rng rng(34);
   Matrix w = random_matrix(FLASHSPEC_DTYPE_BF16, 513, 16, rng, 0.5);
-  auto ctx = make_cpu_context(2);
-  HeadPtr head = make_head(ctx.get(), w);
+  auto ctx = make_context(ContextOptions().cpu_threads(2));
+  HeadPtr head = make_head(ctx.get(), w.view());
   Case c = make_case(w, rng, {4, 2, 5, 1});
   c.batch.temperatures = {0.0f, 1.0f, 0.0f, 0.7f};
   Outcome got = verify_and_finalize(ctx.get(), head.get(), c.batch);

@@ -45,7 +45,7 @@ double logq_tolerance(const ReferenceLogits& ref, double temperature, double lse
 }
 
 TEST(OnlineLse, LogQMatchesFloat64ReferenceForEveryDtype) {
-  auto ctx = make_cpu_context(2, /*seed=*/99);
+  auto ctx = make_context(ContextOptions().cpu_threads(2).seed(99));
   Rng rng(21);
   for (flashspec_dtype wt : {FLASHSPEC_DTYPE_F32, FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F16})
     for (int64_t V : {1, 200, 1000, 2049})
@@ -53,7 +53,7 @@ TEST(OnlineLse, LogQMatchesFloat64ReferenceForEveryDtype) {
         const int64_t d = 48;
         Matrix w = random_matrix(wt, V, d, rng, 0.4);
         Matrix hidden = random_matrix(wt, 6, d, rng, 1.0);
-        HeadPtr head = make_head(ctx.get(), w);
+        HeadPtr head = make_head(ctx.get(), w.view());
         Sampled got = sampled_draft(ctx.get(), head.get(), hidden, T);
         for (int64_t r = 0; r < hidden.rows; ++r) {
           ReferenceLogits ref = reference_logits(w, hidden, r);
@@ -76,7 +76,7 @@ TEST(OnlineLse, LogQMatchesFloat64ReferenceForEveryDtype) {
 TEST(OnlineLse, HugeLogitsDoNotOverflow) {
   // Logits up to ±1000: l/T reaches ±4000 at T = 0.25, far past where exp
   // overflows in fp32 (88) or fp64 (709). Only a running max keeps it finite.
-  auto ctx = make_cpu_context(2, 5);
+  auto ctx = make_context(ContextOptions().cpu_threads(2).seed(5));
   Rng rng(22);
   const int64_t V = 777, d = 16;
   for (float T : {0.25f, 1.0f, 4.0f}) {
@@ -94,7 +94,7 @@ TEST(OnlineLse, HugeLogitsDoNotOverflow) {
       const double target = (80.0 / T) * double(1 + 3 * r);
       for (int64_t c = 0; c < d; ++c) hidden.set(r, c, dir.at(0, c) * target / m);
     }
-    HeadPtr head = make_head(ctx.get(), w);
+    HeadPtr head = make_head(ctx.get(), w.view());
     Sampled got = sampled_draft(ctx.get(), head.get(), hidden, T);
     for (int64_t r = 0; r < 4; ++r) {
       ReferenceLogits ref = reference_logits(w, hidden, r);
@@ -114,7 +114,7 @@ TEST(OnlineLse, SampledTokenIsTheGumbelMaxOfTheContractNoise) {
   // float64 from the contract; near-ties (score gap within the fp32 error
   // of l/T plus the float Gumbel transform) may go either way.
   const uint64_t seed = 0x5eed5eedull;
-  auto ctx = make_cpu_context(3, seed);
+  auto ctx = make_context(ContextOptions().cpu_threads(3).seed(seed));
   Rng rng(23);
   const int64_t V = 1500, d = 32;
   int exact = 0;
@@ -122,7 +122,7 @@ TEST(OnlineLse, SampledTokenIsTheGumbelMaxOfTheContractNoise) {
     for (float T : {0.5f, 1.0f, 3.0f}) {
       Matrix w = random_matrix(wt, V, d, rng, 0.3);
       Matrix hidden = random_matrix(FLASHSPEC_DTYPE_F32, 8, d, rng, 1.0);
-      HeadPtr head = make_head(ctx.get(), w);
+      HeadPtr head = make_head(ctx.get(), w.view());
       Sampled got = sampled_draft(ctx.get(), head.get(), hidden, T);
       for (int64_t r = 0; r < hidden.rows; ++r) {
         ReferenceLogits ref = reference_logits(w, hidden, r);
@@ -147,11 +147,11 @@ TEST(OnlineLse, TemperatureTooSmallForTheLogitsIsReportedNotNaN) {
   // |l|/T beyond the fp32 range: l/T would be ±Inf, and Inf − Inf turns the
   // log-sum-exp into NaN. The pass must refuse the row rather than return a
   // NaN log q or a token chosen among infinities.
-  auto ctx = make_cpu_context(2);
+  auto ctx = make_context(ContextOptions().cpu_threads(2));
   Rng rng(24);
   Matrix w = random_matrix(FLASHSPEC_DTYPE_F32, 300, 8, rng, 1.0);
   Matrix hidden = random_matrix(FLASHSPEC_DTYPE_F32, 2, 8, rng, 10.0);
-  HeadPtr head = make_head(ctx.get(), w);
+  HeadPtr head = make_head(ctx.get(), w.view());
   for (float T : {1e-38f, 1e-40f /* subnormal: 1/T is Inf */}) {
     Sampled got = sampled_draft(ctx.get(), head.get(), hidden, T, FLASHSPEC_ERR_NON_FINITE);
     EXPECT_EQ(got.tokens[0], -7) << "outputs must stay untouched";
