@@ -1,6 +1,7 @@
-// Helpers of the GPU tests: device buffers, contexts of both backends, random
-// LM heads and hidden rows in every dtype with their exact values, and the
-// float64 reference used to recognise near-ties.
+// Helpers of the GPU tests: device buffers, random LM heads and hidden rows
+// in every dtype with their exact values, the float64 reference used to
+// recognise near-ties, and a chi-square p-value. Contexts and heads come
+// from ../common/make.h.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,12 +15,13 @@
 #include <vector>
 
 #include "../common/handles.h"
+#include "../common/make.h"
 #include "../common/rng.h"
 #include "flashspec.h"
 #include "util/dtype.h"
 #include "util/philox.h"
 
-namespace fsgpu {
+namespace fstest {
 
 #define FSGPU_SKIP_WITHOUT_DEVICE()                                                         \
   do {                                                                                      \
@@ -64,28 +66,6 @@ class Dev {
   void* p_ = nullptr;
   size_t n_;
 };
-
-using fstest::ContextPtr;
-using fstest::DrafterPtr;
-using fstest::EnginePtr;
-using fstest::HeadPtr;
-using fstest::SummariesPtr;
-
-inline ContextPtr make_context(flashspec_backend backend, uint64_t seed, void* stream = nullptr,
-                               int32_t max_rows = 512) {
-  flashspec_context_params p;
-  flashspec_context_params_init(&p);
-  p.backend = backend;
-  p.seed = seed;
-  p.cuda_stream = stream;
-  p.max_rows = max_rows;
-  flashspec_context* ctx = nullptr;
-  flashspec_status s = flashspec_context_create(&p, &ctx);
-  EXPECT_EQ(s, FLASHSPEC_OK) << flashspec_context_last_error(nullptr);
-  return ContextPtr(ctx);
-}
-
-using fstest::Rng;
 
 // A row-major matrix in one dtype plus the exact value of every element.
 struct Matrix {
@@ -142,13 +122,6 @@ class DevMatrix {
   Dev<unsigned char> buf_;
 };
 
-inline HeadPtr make_head(flashspec_context* ctx, const flashspec_tensor& w, flashspec_lm_head_flags flags) {
-  flashspec_lm_head* head = nullptr;
-  flashspec_status s = flashspec_lm_head_create(ctx, &w, flags, &head);
-  EXPECT_EQ(s, FLASHSPEC_OK) << flashspec_context_last_error(ctx);
-  return HeadPtr(head);
-}
-
 // Exact (float64) logit of token i for hidden row r.
 inline double exact_logit(const Matrix& w, const Matrix& h, int64_t r, int64_t i) {
   double acc = 0.0;
@@ -161,8 +134,11 @@ inline double exact_logit(const Matrix& w, const Matrix& h, int64_t r, int64_t i
 // this may legitimately swap between backends.
 constexpr double kNearTie = 2e-3;
 
+namespace gpu_stats {
+
 // Regularised upper incomplete gamma Q(a, x) (Numerical Recipes), for the
-// chi-square p-value Q(df/2, chi2/2).
+// chi-square p-value Q(df/2, chi2/2). In a sub-namespace: the exactness
+// suite's stats.h has its own fstest::gamma_q.
 inline double gamma_q(double a, double x) {
   if (x <= 0) return 1.0;
   const double gln = std::lgamma(a);
@@ -192,6 +168,8 @@ inline double gamma_q(double a, double x) {
   return std::exp(-x + a * std::log(x) - gln) * hh;
 }
 
+}  // namespace gpu_stats
+
 // p-value of Pearson's chi-square of counts against probabilities (cells
 // with expected count < 5 are pooled).
 inline double chi_square_p(const std::vector<long>& counts, const std::vector<double>& probs) {
@@ -218,7 +196,7 @@ inline double chi_square_p(const std::vector<long>& counts, const std::vector<do
     }
   }
   if (cells < 2) return 1.0;
-  return gamma_q(0.5 * (cells - 1), 0.5 * chi2);
+  return gpu_stats::gamma_q(0.5 * (cells - 1), 0.5 * chi2);
 }
 
-}  // namespace fsgpu
+}  // namespace fstest

@@ -11,7 +11,7 @@
 
 #include "gpu_support.h"
 
-using namespace fsgpu;
+using namespace fstest;
 
 namespace {
 
@@ -42,7 +42,7 @@ struct Scenario {
 // and counts the first emitted token.
 std::vector<long> sample(const Scenario& s) {
   std::vector<long> counts(kVocab, 0);
-  auto ctx = make_context(FLASHSPEC_BACKEND_CUDA, 2024, nullptr, 2 * kRequests);
+  auto ctx = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(2024).max_rows(2 * kRequests));
   EXPECT_TRUE(ctx);
   if (!ctx) return counts;
   // W = identity, so a hidden row equal to the logits gives those logits.

@@ -11,7 +11,7 @@
 #include "gpu_support.h"
 #include "testing.h"
 
-using namespace fsgpu;
+using namespace fstest;
 
 namespace {
 
@@ -32,8 +32,8 @@ TEST_F(GpuGraph, ReplaysAdvanceStepsAndMatchCpu) {
 
   cudaStream_t stream;
   FSGPU_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  auto gpu = make_context(FLASHSPEC_BACKEND_CUDA, 31337, stream);
-  auto cpu = make_context(FLASHSPEC_BACKEND_CPU, 31337);
+  auto gpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(31337).cuda_stream(stream));
+  auto cpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CPU).seed(31337));
   ASSERT_TRUE(gpu && cpu);
   auto gpu_head = make_head(gpu.get(), w.host_view(), FLASHSPEC_LM_HEAD_COPY);
   auto cpu_head = make_head(cpu.get(), w.host_view(), FLASHSPEC_LM_HEAD_COPY);
@@ -141,7 +141,7 @@ struct Outcome {
 
 Outcome run_batch(SmallBatch& s, int max_draft_len = 0) {
   Outcome out;
-  auto ctx = make_context(FLASHSPEC_BACKEND_CUDA, 5);
+  auto ctx = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(5));
   EXPECT_TRUE(ctx);
   if (!ctx) return out;
   auto head = make_head(ctx.get(), s.w.host_view(), FLASHSPEC_LM_HEAD_COPY);
@@ -256,7 +256,7 @@ TEST_F(GpuBadInput, DraftRowsReportBadInputAsMinusOne) {
   Matrix w = random_matrix(FLASHSPEC_DTYPE_BF16, 500, 48, 0.5, rng);
   Matrix h = random_matrix(FLASHSPEC_DTYPE_BF16, 4, 48, 1.0, rng);
   h.set(2, 5, std::nanf(""));
-  auto ctx = make_context(FLASHSPEC_BACKEND_CUDA, 1);
+  auto ctx = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(1));
   ASSERT_TRUE(ctx);
   auto head = make_head(ctx.get(), w.host_view(), FLASHSPEC_LM_HEAD_COPY);
   DevMatrix hd(h);
@@ -286,7 +286,7 @@ TEST_F(GpuBadInput, NonFiniteWeightIsRejectedAtCreation) {
   Rng rng(8);
   Matrix w = random_matrix(FLASHSPEC_DTYPE_F16, 64, 16, 1.0, rng);
   w.set(63, 15, INFINITY);
-  auto ctx = make_context(FLASHSPEC_BACKEND_CUDA, 1);
+  auto ctx = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(1));
   ASSERT_TRUE(ctx);
   flashspec_lm_head* head = nullptr;
   flashspec_tensor wv = w.host_view();

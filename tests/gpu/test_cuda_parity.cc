@@ -17,7 +17,7 @@
 #include "gpu_support.h"
 #include "testing.h"
 
-using namespace fsgpu;
+using namespace fstest;
 
 namespace {
 
@@ -33,8 +33,8 @@ void run_draft_parity(const DraftCase& c) {
   const int64_t stride = c.borrow_unaligned ? c.d + 3 : 0;
   Matrix w = random_matrix(c.w, c.vocab, c.d, 3.0 / std::sqrt(double(c.d)), rng, stride);
   Matrix h = random_matrix(c.h, c.rows, c.d, 1.0, rng);
-  auto cpu = make_context(FLASHSPEC_BACKEND_CPU, 77);
-  auto gpu = make_context(FLASHSPEC_BACKEND_CUDA, 77);
+  auto cpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CPU).seed(77));
+  auto gpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(77));
   ASSERT_TRUE(cpu && gpu);
   flashspec_tensor wv = w.host_view();
   auto cpu_head = make_head(cpu.get(), wv, FLASHSPEC_LM_HEAD_COPY);
@@ -160,8 +160,8 @@ void run_verify_parity(const VerifyCase& c) {
   }
   if (tokens.empty()) tokens.push_back(0);
 
-  auto cpu = make_context(FLASHSPEC_BACKEND_CPU, 99);
-  auto gpu = make_context(FLASHSPEC_BACKEND_CUDA, 99);
+  auto cpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CPU).seed(99));
+  auto gpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(99));
   ASSERT_TRUE(cpu && gpu);
   flashspec_tensor wv = w.host_view();
   auto cpu_head = make_head(cpu.get(), wv, FLASHSPEC_LM_HEAD_COPY);
