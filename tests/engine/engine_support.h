@@ -1,4 +1,4 @@
-// Shared by the engine tests: owning handles, a seeded generator, a
+// Shared by the engine tests (and the GPU suite's engine test): a
 // synthetic target model (a fixed random LM head, hidden rows a
 // deterministic function of the context) with a host KV cache that checks
 // the engine's forward/rollback protocol, and exact reference decoders.
@@ -14,30 +14,11 @@
 #include <vector>
 
 #include "../common/handles.h"
+#include "../common/make.h"
 #include "../common/rng.h"
 #include "flashspec.h"
 
-namespace enginetest {
-
-using fstest::ContextPtr;
-using fstest::DrafterPtr;
-using fstest::EnginePtr;
-using fstest::HeadPtr;
-using fstest::SummariesPtr;
-
-inline ContextPtr make_cpu_context(int32_t max_rows = 64) {
-  flashspec_context_params p;
-  flashspec_context_params_init(&p);
-  p.backend = FLASHSPEC_BACKEND_CPU;
-  p.cpu_threads = 1;
-  p.max_rows = max_rows;
-  p.max_requests = 4;
-  flashspec_context* ctx = nullptr;
-  EXPECT_EQ(flashspec_context_create(&p, &ctx), FLASHSPEC_OK) << flashspec_context_last_error(nullptr);
-  return ContextPtr(ctx);
-}
-
-using fstest::Rng;
+namespace fstest {
 
 // A synthetic target: W [V, d] and token embeddings E [V, d] with N(0, 1)
 // entries scaled by `scale`; the hidden row after a context is
@@ -85,12 +66,10 @@ class SyntheticModel {
     return p;
   }
 
+  // W as an LM head on ctx (copied from host memory).
   HeadPtr make_head(flashspec_context* ctx) const {
-    flashspec_tensor w = flashspec_tensor_make(weight_.data(), FLASHSPEC_DTYPE_F32, FLASHSPEC_MEMORY_HOST, vocab_, hidden_);
-    flashspec_lm_head* head = nullptr;
-    EXPECT_EQ(flashspec_lm_head_create(ctx, &w, FLASHSPEC_LM_HEAD_COPY, &head), FLASHSPEC_OK)
-        << flashspec_context_last_error(ctx);
-    return HeadPtr(head);
+    return fstest::make_head(ctx, flashspec_tensor_make(weight_.data(), FLASHSPEC_DTYPE_F32, FLASHSPEC_MEMORY_HOST,
+                                                        vocab_, hidden_));
   }
 
  private:
@@ -235,4 +214,4 @@ inline double chi_square_p_value(const std::vector<double>& counts, const std::v
   return chi_square_sf(stat, double(cells - 1));
 }
 
-}  // namespace enginetest
+}  // namespace fstest

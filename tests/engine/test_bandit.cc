@@ -24,7 +24,7 @@ struct Run {
 };
 
 Run play(Policy& policy, int32_t rounds, uint64_t env_seed) {
-  enginetest::Rng env(env_seed);
+  fstest::Rng env(env_seed);
   Run run;
   double regret = 0.0;
   int32_t late_best = 0;
@@ -96,7 +96,7 @@ TEST(Bandit, TheRegretCheckRejectsPoliciesThatDoNotLearn) {
 TEST(Bandit, ThompsonIsDeterministicGivenItsSeed) {
   auto sequence = [](uint64_t seed) {
     std::unique_ptr<Policy> p = make_thompson_policy(4, seed);
-    enginetest::Rng env(3);
+    fstest::Rng env(3);
     std::vector<int32_t> arms;
     for (int t = 0; t < 300; ++t) {
       arms.push_back(p->select());
@@ -110,7 +110,7 @@ TEST(Bandit, ThompsonIsDeterministicGivenItsSeed) {
   std::unique_ptr<Policy> p = make_thompson_policy(4, 11);
   for (int t = 0; t < 50; ++t) p->update(p->select(), 0.5);
   p->reset();
-  enginetest::Rng env(3);
+  fstest::Rng env(3);
   std::vector<int32_t> replay;
   for (int t = 0; t < 300; ++t) {
     replay.push_back(p->select());

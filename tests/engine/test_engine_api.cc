@@ -13,7 +13,7 @@
 
 namespace {
 
-using namespace enginetest;
+using namespace fstest;
 
 int forward_never(void* user_data, flashspec_target_call*) {
   ++*static_cast<int*>(user_data);
@@ -40,7 +40,7 @@ void expect_named(flashspec_status got, flashspec_status want, const std::string
   } while (0)
 
 struct Fixture : ::testing::Test {
-  ContextPtr ctx = make_cpu_context(16);
+  ContextPtr ctx = make_context(ContextOptions().cpu_threads(1).max_rows(16).max_requests(4));
   SyntheticModel model{32, 8, 3, 1.0f};
   HeadPtr head = model.make_head(ctx.get());
   int callbacks = 0;

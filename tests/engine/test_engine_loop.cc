@@ -17,7 +17,7 @@
 
 namespace {
 
-using namespace enginetest;
+using namespace fstest;
 
 // ---- Host drafters ---------------------------------------------------------
 
@@ -162,7 +162,7 @@ struct Harness {
   std::vector<DrafterPtr> drafters;
   EnginePtr engine;
 
-  Harness(int32_t vocab, int32_t d, uint64_t seed, float scale) : ctx(make_cpu_context()), model(vocab, d, seed, scale) {
+  Harness(int32_t vocab, int32_t d, uint64_t seed, float scale) : ctx(make_context(ContextOptions().cpu_threads(1).max_rows(64).max_requests(4))), model(vocab, d, seed, scale) {
     head = model.make_head(ctx.get());
     host.model = &model;
     random.vocab = vocab;

@@ -107,7 +107,7 @@ TEST(NgramDrafter, RejectsBadN) {
 }
 
 TEST(NgramDrafter, IncrementalIndexMatchesBruteForce) {
-  enginetest::Rng rng(7);
+  fstest::Rng rng(7);
   for (int trial = 0; trial < 60; ++trial) {
     const int32_t alphabet = 2 + rng.below(4);
     const int32_t min_n = 1 + rng.below(3);

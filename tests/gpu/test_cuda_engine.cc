@@ -13,7 +13,7 @@
 
 namespace {
 
-using namespace enginetest;
+using namespace fstest;
 
 // The target model running "on the GPU": the synthetic model's hidden rows,
 // copied into device memory as a model there would leave them.
@@ -58,25 +58,10 @@ struct Generation {
 
 Generation generate(flashspec_backend backend, float temperature, const SyntheticModel& model) {
   Generation run;
-  flashspec_context_params cp;
-  flashspec_context_params_init(&cp);
-  cp.backend = backend;
-  cp.seed = 11;
-  cp.max_rows = 64;
-  flashspec_context* raw = nullptr;
-  EXPECT_EQ(flashspec_context_create(&cp, &raw), FLASHSPEC_OK) << flashspec_context_last_error(nullptr);
-  ContextPtr ctx(raw);
+  ContextPtr ctx = make_context(ContextOptions(backend).seed(11).max_rows(64));
   if (!ctx) return run;
-  HeadPtr head;
-  {
-    // The head is uploaded from host memory; the CUDA backend copies it to the device.
-    flashspec_tensor w = flashspec_tensor_make(model.weight().data(), FLASHSPEC_DTYPE_F32, FLASHSPEC_MEMORY_HOST,
-                                               model.vocab(), model.hidden());
-    flashspec_lm_head* h = nullptr;
-    EXPECT_EQ(flashspec_lm_head_create(ctx.get(), &w, FLASHSPEC_LM_HEAD_COPY, &h), FLASHSPEC_OK)
-        << flashspec_context_last_error(ctx.get());
-    head.reset(h);
-  }
+  // The head is uploaded from host memory; the CUDA backend copies it to the device.
+  HeadPtr head = model.make_head(ctx.get());
   flashspec_drafter* d = nullptr;
   EXPECT_EQ(flashspec_drafter_create_ngram(ctx.get(), nullptr, &d), FLASHSPEC_OK) << flashspec_context_last_error(ctx.get());
   DrafterPtr ngram(d);
