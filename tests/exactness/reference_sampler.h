@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-namespace flashspec_test {
+namespace fstest {
 
 enum class Bug {
   kNone,
@@ -85,4 +85,4 @@ inline std::vector<int> algorithm1(const std::vector<Distribution>& p, const std
   return emitted;
 }
 
-}  // namespace flashspec_test
+}  // namespace fstest

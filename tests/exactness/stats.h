@@ -9,7 +9,7 @@
 #include <limits>
 #include <vector>
 
-namespace flashspec_test {
+namespace fstest {
 
 // Regularised upper incomplete gamma Q(a, x) (series / continued fraction).
 inline double gamma_q(double a, double x) {
@@ -105,4 +105,4 @@ inline KolmogorovSmirnov kolmogorov_smirnov(const std::vector<int64_t>& counts, 
   return result;
 }
 
-}  // namespace flashspec_test
+}  // namespace fstest

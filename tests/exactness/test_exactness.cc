@@ -20,14 +20,15 @@
 #include <string>
 #include <vector>
 
+#include "../common/context.h"
 #include "flashspec.h"
 #include "reference_sampler.h"
 #include "stats.h"
 
 namespace {
 
-using flashspec_test::Bug;
-using flashspec_test::Distribution;
+using fstest::Bug;
+using fstest::Distribution;
 
 constexpr double kAlpha = 0.001;
 constexpr int kHidden = 8;
@@ -111,8 +112,8 @@ struct Verdict {
     int64_t n = 0;
     for (int64_t c : counts) n += c;
     if (n == 0) return;
-    auto chi = flashspec_test::chi_square(counts, expected);
-    auto ks = flashspec_test::kolmogorov_smirnov(counts, expected);
+    auto chi = fstest::chi_square(counts, expected);
+    auto ks = fstest::kolmogorov_smirnov(counts, expected);
     min_p_value = std::min({min_p_value, chi.p_value, ks.p_value});
     tests += 2;
     char line[256];
@@ -125,13 +126,8 @@ struct Verdict {
 class ExactnessTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    flashspec_context_params params;
-    flashspec_context_params_init(&params);
-    params.backend = FLASHSPEC_BACKEND_CPU;
-    params.seed = kSeed;
-    params.max_rows = 1 << 16;
-    params.max_requests = 1 << 14;
-    ASSERT_EQ(flashspec_context_create(&params, &ctx_), FLASHSPEC_OK) << flashspec_context_last_error(nullptr);
+    const auto options = fstest::ContextOptions().seed(kSeed).max_rows(1 << 16).max_requests(1 << 14);
+    ASSERT_EQ(fstest::create_context(options, &ctx_), FLASHSPEC_OK) << flashspec_context_last_error(nullptr);
   }
   void TearDown() override {
     flashspec_lm_head_destroy(head_);
@@ -260,7 +256,7 @@ TEST_P(PerPositionTest, EveryPositionMatchesTheTarget) {
     for (int j = 0; j < int(t % (max_drafts + 1)); ++j) {
       const Distribution& qj = q[size_t(j)];
       bool draw = c.stochastic || t % 5 == 4;
-      draft_tokens[t].push_back(draw ? flashspec_test::sample(qj, rng)
+      draft_tokens[t].push_back(draw ? fstest::sample(qj, rng)
                                      : int(std::max_element(qj.begin(), qj.end()) - qj.begin()));
     }
 
@@ -313,14 +309,14 @@ TEST_P(PerPositionTest, EveryPositionMatchesTheTarget) {
       const auto& x = draft_tokens[size_t(t)];
       std::vector<Distribution> pt(p.begin(), p.begin() + long(x.size()) + 1), qt;
       for (size_t j = 0; j < x.size(); ++j)
-        qt.push_back(c.stochastic ? q[j] : flashspec_test::point_mass(x[j], size_t(c.vocab)));
-      wrong[size_t(t)] = flashspec_test::algorithm1(pt, qt, x, bug, bug_rng);
+        qt.push_back(c.stochastic ? q[j] : fstest::point_mass(x[j], size_t(c.vocab)));
+      wrong[size_t(t)] = fstest::algorithm1(pt, qt, x, bug, bug_rng);
     }
     Verdict verdict;
     tally(wrong, &verdict);
-    std::printf("wrong sampler %s:\n%s", flashspec_test::bug_name(bug), verdict.detail.c_str());
+    std::printf("wrong sampler %s:\n%s", fstest::bug_name(bug), verdict.detail.c_str());
     EXPECT_TRUE(verdict.rejects()) << "the tests failed to reject the wrong sampler "
-                                           << flashspec_test::bug_name(bug) << "\n" << verdict.detail;
+                                           << fstest::bug_name(bug) << "\n" << verdict.detail;
   }
 }
 
@@ -385,8 +381,8 @@ TEST_P(JointTest, FirstTwoTokensMatchTheTarget) {
   std::vector<std::vector<int>> drafts(static_cast<size_t>(c.trials));
   for (size_t t = 0; t < drafts.size(); ++t) {
     auto& x = drafts[t];
-    x.push_back(c.stochastic ? flashspec_test::sample(q_after[size_t(V)], rng) : greedy_draft(V));
-    if (t % 2) x.push_back(c.stochastic ? flashspec_test::sample(q_after[size_t(x[0])], rng) : greedy_draft(x[0]));
+    x.push_back(c.stochastic ? fstest::sample(q_after[size_t(V)], rng) : greedy_draft(V));
+    if (t % 2) x.push_back(c.stochastic ? fstest::sample(q_after[size_t(x[0])], rng) : greedy_draft(x[0]));
   }
 
   std::vector<int64_t> counts(joint.size(), 0);
@@ -449,16 +445,16 @@ TEST_P(JointTest, FirstTwoTokensMatchTheTarget) {
       for (size_t j = 0; j < x.size(); ++j) {
         p.push_back(p_after[size_t(x[j])]);
         q.push_back(c.stochastic ? q_after[j == 0 ? size_t(V) : size_t(x[j - 1])]
-                                 : flashspec_test::point_mass(x[j], size_t(V)));
+                                 : fstest::point_mass(x[j], size_t(V)));
       }
-      std::vector<int> e = flashspec_test::algorithm1(p, q, x, bug, bug_rng);
-      int second = e.size() >= 2 ? e[1] : flashspec_test::algorithm1({p_after[size_t(e[0])]}, {}, {}, Bug::kNone, bug_rng)[0];
+      std::vector<int> e = fstest::algorithm1(p, q, x, bug, bug_rng);
+      int second = e.size() >= 2 ? e[1] : fstest::algorithm1({p_after[size_t(e[0])]}, {}, {}, Bug::kNone, bug_rng)[0];
       ++wrong[size_t(e[0] * V + second)];
     }
     Verdict verdict;
     verdict.add("joint (y1, y2)", wrong, joint);
-    std::printf("wrong sampler %s:\n%s", flashspec_test::bug_name(bug), verdict.detail.c_str());
-    EXPECT_TRUE(verdict.rejects()) << "the joint test failed to reject " << flashspec_test::bug_name(bug)
+    std::printf("wrong sampler %s:\n%s", fstest::bug_name(bug), verdict.detail.c_str());
+    EXPECT_TRUE(verdict.rejects()) << "the joint test failed to reject " << fstest::bug_name(bug)
                                            << "\n" << verdict.detail;
   }
 }
