@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "../tests/common/context.h"
 #include "flashspec.h"
 #include "util/philox.h"
 
@@ -322,15 +323,13 @@ int main(int argc, char** argv) {
   std::printf("device: %s (%d SMs), streaming read bandwidth %.0f GB/s\n", prop.name, prop.multiProcessorCount,
               bandwidth / 1e9);
 
-  flashspec_context_params cp;
-  flashspec_context_params_init(&cp);
-  cp.backend = FLASHSPEC_BACKEND_CUDA;
-  cp.cuda_stream = stream;
-  cp.max_rows = max_rows;
-  cp.max_requests = max_rows;
-  cp.seed = 1;
+  const auto options = fstest::ContextOptions(FLASHSPEC_BACKEND_CUDA)
+                           .cuda_stream(stream)
+                           .max_rows(max_rows)
+                           .max_requests(max_rows)
+                           .seed(1);
   flashspec_context* ctx = nullptr;
-  FS_OK(nullptr, flashspec_context_create(&cp, &ctx));
+  FS_OK(nullptr, fstest::create_context(options, &ctx));
 
   std::vector<Result> results;
   for (int vocab : vocabs) {
