@@ -1,7 +1,7 @@
-// Helpers of the GPU tests: device buffers, random LM heads and hidden rows
-// in every dtype with their exact values, the float64 reference used to
-// recognise near-ties, and a chi-square p-value. Contexts and heads come
-// from ../common/make.h.
+// Helpers of the GPU tests: skip and check macros, device buffers and device
+// copies of matrices, the float64 reference used to recognise near-ties, and
+// a chi-square p-value. Handles, Rng, contexts, LM heads and matrices come
+// from ../common.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,16 +9,15 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "../common/handles.h"
 #include "../common/make.h"
+#include "../common/matrix.h"
 #include "../common/rng.h"
 #include "flashspec.h"
-#include "util/dtype.h"
 #include "util/philox.h"
 
 namespace fstest {
@@ -67,48 +66,11 @@ class Dev {
   size_t n_;
 };
 
-// A row-major matrix in one dtype plus the exact value of every element.
-struct Matrix {
-  flashspec_dtype dtype = FLASHSPEC_DTYPE_F32;
-  int64_t rows = 0, cols = 0, stride = 0;
-  std::vector<unsigned char> bytes;
-  std::vector<double> exact;
-
-  Matrix(flashspec_dtype t, int64_t r, int64_t c, int64_t s = 0)
-      : dtype(t), rows(r), cols(c), stride(s ? s : c), bytes(size_t(r * (s ? s : c)) * flashspec::dtype_size(t)),
-        exact(size_t(r * c)) {}
-  void set(int64_t r, int64_t c, float v) {
-    float stored = v;
-    unsigned char* at = bytes.data() + size_t(r * stride + c) * flashspec::dtype_size(dtype);
-    if (dtype == FLASHSPEC_DTYPE_F32) {
-      std::memcpy(at, &v, 4);
-    } else {
-      uint16_t h = dtype == FLASHSPEC_DTYPE_BF16 ? flashspec::float_to_bf16(v) : flashspec::float_to_fp16(v);
-      std::memcpy(at, &h, 2);
-      stored = dtype == FLASHSPEC_DTYPE_BF16 ? flashspec::bf16_to_float(h) : flashspec::fp16_to_float(h);
-    }
-    exact[size_t(r * cols + c)] = stored;
-  }
-  double at(int64_t r, int64_t c) const { return exact[size_t(r * cols + c)]; }
-  flashspec_tensor host_view() const {
-    flashspec_tensor t = flashspec_tensor_make(bytes.data(), dtype, FLASHSPEC_MEMORY_HOST, rows, cols);
-    t.row_stride = stride;
-    return t;
-  }
-};
-
-inline Matrix random_matrix(flashspec_dtype t, int64_t rows, int64_t cols, double scale, Rng& rng, int64_t stride = 0) {
-  Matrix m(t, rows, cols, stride);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) m.set(r, c, float(rng.normal() * scale));
-  return m;
-}
-
 // A device copy of a matrix with the same layout.
 class DevMatrix {
  public:
-  explicit DevMatrix(const Matrix& m) : m_(m), buf_(m.bytes.size()) {
-    cudaMemcpy(buf_.ptr(), m.bytes.data(), m.bytes.size(), cudaMemcpyHostToDevice);
+  explicit DevMatrix(const Matrix& m) : m_(m), buf_(m.size_bytes()) {
+    cudaMemcpy(buf_.ptr(), m.data(), m.size_bytes(), cudaMemcpyHostToDevice);
   }
   flashspec_tensor view() const {
     flashspec_tensor t = flashspec_tensor_make(buf_.ptr(), m_.dtype, FLASHSPEC_MEMORY_CUDA, m_.rows, m_.cols);

@@ -49,7 +49,7 @@ std::vector<long> sample(const Scenario& s) {
   Matrix w(FLASHSPEC_DTYPE_F32, kVocab, kVocab);
   for (int i = 0; i < kVocab; ++i)
     for (int j = 0; j < kVocab; ++j) w.set(i, j, i == j ? 1.0f : 0.0f);
-  auto head = make_head(ctx.get(), w.host_view(), FLASHSPEC_LM_HEAD_COPY);
+  auto head = make_head(ctx.get(), w.view(), FLASHSPEC_LM_HEAD_COPY);
   const int rows_per = s.drafts + 1, rows = kRequests * rows_per;
   Matrix h(FLASHSPEC_DTYPE_F32, rows, kVocab);
   for (int r = 0; r < rows; ++r)

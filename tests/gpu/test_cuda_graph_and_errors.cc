@@ -23,8 +23,8 @@ class GpuGraph : public ::testing::Test {
 TEST_F(GpuGraph, ReplaysAdvanceStepsAndMatchCpu) {
   constexpr int kReq = 48, kN = 3, kVocab = 1999, kD = 64, kRows = kReq * (kN + 1);
   Rng rng(4242);
-  Matrix w = random_matrix(FLASHSPEC_DTYPE_BF16, kVocab, kD, 3.0 / 8.0, rng);
-  Matrix h = random_matrix(FLASHSPEC_DTYPE_BF16, kRows, kD, 1.0, rng);
+  Matrix w = random_matrix(FLASHSPEC_DTYPE_BF16, kVocab, kD, rng, 3.0 / 8.0);
+  Matrix h = random_matrix(FLASHSPEC_DTYPE_BF16, kRows, kD, rng, 1.0);
   std::vector<int32_t> offsets(kReq + 1), tokens(kReq * kN);
   for (int r = 0; r <= kReq; ++r) offsets[size_t(r)] = r * kN;
   for (auto& t : tokens) t = rng.below(kVocab);
@@ -35,8 +35,8 @@ TEST_F(GpuGraph, ReplaysAdvanceStepsAndMatchCpu) {
   auto gpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(31337).cuda_stream(stream));
   auto cpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CPU).seed(31337));
   ASSERT_TRUE(gpu && cpu);
-  auto gpu_head = make_head(gpu.get(), w.host_view(), FLASHSPEC_LM_HEAD_COPY);
-  auto cpu_head = make_head(cpu.get(), w.host_view(), FLASHSPEC_LM_HEAD_COPY);
+  auto gpu_head = make_head(gpu.get(), w.view(), FLASHSPEC_LM_HEAD_COPY);
+  auto cpu_head = make_head(cpu.get(), w.view(), FLASHSPEC_LM_HEAD_COPY);
   ASSERT_TRUE(gpu_head && cpu_head);
 
   DevMatrix hd(h);
@@ -83,7 +83,7 @@ TEST_F(GpuGraph, ReplaysAdvanceStepsAndMatchCpu) {
 
   for (int replay = 0; replay < 2; ++replay) {
     std::vector<uint64_t> cpu_steps(kReq, 5 + uint64_t(replay));
-    flashspec_tensor chv = h.host_view();
+    flashspec_tensor chv = h.view();
     flashspec_verify_batch cb;
     flashspec_verify_batch_init(&cb);
     cb.num_requests = kReq;
@@ -128,8 +128,8 @@ TEST_F(GpuGraph, ReplaysAdvanceStepsAndMatchCpu) {
 struct SmallBatch {
   static constexpr int kVocab = 300, kD = 32;
   Rng rng{99};
-  Matrix w = random_matrix(FLASHSPEC_DTYPE_BF16, kVocab, kD, 0.5, rng);
-  Matrix h = random_matrix(FLASHSPEC_DTYPE_BF16, 5, kD, 1.0, rng);
+  Matrix w = random_matrix(FLASHSPEC_DTYPE_BF16, kVocab, kD, rng, 0.5);
+  Matrix h = random_matrix(FLASHSPEC_DTYPE_BF16, 5, kD, rng, 1.0);
   std::vector<int32_t> offsets{0, 2, 3}, tokens{3, 7, 11};
   std::vector<float> temps{1.0f, 0.7f};
   std::vector<float> uniforms{0.5f, 0.25f, 0.75f};
@@ -144,7 +144,7 @@ Outcome run_batch(SmallBatch& s, int max_draft_len = 0) {
   auto ctx = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(5));
   EXPECT_TRUE(ctx);
   if (!ctx) return out;
-  auto head = make_head(ctx.get(), s.w.host_view(), FLASHSPEC_LM_HEAD_COPY);
+  auto head = make_head(ctx.get(), s.w.view(), FLASHSPEC_LM_HEAD_COPY);
   DevMatrix hd(s.h);
   flashspec_tensor hv = hd.view();
   Dev<int32_t> d_off(s.offsets), d_tok(s.tokens), d_acc(2), d_emit(5);
@@ -253,12 +253,12 @@ TEST_F(GpuBadInput, DraftLengthBeyondMaxFailsTheBatch) {
 
 TEST_F(GpuBadInput, DraftRowsReportBadInputAsMinusOne) {
   Rng rng(3);
-  Matrix w = random_matrix(FLASHSPEC_DTYPE_BF16, 500, 48, 0.5, rng);
-  Matrix h = random_matrix(FLASHSPEC_DTYPE_BF16, 4, 48, 1.0, rng);
+  Matrix w = random_matrix(FLASHSPEC_DTYPE_BF16, 500, 48, rng, 0.5);
+  Matrix h = random_matrix(FLASHSPEC_DTYPE_BF16, 4, 48, rng, 1.0);
   h.set(2, 5, std::nanf(""));
   auto ctx = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(1));
   ASSERT_TRUE(ctx);
-  auto head = make_head(ctx.get(), w.host_view(), FLASHSPEC_LM_HEAD_COPY);
+  auto head = make_head(ctx.get(), w.view(), FLASHSPEC_LM_HEAD_COPY);
   DevMatrix hd(h);
   flashspec_tensor hv = hd.view();
   std::vector<float> temps{1.0f, -1.0f, 0.5f, 0.0f};
@@ -284,12 +284,12 @@ TEST_F(GpuBadInput, DraftRowsReportBadInputAsMinusOne) {
 
 TEST_F(GpuBadInput, NonFiniteWeightIsRejectedAtCreation) {
   Rng rng(8);
-  Matrix w = random_matrix(FLASHSPEC_DTYPE_F16, 64, 16, 1.0, rng);
+  Matrix w = random_matrix(FLASHSPEC_DTYPE_F16, 64, 16, rng, 1.0);
   w.set(63, 15, INFINITY);
   auto ctx = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(1));
   ASSERT_TRUE(ctx);
   flashspec_lm_head* head = nullptr;
-  flashspec_tensor wv = w.host_view();
+  flashspec_tensor wv = w.view();
   EXPECT_EQ(flashspec_lm_head_create(ctx.get(), &wv, FLASHSPEC_LM_HEAD_COPY, &head), FLASHSPEC_ERR_NON_FINITE);
   EXPECT_EQ(head, nullptr);
   DevMatrix wd(w);

@@ -31,12 +31,12 @@ struct DraftCase {
 void run_draft_parity(const DraftCase& c) {
   Rng rng(1000 + c.vocab + c.d * 7 + c.rows * 13 + int(c.temperature * 10));
   const int64_t stride = c.borrow_unaligned ? c.d + 3 : 0;
-  Matrix w = random_matrix(c.w, c.vocab, c.d, 3.0 / std::sqrt(double(c.d)), rng, stride);
-  Matrix h = random_matrix(c.h, c.rows, c.d, 1.0, rng);
+  Matrix w = random_matrix(c.w, c.vocab, c.d, rng, 3.0 / std::sqrt(double(c.d)), stride);
+  Matrix h = random_matrix(c.h, c.rows, c.d, rng, 1.0);
   auto cpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CPU).seed(77));
   auto gpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(77));
   ASSERT_TRUE(cpu && gpu);
-  flashspec_tensor wv = w.host_view();
+  flashspec_tensor wv = w.view();
   auto cpu_head = make_head(cpu.get(), wv, FLASHSPEC_LM_HEAD_COPY);
   DevMatrix wd(w);
   auto gpu_head = make_head(gpu.get(), wd.view(), c.borrow_unaligned ? FLASHSPEC_LM_HEAD_BORROW : FLASHSPEC_LM_HEAD_COPY);
@@ -59,7 +59,7 @@ void run_draft_parity(const DraftCase& c) {
   hp.positions = positions.data();
   std::vector<int32_t> cpu_tokens(size_t(c.rows));
   std::vector<float> cpu_scores(size_t(c.rows));
-  flashspec_tensor hv = h.host_view();
+  flashspec_tensor hv = h.view();
   FSGPU_OK(cpu.get(), flashspec_draft(cpu.get(), cpu_head.get(), &hv, &hp, cpu_tokens.data(), cpu_scores.data()));
 
   Dev<float> d_temps(temps);
@@ -116,7 +116,7 @@ struct VerifyCase {
 
 void run_verify_parity(const VerifyCase& c) {
   Rng rng(5000 + c.vocab + c.d + c.requests * 31 + (c.stochastic ? 17 : 0));
-  Matrix w = random_matrix(c.w, c.vocab, c.d, 3.0 / std::sqrt(double(c.d)), rng);
+  Matrix w = random_matrix(c.w, c.vocab, c.d, rng, 3.0 / std::sqrt(double(c.d)));
   std::vector<int32_t> offsets(1, 0), tokens;
   std::vector<float> temps, dtemps;
   std::vector<uint64_t> seeds, ids, steps;
@@ -130,7 +130,7 @@ void run_verify_parity(const VerifyCase& c) {
     steps.push_back(uint64_t(r % 5));
   }
   const int total_drafts = offsets.back(), rows = total_drafts + c.requests;
-  Matrix h = random_matrix(c.h, rows, c.d, 1.0, rng);
+  Matrix h = random_matrix(c.h, rows, c.d, rng, 1.0);
   Matrix q(FLASHSPEC_DTYPE_F32, std::max(1, total_drafts), c.vocab);
   for (int r = 0; r < c.requests; ++r) {
     for (int j = 0; j < offsets[size_t(r + 1)] - offsets[size_t(r)]; ++j) {
@@ -163,12 +163,12 @@ void run_verify_parity(const VerifyCase& c) {
   auto cpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CPU).seed(99));
   auto gpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(99));
   ASSERT_TRUE(cpu && gpu);
-  flashspec_tensor wv = w.host_view();
+  flashspec_tensor wv = w.view();
   auto cpu_head = make_head(cpu.get(), wv, FLASHSPEC_LM_HEAD_COPY);
   auto gpu_head = make_head(gpu.get(), wv, FLASHSPEC_LM_HEAD_COPY);
   ASSERT_TRUE(cpu_head && gpu_head);
 
-  flashspec_tensor hv = h.host_view(), qv = q.host_view();
+  flashspec_tensor hv = h.view(), qv = q.view();
   flashspec_verify_batch hb;
   flashspec_verify_batch_init(&hb);
   hb.num_requests = c.requests;

@@ -1,6 +1,7 @@
-// Helpers shared by the unit tests: owning handles, a seeded generator,
-// LM heads and hidden rows in every dtype with their exact values, and the
-// float64 reference logits with a rigorous fp32 accumulation error bound.
+// Helpers of the unit tests: the float64 reference logits with a rigorous
+// fp32 accumulation error bound, argmax and log-sum-exp over them, and a host
+// verify batch with its outcome. Handles, Rng, contexts, LM heads and
+// matrices come from ../common.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -13,57 +14,11 @@
 
 #include "../common/handles.h"
 #include "../common/make.h"
+#include "../common/matrix.h"
 #include "../common/rng.h"
 #include "flashspec.h"
-#include "util/dtype.h"
 
 namespace fstest {
-
-// A [rows, cols] matrix stored in one dtype, with the exact value of every
-// element (what the library reads) kept as double.
-struct Matrix {
-  flashspec_dtype dtype = FLASHSPEC_DTYPE_F32;
-  int64_t rows = 0, cols = 0;
-  std::vector<float> f32;
-  std::vector<uint16_t> half;
-  std::vector<double> exact;
-
-  Matrix() = default;
-  Matrix(flashspec_dtype t, int64_t r, int64_t c) : dtype(t), rows(r), cols(c), exact(size_t(r * c)) {
-    if (t == FLASHSPEC_DTYPE_F32) f32.resize(size_t(r * c));
-    else half.resize(size_t(r * c));
-  }
-  // Stores v rounded to the dtype; the exact value is what was stored.
-  void set(int64_t r, int64_t c, double v) {
-    size_t i = size_t(r * cols + c);
-    switch (dtype) {
-      case FLASHSPEC_DTYPE_F32: f32[i] = float(v); exact[i] = f32[i]; break;
-      case FLASHSPEC_DTYPE_BF16:
-        half[i] = flashspec::float_to_bf16(float(v));
-        exact[i] = flashspec::bf16_to_float(half[i]);
-        break;
-      default:
-        half[i] = flashspec::float_to_fp16(float(v));
-        exact[i] = flashspec::fp16_to_float(half[i]);
-        break;
-    }
-  }
-  double at(int64_t r, int64_t c) const { return exact[size_t(r * cols + c)]; }
-  void copy_row(int64_t to, const Matrix& from, int64_t from_row) {
-    for (int64_t c = 0; c < cols; ++c) set(to, c, from.at(from_row, c));
-  }
-  const void* data() const {
-    return dtype == FLASHSPEC_DTYPE_F32 ? static_cast<const void*>(f32.data()) : static_cast<const void*>(half.data());
-  }
-  flashspec_tensor view() const { return flashspec_tensor_make(data(), dtype, FLASHSPEC_MEMORY_HOST, rows, cols); }
-};
-
-inline Matrix random_matrix(flashspec_dtype dtype, int64_t rows, int64_t cols, Rng& rng, double scale) {
-  Matrix m(dtype, rows, cols);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) m.set(r, c, scale * rng.normal());
-  return m;
-}
 
 // Exact float64 logits of one hidden row, and for each logit the bound on
 // the error of any fp32 evaluation of the same dot product: the products and
