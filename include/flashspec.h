@@ -387,7 +387,8 @@ FLASHSPEC_API void flashspec_verify_result_init(flashspec_verify_result* result)
  * rows of target_hidden or draft_logits, cols), INVALID_ARGUMENT (T < 0 or
  * NaN, T_d ≤ 0 or NaN, uniforms outside (0,1)), DTYPE_MISMATCH,
  * DEVICE_MISMATCH, NON_FINITE, WORKSPACE_EXCEEDED (more rows or requests
- * than summaries hold), CUDA, UNSUPPORTED (below).
+ * than the summaries hold, or more rows than the context's max_rows), CUDA,
+ * UNSUPPORTED (below).
  * CUDA backend limits. Tensor cores serve bf16 or fp16 heads with hidden rows
  * of the same dtype (borrowed heads: 16-byte-aligned rows, d % 8 == 0): up to
  * 16 rows stream W once through mma.sync with the reduction in registers;

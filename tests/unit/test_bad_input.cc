@@ -678,6 +678,20 @@ TEST_F(BadInputBatch, Verify) {
                    [small_rows](BatchCall& c) { c.summaries = small_rows; }});
   cases.push_back({"more requests than the summaries hold", FLASHSPEC_ERR_WORKSPACE_EXCEEDED, "summaries",
                    [small_requests](BatchCall& c) { c.summaries = small_requests; }});
+  // Summaries larger than the context: the context's max_rows still bounds a
+  // verify, on every backend (17 rows here, max_rows 16).
+  flashspec_summaries* large = nullptr;
+  ASSERT_EQ(flashspec_summaries_create(ctx(), 2 * kMaxRows, kMaxRequests, &large), FLASHSPEC_OK);
+  SummariesPtr keep_large(large);
+  cases.push_back({"more rows than the context's max_rows", FLASHSPEC_ERR_WORKSPACE_EXCEEDED, "batch->target_hidden",
+                   [large](BatchCall& c) {
+                     c.summaries = large;
+                     c.offsets = {0, 8, 15};
+                     c.tokens.assign(15, 1);
+                     c.hidden_data.assign(17 * kHidden, 0.25f);
+                     c.batch.draft_tokens = c.tokens.data();
+                     c.hidden.data = c.hidden_data.data(), c.hidden.rows = 17;
+                   }});
   for (const BatchCase& k : cases) {
     verify_good();
     BatchCall c = other_call();
