@@ -453,8 +453,10 @@ FLASHSPEC_API double flashspec_rng_uniform(uint64_t seed, uint64_t request_id, u
  *   3. asks the host's target model, through a callback, to append the
  *      pending tokens and the drafts to its KV cache and return the hidden
  *      rows that score them;
- *   4. verifies the drafts with flashspec_verify_and_finalize (the fused
- *      LM head and Algorithm 1): the emitted tokens are distributed exactly
+ *   4. verifies the drafts with the fused LM head and Algorithm 1 (the
+ *      pass of flashspec_verify_and_finalize, on summaries the engine keeps,
+ *      so the context's own are left as they were): the emitted tokens are
+ *      distributed exactly
  *      as sampling from the target alone, and at temperature 0 they are the
  *      target's greedy tokens, whatever the drafter proposed;
  *   5. rolls the host's KV cache back past the rejected drafts, streams the
@@ -464,8 +466,9 @@ FLASHSPEC_API double flashspec_rng_uniform(uint64_t seed, uint64_t request_id, u
  * draft logits or hidden rows) live in the backend's memory — device memory
  * for a CUDA context, where the host's model computes them. The engine's own
  * index arrays stay on the host; with the CUDA backend it stages them through
- * a buffer of max_rows entries reserved at engine creation, and each step
- * waits for its verify (the tokens stream to the host).
+ * a buffer of max_rows entries reserved at engine creation (with summaries
+ * for max_rows rows), and each step waits for its verify (the tokens stream
+ * to the host).
  *
  * Lifetimes: an engine borrows its context, target LM head and drafters;
  * destroy the engine first. A drafter serves at most one engine.
