@@ -76,10 +76,13 @@ cat "$current.report"
 # abidiff sets bit 8 only for removed symbols; a reordered field or a
 # changed type sets bit 4 like an addition does. So the report is classified:
 # with added functions left out, the only changes allowed are members
-# appended to growable structs and enumerators added.
+# appended to growable structs and enumerators added. A "return type
+# changed" or "parameter ... changed" header only introduces the details
+# below it (a growable struct reached through a returned pointer grows, say),
+# and each harmful detail has its own line: a name, offset, value or size.
 harmful=$(awk -v growable=" $growable " '
   match($0, /type .struct [a-z_0-9]+/) { s = substr($0, RSTART, RLENGTH); sub(/.*struct /, "", s); current = s }
-  /offset changed|deletion|value changed|name changed|parameter [0-9]+ of type .* was (added|removed)|return type changed/ { print; next }
+  /offset changed|deletion|value changed|name changed|parameter [0-9]+ of type .* was (added|removed)/ { print; next }
   /type size changed from|data member insertion/ {
     if (index(growable, " " current " ") == 0) print "in " current ": " $0
   }' "$current.report")

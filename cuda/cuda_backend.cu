@@ -103,8 +103,6 @@ class CudaBackend final : public Backend {
     if (flags == FLASHSPEC_LM_HEAD_BORROW) {
       require(weight.memory == FLASHSPEC_MEMORY_CUDA, FLASHSPEC_ERR_DEVICE_MISMATCH, Field::kFlags,
               "BORROW needs device memory; host weights must be copied");
-      require(reinterpret_cast<uintptr_t>(weight.data) % esize == 0, FLASHSPEC_ERR_UNSUPPORTED, Field::kWeight,
-              "data is not aligned to its element size; no kernel can read it");
       head->data = weight.data;
       head->row_stride = weight.row_stride;
       const bool aligned16 = reinterpret_cast<uintptr_t>(weight.data) % 16 == 0 &&

@@ -38,9 +38,10 @@ __device__ __forceinline__ void stochastic_phase(const ScanParams& p, int group,
     float m = neg_inf(), s = 0.0f;
     int bad = 0;
     for (int i = begin + tid; i < end; i += blockDim.x) {
-      float b = load_as_float(qrow, p.q_dtype, i);
-      if (!isfinite(b)) bad = 1;
-      lse_add(m, s, b * plan.inv_td);
+      // A non-finite logit, or one that overflows when divided by T_d.
+      const float scaled = load_as_float(qrow, p.q_dtype, i) * plan.inv_td;
+      if (!isfinite(scaled)) bad = 1;
+      lse_add(m, s, scaled);
     }
     warp_reduce_q(m, s, bad, lane);
     if (lane == 0) {

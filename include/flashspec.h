@@ -160,7 +160,10 @@ typedef enum flashspec_rng_purpose {
 /* ---------------------------------------------------------------------- */
 /* A row-major 2-D view of memory the caller owns. Element (r, c) is at
  * data + (r * row_stride + c) * sizeof(dtype). row_stride ≥ cols, in
- * elements. This struct is frozen: it never grows. */
+ * elements. data must be aligned to its element size (2 bytes for bf16 and
+ * fp16, 4 for fp32): every call refuses a misaligned view with
+ * FLASHSPEC_ERR_UNSUPPORTED (a callback's view with FLASHSPEC_ERR_CALLBACK).
+ * This struct is frozen: it never grows. */
 typedef struct flashspec_tensor {
   const void* data;
   flashspec_dtype dtype;
@@ -210,9 +213,11 @@ FLASHSPEC_API flashspec_status flashspec_context_create(const flashspec_context_
  * it. NULL is a no-op. LM heads created on it must be destroyed first. */
 FLASHSPEC_API void flashspec_context_destroy(flashspec_context* ctx);
 
-/* [context-exclusive] The detail message of the last failed call on ctx
- * ("" if none); with ctx NULL, of the last failed create on this thread.
- * Valid until the next call on ctx. Never NULL. */
+/* [context-exclusive] The detail message of the most recent call on ctx:
+ * "" when that call succeeded. With ctx NULL: of the most recent call on this
+ * thread that had no context to report to (flashspec_context_create, or any
+ * call given a NULL context or engine). Valid until the next such call. Never
+ * NULL. */
 FLASHSPEC_API const char* flashspec_context_last_error(const flashspec_context* ctx);
 /* [context-exclusive] The raw cudaError_t behind the last FLASHSPEC_ERR_CUDA
  * (0 if none or CPU backend). */
@@ -245,8 +250,8 @@ typedef enum flashspec_lm_head_flags {
  * backend). The stored dtype equals the given dtype.
  * Errors: NULL_POINTER (ctx, weight, weight->data, out), OUT_OF_RANGE
  * (rows/cols/row_stride), DTYPE_MISMATCH, DEVICE_MISMATCH (device memory for
- * the CPU backend, BORROW of host memory), UNSUPPORTED (alignment a kernel
- * cannot read), NON_FINITE (a NaN or Inf weight), OUT_OF_MEMORY, CUDA.
+ * the CPU backend, BORROW of host memory), UNSUPPORTED (data not aligned to
+ * its element size), NON_FINITE (a NaN or Inf weight), OUT_OF_MEMORY, CUDA.
  * [async on the context stream] for the device-to-device copy. */
 FLASHSPEC_API flashspec_status flashspec_lm_head_create(flashspec_context* ctx,
                                                         const flashspec_tensor* weight,
@@ -345,7 +350,10 @@ FLASHSPEC_API void flashspec_verify_batch_init(flashspec_verify_batch* batch);
 /* The per-row summaries a verify pass produces and finalize consumes: for
  * each target row its log-sum-exp, the drafted token's logit, the best
  * residual (or bonus) Gumbel candidate, and for stochastic drafts a few
- * residual candidates. Sized at creation; lives where the backend computes. */
+ * residual candidates. Sized at creation; lives where the backend computes.
+ * Summaries belong to the context that created them: verify and finalize on
+ * another context refuse them (INVALID_ARGUMENT naming "summaries"), and like
+ * their context they are used by one thread at a time. */
 typedef struct flashspec_summaries flashspec_summaries;
 
 /* [context-exclusive] Reserve summaries for up to max_rows target rows and
@@ -364,7 +372,11 @@ FLASHSPEC_API void flashspec_summaries_destroy(flashspec_summaries* summaries);
  *                        or bonus token); the rest are set to −1;
  *   next_steps[r]        (optional) steps[r] + 1, so a caller, or a replayed
  *                        CUDA graph, can feed it back as the next steps array
- *                        (it may alias batch.steps). */
+ *                        (it may be batch.steps itself).
+ * Aliasing: no output array may share memory with another output or with any
+ * array or tensor of the batch, except next_steps == batch.steps exactly;
+ * finalize and verify_and_finalize refuse an overlap with INVALID_ARGUMENT
+ * naming the output. */
 typedef struct flashspec_verify_result {
   uint32_t struct_size;
   flashspec_memory memory;
@@ -386,9 +398,12 @@ FLASHSPEC_API void flashspec_verify_result_init(flashspec_verify_result* result)
  * Errors: NULL_POINTER, STRUCT_SIZE, OUT_OF_RANGE (R, offsets, n_r, token ids,
  * rows of target_hidden or draft_logits, cols), INVALID_ARGUMENT (T < 0 or
  * NaN, T_d ≤ 0 or NaN, uniforms outside (0,1)), DTYPE_MISMATCH,
- * DEVICE_MISMATCH, NON_FINITE, WORKSPACE_EXCEEDED (more rows or requests
+ * DEVICE_MISMATCH, NON_FINITE (a NaN or Inf hidden value or draft logit, or a
+ * logit that overflows fp32 when divided by T or T_d; the CUDA backend reports
+ * these per request, as above), WORKSPACE_EXCEEDED (more rows or requests
  * than the summaries hold, or more rows than the context's max_rows), CUDA,
- * UNSUPPORTED (below).
+ * UNSUPPORTED (below). A batch without drafts may give draft_logits as
+ * [0, V] (or NULL).
  * CUDA backend limits. Tensor cores serve bf16 or fp16 heads with hidden rows
  * of the same dtype (borrowed heads: 16-byte-aligned rows, d % 8 == 0): up to
  * 16 rows stream W once through mma.sync with the reduction in registers;
@@ -478,8 +493,11 @@ FLASHSPEC_API double flashspec_rng_uniform(uint64_t seed, uint64_t request_id, u
  * makes the engine call fail with FLASHSPEC_ERR_CALLBACK and a message
  * naming the callback. The engine stays usable after any failure. A
  * callback must not call flashspec_engine_generate on its own engine (that
- * call fails with FLASHSPEC_ERR_INVALID_ARGUMENT); it may call
- * flashspec_engine_cancel and any function on other objects. */
+ * call fails with FLASHSPEC_ERR_INVALID_ARGUMENT), and must not destroy the
+ * engine, its drafters, its target LM head or its context while the engine is
+ * generating (the generation in progress still uses them: undefined
+ * behaviour); it may call flashspec_engine_cancel and any function on objects
+ * the generation does not use. */
 typedef struct flashspec_drafter flashspec_drafter;
 typedef struct flashspec_engine flashspec_engine;
 
@@ -832,8 +850,10 @@ FLASHSPEC_API flashspec_status flashspec_engine_reset_metrics(flashspec_engine* 
 /* Plugin entry                                                            */
 /* ---------------------------------------------------------------------- */
 /* A versioned, append-only table of the functions above, so a host can
- * dlopen the library and resolve a single symbol. Members are never
- * reordered or removed; new ones are appended and struct_size grows. */
+ * dlopen the library and resolve a single symbol: every exported function
+ * but flashspec_get_api itself has a member. Members are never reordered or
+ * removed; new ones are appended and struct_size grows, so a host reads a
+ * member only if struct_size covers it. */
 typedef struct flashspec_api {
   uint32_t struct_size;
   uint32_t abi_version;
@@ -887,6 +907,17 @@ typedef struct flashspec_api {
   void (*arm_metrics_init)(flashspec_arm_metrics*);
   flashspec_status (*engine_get_arm_metrics)(const flashspec_engine*, int32_t, flashspec_arm_metrics*);
   flashspec_status (*engine_reset_metrics)(flashspec_engine*);
+  /* Appended: the remaining exported functions (all but flashspec_get_api). */
+  unsigned (*abi_version_of_library)(void); /* flashspec_abi_version */
+  const char* (*status_name)(flashspec_status);
+  flashspec_tensor (*tensor_make)(const void*, flashspec_dtype, flashspec_memory, int64_t, int64_t);
+  int (*context_last_cuda_error)(const flashspec_context*);
+  flashspec_backend (*context_backend)(const flashspec_context*);
+  int (*cuda_device_count)(void);
+  int64_t (*lm_head_vocab_size)(const flashspec_lm_head*);
+  int64_t (*lm_head_hidden_size)(const flashspec_lm_head*);
+  void (*philox4x32_10)(const uint32_t*, const uint32_t*, uint32_t*);
+  double (*rng_uniform)(uint64_t, uint64_t, uint64_t, int32_t, flashspec_rng_purpose, int32_t);
 } flashspec_api;
 
 /* [thread-safe] The table for abi_version, or NULL if this library cannot

@@ -6,6 +6,7 @@
 
 #include "capi/guard.h"
 #include "capi/handles.h"
+#include "capi/params.h"
 #include "capi/validate.h"
 #include "flashspec.h"
 #include "util/philox.h"
@@ -26,6 +27,8 @@ SummaryStore& checked_summaries(const flashspec_context& ctx, const flashspec_su
   SummaryStore& store = *summaries->store;
   require(store.backend == ctx.backend->kind() && store.device == ctx.backend->device(),
           FLASHSPEC_ERR_DEVICE_MISMATCH, "summaries", "were created for another backend or device than this context's");
+  require(summaries->owner == &ctx, FLASHSPEC_ERR_INVALID_ARGUMENT, "summaries",
+          "belong to another context (summaries are used with the context that created them)");
   return store;
 }
 
@@ -34,6 +37,7 @@ FieldNames context_names() {
   FieldNames n{};
   n[size_t(Field::kBackend)] = "params->backend";
   n[size_t(Field::kDeviceOrdinal)] = "params->device_ordinal";
+  n[size_t(Field::kCpuThreads)] = "params->cpu_threads";
   return n;
 }
 
@@ -81,12 +85,7 @@ void flashspec_context_params_init(flashspec_context_params* params) {
 flashspec_status flashspec_context_create(const flashspec_context_params* params, flashspec_context** out) {
   return guarded(nullptr, [&] {
     require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
-    flashspec_context_params p;
-    flashspec_context_params_init(&p);
-    if (params) {
-      validate_struct_size(params->struct_size, sizeof(flashspec_context_params), "params->struct_size");
-      p = *params;
-    }
+    const flashspec_context_params p = load_struct_or_defaults(params, flashspec_context_params_init, "params");
     const int32_t backend = raw_enum(p.backend);
     require(backend == FLASHSPEC_BACKEND_AUTO || backend == FLASHSPEC_BACKEND_CPU || backend == FLASHSPEC_BACKEND_CUDA,
             FLASHSPEC_ERR_INVALID_ARGUMENT, "params->backend", "unknown backend " + std::to_string(backend));
@@ -213,6 +212,7 @@ flashspec_status flashspec_summaries_create(flashspec_context* ctx, int32_t max_
             "must be in [1, max_rows], got " + std::to_string(max_requests));
     auto summaries = std::make_unique<flashspec_summaries>();
     summaries->store = ctx->backend->create_summaries(max_rows, max_requests);
+    summaries->owner = ctx;
     *out = summaries.release();
   });
 }
@@ -225,8 +225,9 @@ flashspec_status flashspec_verify(flashspec_context* ctx, const flashspec_lm_hea
   return guarded(ctx, [&] {
     SummaryStore& store = checked_summaries(*ctx, summaries);
     const LmHeadStorage& storage = validate_head(*ctx, head, "head");
-    const VerifyArgs args = validate_batch(*ctx, storage, batch, store, "summaries");
-    const VerifiedBatch described = describe_batch(storage, *batch, args);
+    const flashspec_verify_batch b = load_batch(batch);
+    const VerifyArgs args = validate_batch(*ctx, storage, b, store, "summaries");
+    const VerifiedBatch described = describe_batch(storage, b, args);
     naming_fields(verify_names(), [&] { ctx->backend->verify(storage, args, store); });
     summaries->verified = described;
   });
@@ -237,8 +238,9 @@ flashspec_status flashspec_finalize(flashspec_context* ctx, const flashspec_veri
   if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
   return guarded(ctx, [&] {
     const SummaryStore& store = checked_summaries(*ctx, summaries);
-    const VerifyArgs args = validate_batch_for_finalize(*ctx, batch, summaries->verified);
+    const VerifyArgs args = validate_batch_for_finalize(*ctx, load_batch(batch), summaries->verified);
     const ResultArgs out = validate_result(*ctx, result);
+    validate_result_disjoint(args, out);
     ctx->backend->finalize(args, store, out);
   });
 }
@@ -252,7 +254,8 @@ flashspec_status flashspec_verify_and_finalize(flashspec_context* ctx, const fla
     // summaries then describe exactly this batch.
     const ResultArgs out = validate_result(*ctx, result);
     const LmHeadStorage& storage = validate_head(*ctx, head, "head");
-    const VerifyArgs args = validate_batch(*ctx, storage, batch, *ctx->own_summaries, "context workspace");
+    const VerifyArgs args = validate_batch(*ctx, storage, load_batch(batch), *ctx->own_summaries, "context workspace");
+    validate_result_disjoint(args, out);
     naming_fields(verify_names(), [&] {
       ctx->backend->verify(storage, args, *ctx->own_summaries);
       ctx->backend->finalize(args, *ctx->own_summaries, out);
@@ -268,7 +271,9 @@ void flashspec_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], u
 
 double flashspec_rng_uniform(uint64_t seed, uint64_t request_id, uint64_t step, int32_t position,
                              flashspec_rng_purpose purpose, int32_t token) {
-  RngRowKey key = make_row_key(seed, request_id, step, position, purpose);
+  const int32_t raw = raw_enum(purpose);
+  if (raw < FLASHSPEC_RNG_DRAFT_NOISE || raw > FLASHSPEC_RNG_BONUS_NOISE) return std::nan("");
+  RngRowKey key = make_row_key(seed, request_id, step, position, flashspec_rng_purpose(raw));
   return uniform_from_bits(row_word(key, token));
 }
 

@@ -9,6 +9,7 @@
 
 #include "capi/guard.h"
 #include "capi/handles.h"
+#include "capi/params.h"
 #include "capi/validate.h"
 #include "engine/callback_drafter.h"
 #include "engine/engine.h"
@@ -52,29 +53,29 @@ EngineConfig validate_engine(flashspec_context& ctx, const flashspec_lm_head* ta
                              const flashspec_engine_params* params, std::vector<flashspec_drafter*>& drafters) {
   validate_head(ctx, target_head, "target_head");
   require(params != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params", "is NULL (the target callbacks are required)");
-  validate_struct_size(params->struct_size, sizeof(flashspec_engine_params), "params->struct_size");
-  require(params->target_forward != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params->target_forward", "is NULL");
+  const flashspec_engine_params p = load_struct(params, flashspec_engine_params_init, "params");
+  require(p.target_forward != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params->target_forward", "is NULL");
   const int64_t vocab = target_head->storage->vocab;
   const int32_t max_len = std::min<int32_t>(FLASHSPEC_MAX_DRAFT_LEN, ctx.max_rows - 1);
 
   EngineConfig config;
   config.target_head = target_head->storage.get();
-  config.target_forward = params->target_forward;
-  config.target_rollback = params->target_rollback;
-  config.target_user_data = params->target_user_data;
+  config.target_forward = p.target_forward;
+  config.target_rollback = p.target_rollback;
+  config.target_user_data = p.target_user_data;
 
-  require(params->num_drafters >= 0 && params->num_drafters <= 1024, FLASHSPEC_ERR_OUT_OF_RANGE,
-          "params->num_drafters", "must be in [0, 1024], got " + str(params->num_drafters));
-  if (params->num_drafters > 0)
-    require(params->drafters != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params->drafters",
-            "is NULL while num_drafters is " + str(params->num_drafters));
-  for (int32_t i = 0; i < params->num_drafters; ++i) {
+  require(p.num_drafters >= 0 && p.num_drafters <= 1024, FLASHSPEC_ERR_OUT_OF_RANGE,
+          "params->num_drafters", "must be in [0, 1024], got " + str(p.num_drafters));
+  if (p.num_drafters > 0)
+    require(p.drafters != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params->drafters",
+            "is NULL while num_drafters is " + str(p.num_drafters));
+  for (int32_t i = 0; i < p.num_drafters; ++i) {
     const std::string name = "params->drafters[" + str(i) + "]";
-    flashspec_drafter* drafter = params->drafters[i];
+    flashspec_drafter* drafter = p.drafters[i];
     require(drafter != nullptr, FLASHSPEC_ERR_NULL_POINTER, name.c_str(), "is NULL");
     require(drafter->owner == nullptr, FLASHSPEC_ERR_INVALID_ARGUMENT, name.c_str(), "already serves another engine");
     for (int32_t j = 0; j < i; ++j)
-      require(params->drafters[j] != drafter, FLASHSPEC_ERR_INVALID_ARGUMENT, name.c_str(),
+      require(p.drafters[j] != drafter, FLASHSPEC_ERR_INVALID_ARGUMENT, name.c_str(),
               "is listed twice (also at index " + str(j) + "); use two arms of one drafter instead");
     if (drafter->head) {
       validate_head(ctx, drafter->head, (name + " head").c_str());
@@ -86,72 +87,72 @@ EngineConfig validate_engine(flashspec_context& ctx, const flashspec_lm_head* ta
     config.drafters.push_back(drafter->impl.get());
   }
 
-  if (params->arms) {
-    require(params->num_arms >= 1 && params->num_arms <= 1024, FLASHSPEC_ERR_OUT_OF_RANGE, "params->num_arms",
-            "must be in [1, 1024], got " + str(params->num_arms));
-    for (int32_t a = 0; a < params->num_arms; ++a) {
-      const flashspec_arm arm = params->arms[a];
+  if (p.arms) {
+    require(p.num_arms >= 1 && p.num_arms <= 1024, FLASHSPEC_ERR_OUT_OF_RANGE, "params->num_arms",
+            "must be in [1, 1024], got " + str(p.num_arms));
+    for (int32_t a = 0; a < p.num_arms; ++a) {
+      const flashspec_arm arm = p.arms[a];
       const std::string name = "params->arms[" + str(a) + "]";
       require(arm.draft_len >= 0 && arm.draft_len <= max_len, FLASHSPEC_ERR_OUT_OF_RANGE, name.c_str(),
               "draft_len " + str(arm.draft_len) + " is outside [0, " + str(max_len) +
                   "] (the context's max_rows − 1 and FLASHSPEC_MAX_DRAFT_LEN bound it)");
       if (arm.draft_len > 0)
-        require(arm.drafter >= 0 && arm.drafter < params->num_drafters, FLASHSPEC_ERR_OUT_OF_RANGE, name.c_str(),
-                "drafter " + str(arm.drafter) + " is outside [0, num_drafters = " + str(params->num_drafters) + ")");
+        require(arm.drafter >= 0 && arm.drafter < p.num_drafters, FLASHSPEC_ERR_OUT_OF_RANGE, name.c_str(),
+                "drafter " + str(arm.drafter) + " is outside [0, num_drafters = " + str(p.num_drafters) + ")");
       config.arms.push_back(Arm{arm.draft_len > 0 ? arm.drafter : -1, arm.draft_len});
     }
   } else {
-    require(params->num_arms == 0, FLASHSPEC_ERR_NULL_POINTER, "params->arms",
-            "is NULL while num_arms is " + str(params->num_arms));
-    require(params->default_draft_len >= 0 && params->default_draft_len <= max_len, FLASHSPEC_ERR_OUT_OF_RANGE,
-            "params->default_draft_len", "must be in [0, " + str(max_len) + "], got " + str(params->default_draft_len));
-    for (int32_t i = 0; i < params->num_drafters; ++i)
-      config.arms.push_back(params->default_draft_len > 0 ? Arm{i, params->default_draft_len} : Arm{-1, 0});
+    require(p.num_arms == 0, FLASHSPEC_ERR_NULL_POINTER, "params->arms",
+            "is NULL while num_arms is " + str(p.num_arms));
+    require(p.default_draft_len >= 0 && p.default_draft_len <= max_len, FLASHSPEC_ERR_OUT_OF_RANGE,
+            "params->default_draft_len", "must be in [0, " + str(max_len) + "], got " + str(p.default_draft_len));
+    for (int32_t i = 0; i < p.num_drafters; ++i)
+      config.arms.push_back(p.default_draft_len > 0 ? Arm{i, p.default_draft_len} : Arm{-1, 0});
     if (config.arms.empty()) config.arms.push_back(Arm{-1, 0});
   }
   const int32_t num_arms = int32_t(config.arms.size());
 
   PolicyConfig& policy = config.policy;
   policy.num_arms = num_arms;
-  switch (params->policy) {
+  switch (raw_enum(p.policy)) {
     case FLASHSPEC_BANDIT_UCB1:
       policy.kind = PolicyKind::kUcb1;
-      require(std::isfinite(params->ucb_exploration) && params->ucb_exploration >= 0.0,
+      require(std::isfinite(p.ucb_exploration) && p.ucb_exploration >= 0.0,
               FLASHSPEC_ERR_INVALID_ARGUMENT, "params->ucb_exploration", "must be finite and >= 0");
-      policy.exploration = params->ucb_exploration;
+      policy.exploration = p.ucb_exploration;
       break;
     case FLASHSPEC_BANDIT_THOMPSON:
       policy.kind = PolicyKind::kThompson;
-      policy.seed = params->bandit_seed;
+      policy.seed = p.bandit_seed;
       break;
     case FLASHSPEC_BANDIT_FIXED:
       policy.kind = PolicyKind::kFixed;
-      require(params->fixed_arm >= 0 && params->fixed_arm < num_arms, FLASHSPEC_ERR_OUT_OF_RANGE,
-              "params->fixed_arm", "is " + str(params->fixed_arm) + ", outside [0, " + str(num_arms) + ")");
-      policy.fixed_arm = params->fixed_arm;
+      require(p.fixed_arm >= 0 && p.fixed_arm < num_arms, FLASHSPEC_ERR_OUT_OF_RANGE,
+              "params->fixed_arm", "is " + str(p.fixed_arm) + ", outside [0, " + str(num_arms) + ")");
+      policy.fixed_arm = p.fixed_arm;
       break;
     case FLASHSPEC_BANDIT_ORACLE:
       policy.kind = PolicyKind::kOracle;
-      require(params->oracle_rewards != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params->oracle_rewards",
+      require(p.oracle_rewards != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params->oracle_rewards",
               "is NULL (the ORACLE policy needs one expected reward per arm)");
       for (int32_t a = 0; a < num_arms; ++a) {
-        require(std::isfinite(params->oracle_rewards[a]), FLASHSPEC_ERR_INVALID_ARGUMENT, "params->oracle_rewards",
+        require(std::isfinite(p.oracle_rewards[a]), FLASHSPEC_ERR_INVALID_ARGUMENT, "params->oracle_rewards",
                 "entry " + str(a) + " is not finite");
-        policy.oracle_means.push_back(params->oracle_rewards[a]);
+        policy.oracle_means.push_back(p.oracle_rewards[a]);
       }
       break;
     default:
-      fail(FLASHSPEC_ERR_INVALID_ARGUMENT, "params->policy: unknown value " + str(int64_t(params->policy)));
+      fail(FLASHSPEC_ERR_INVALID_ARGUMENT, "params->policy: unknown value " + str(raw_enum(p.policy)));
   }
 
-  require(std::isfinite(params->target_step_cost) && params->target_step_cost > 0.0, FLASHSPEC_ERR_INVALID_ARGUMENT,
-          "params->target_step_cost", "must be finite and > 0, got " + std::to_string(params->target_step_cost));
-  check_cost(params->target_row_cost, "params->target_row_cost");
-  config.cost.target_step_cost = params->target_step_cost;
-  config.cost.target_row_cost = params->target_row_cost;
-  require(params->max_context >= 0, FLASHSPEC_ERR_OUT_OF_RANGE, "params->max_context",
-          "must be >= 0 (0 = unlimited), got " + str(params->max_context));
-  config.max_context = params->max_context;
+  require(std::isfinite(p.target_step_cost) && p.target_step_cost > 0.0, FLASHSPEC_ERR_INVALID_ARGUMENT,
+          "params->target_step_cost", "must be finite and > 0, got " + std::to_string(p.target_step_cost));
+  check_cost(p.target_row_cost, "params->target_row_cost");
+  config.cost.target_step_cost = p.target_step_cost;
+  config.cost.target_row_cost = p.target_row_cost;
+  require(p.max_context >= 0, FLASHSPEC_ERR_OUT_OF_RANGE, "params->max_context",
+          "must be >= 0 (0 = unlimited), got " + str(p.max_context));
+  config.max_context = p.max_context;
   return config;
 }
 
@@ -160,10 +161,7 @@ GenerateConfig validate_generate(const flashspec_engine& engine, const int32_t* 
                                  int32_t tokens_capacity, const flashspec_generate_result* result) {
   require(!engine.engine->busy(), FLASHSPEC_ERR_INVALID_ARGUMENT, "engine",
           "is already generating (flashspec_engine_generate called from one of its callbacks)");
-  flashspec_generate_params defaults;
-  flashspec_generate_params_init(&defaults);
-  if (params) validate_struct_size(params->struct_size, sizeof(flashspec_generate_params), "params->struct_size");
-  const flashspec_generate_params& p = params ? *params : defaults;
+  const flashspec_generate_params p = load_struct_or_defaults(params, flashspec_generate_params_init, "params");
   const int64_t vocab = engine.engine->vocab();
 
   require(prompt != nullptr, FLASHSPEC_ERR_NULL_POINTER, "prompt", "is NULL");
@@ -172,7 +170,7 @@ GenerateConfig validate_generate(const flashspec_engine& engine, const int32_t* 
     require(prompt[i] >= 0 && prompt[i] < vocab, FLASHSPEC_ERR_OUT_OF_RANGE, "prompt",
             "token " + str(i) + " is " + str(prompt[i]) + ", outside [0, " + str(vocab) + ")");
   require(result != nullptr, FLASHSPEC_ERR_NULL_POINTER, "result", "is NULL");
-  validate_struct_size(result->struct_size, sizeof(flashspec_generate_result), "result->struct_size");
+  check_struct_size<flashspec_generate_result>(result->struct_size, "result");
 
   validate_temperature(p.temperature, "params->temperature");
   require(p.max_tokens >= 1, FLASHSPEC_ERR_OUT_OF_RANGE, "params->max_tokens", "must be >= 1, got " + str(p.max_tokens));
@@ -210,9 +208,12 @@ GenerateConfig validate_generate(const flashspec_engine& engine, const int32_t* 
 }
 
 void write_result(const GenerateProgress& progress, flashspec_generate_result* result) {
-  result->num_tokens = progress.num_tokens;
-  result->finish_reason = progress.finish_reason;
-  result->steps = progress.steps;
+  flashspec_generate_result r;
+  flashspec_generate_result_init(&r);
+  r.num_tokens = progress.num_tokens;
+  r.finish_reason = progress.finish_reason;
+  r.steps = progress.steps;
+  store_struct(r, result);
 }
 
 }  // namespace
@@ -232,12 +233,7 @@ flashspec_status flashspec_drafter_create_ngram(flashspec_context* ctx, const fl
   if (!ctx) return null_context();
   return guarded(ctx, [&] {
     require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
-    flashspec_ngram_params p;
-    flashspec_ngram_params_init(&p);
-    if (params) {
-      validate_struct_size(params->struct_size, sizeof(flashspec_ngram_params), "params->struct_size");
-      p = *params;
-    }
+    const flashspec_ngram_params p = load_struct_or_defaults(params, flashspec_ngram_params_init, "params");
     require(p.min_n >= 1 && p.min_n <= NgramDrafter::kMaxN, FLASHSPEC_ERR_OUT_OF_RANGE, "params->min_n",
             "must be in [1, " + str(NgramDrafter::kMaxN) + "], got " + str(p.min_n));
     require(p.max_n >= p.min_n && p.max_n <= NgramDrafter::kMaxN, FLASHSPEC_ERR_OUT_OF_RANGE, "params->max_n",
@@ -265,28 +261,29 @@ flashspec_status flashspec_drafter_create_callback(flashspec_context* ctx,
   return guarded(ctx, [&] {
     require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
     require(params != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params", "is NULL (the draft callback is required)");
-    validate_struct_size(params->struct_size, sizeof(flashspec_callback_drafter_params), "params->struct_size");
-    require(params->kind == FLASHSPEC_DRAFT_TOKENS || params->kind == FLASHSPEC_DRAFT_LOGITS ||
-                params->kind == FLASHSPEC_DRAFT_HIDDEN,
-            FLASHSPEC_ERR_INVALID_ARGUMENT, "params->kind", "unknown value " + str(int64_t(params->kind)));
-    require(params->draft != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params->draft", "is NULL");
-    if (params->kind == FLASHSPEC_DRAFT_LOGITS)
-      require(std::isfinite(params->draft_temperature) && params->draft_temperature > 0.0f,
+    const flashspec_callback_drafter_params p =
+        load_struct(params, flashspec_callback_drafter_params_init, "params");
+    const int32_t kind = raw_enum(p.kind);
+    require(kind == FLASHSPEC_DRAFT_TOKENS || kind == FLASHSPEC_DRAFT_LOGITS || kind == FLASHSPEC_DRAFT_HIDDEN,
+            FLASHSPEC_ERR_INVALID_ARGUMENT, "params->kind", "unknown value " + str(kind));
+    require(p.draft != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params->draft", "is NULL");
+    if (p.kind == FLASHSPEC_DRAFT_LOGITS)
+      require(std::isfinite(p.draft_temperature) && p.draft_temperature > 0.0f,
               FLASHSPEC_ERR_INVALID_ARGUMENT, "params->draft_temperature",
-              "must be finite and > 0 for LOGITS drafts, got " + std::to_string(params->draft_temperature));
-    if (params->kind == FLASHSPEC_DRAFT_HIDDEN) validate_head(*ctx, params->head, "params->head");
-    check_cost(params->call_cost, "params->call_cost");
-    check_cost(params->token_cost, "params->token_cost");
+              "must be finite and > 0 for LOGITS drafts, got " + std::to_string(p.draft_temperature));
+    if (p.kind == FLASHSPEC_DRAFT_HIDDEN) validate_head(*ctx, p.head, "params->head");
+    check_cost(p.call_cost, "params->call_cost");
+    check_cost(p.token_cost, "params->token_cost");
     CallbackDrafterConfig config;
-    config.kind = params->kind;
-    config.draft = params->draft;
-    config.user_data = params->user_data;
-    config.draft_temperature = params->draft_temperature;
-    config.head = params->kind == FLASHSPEC_DRAFT_HIDDEN ? params->head->storage.get() : nullptr;
-    config.cost = DrafterCost{params->call_cost, params->token_cost};
+    config.kind = p.kind;
+    config.draft = p.draft;
+    config.user_data = p.user_data;
+    config.draft_temperature = p.draft_temperature;
+    config.head = p.kind == FLASHSPEC_DRAFT_HIDDEN ? p.head->storage.get() : nullptr;
+    config.cost = DrafterCost{p.call_cost, p.token_cost};
     auto drafter = std::make_unique<flashspec_drafter>();
     drafter->impl = std::make_unique<CallbackDrafter>(config);
-    drafter->head = params->kind == FLASHSPEC_DRAFT_HIDDEN ? params->head : nullptr;
+    drafter->head = p.kind == FLASHSPEC_DRAFT_HIDDEN ? p.head : nullptr;
     *out = drafter.release();
   });
 }
@@ -373,7 +370,7 @@ flashspec_status flashspec_engine_get_metrics(const flashspec_engine* engine, fl
   if (!engine) return null_engine();
   return guarded(engine->ctx, [&] {
     require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
-    validate_struct_size(out->struct_size, sizeof(flashspec_engine_metrics), "out->struct_size");
+    check_struct_size<flashspec_engine_metrics>(out->struct_size, "out");
     const MetricsSnapshot s = engine->engine->metrics().snapshot();
     flashspec_engine_metrics m;
     flashspec_engine_metrics_init(&m);
@@ -389,7 +386,7 @@ flashspec_status flashspec_engine_get_metrics(const flashspec_engine* engine, fl
     m.step_latency_p99_us = s.latency_p99_seconds * 1e6;
     m.num_positions = s.num_positions;
     m.num_arms = int32_t(engine->engine->arms().size());
-    *out = m;
+    store_struct(m, out);
   });
 }
 
@@ -424,7 +421,7 @@ flashspec_status flashspec_engine_get_arm_metrics(const flashspec_engine* engine
   if (!engine) return null_engine();
   return guarded(engine->ctx, [&] {
     require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
-    validate_struct_size(out->struct_size, sizeof(flashspec_arm_metrics), "out->struct_size");
+    check_struct_size<flashspec_arm_metrics>(out->struct_size, "out");
     const int32_t arms = int32_t(engine->engine->arms().size());
     require(arm >= 0 && arm < arms, FLASHSPEC_ERR_OUT_OF_RANGE, "arm",
             "is " + str(arm) + ", outside [0, " + str(arms) + ")");
@@ -439,7 +436,7 @@ flashspec_status flashspec_engine_get_arm_metrics(const flashspec_engine* engine
     m.accepted_tokens = stats.accepted_tokens;
     m.mean_reward = stats.pulls ? stats.reward_sum / double(stats.pulls) : 0.0;
     m.mean_cost = stats.pulls ? stats.cost_sum / double(stats.pulls) : 0.0;
-    *out = m;
+    store_struct(m, out);
   });
 }
 

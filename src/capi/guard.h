@@ -26,6 +26,7 @@ inline const char* field_description(Field field) {
     case Field::kHidden: return "hidden rows";
     case Field::kTemperature: return "temperature";
     case Field::kDraftLogits: return "draft logits";
+    case Field::kCpuThreads: return "CPU threads";
     default: return "argument";
   }
 }

@@ -39,5 +39,6 @@ struct flashspec_lm_head {
 
 struct flashspec_summaries {
   std::unique_ptr<flashspec::SummaryStore> store;
+  const flashspec_context* owner = nullptr;  // the context that created them, the only one that may use them
   flashspec::VerifiedBatch verified;  // what store describes
 };

@@ -44,6 +44,16 @@ const flashspec_api* flashspec_get_api(unsigned abi_version) {
       flashspec_arm_metrics_init,
       flashspec_engine_get_arm_metrics,
       flashspec_engine_reset_metrics,
+      flashspec_abi_version,
+      flashspec_status_name,
+      flashspec_tensor_make,
+      flashspec_context_last_cuda_error,
+      flashspec_context_backend,
+      flashspec_cuda_device_count,
+      flashspec_lm_head_vocab_size,
+      flashspec_lm_head_hidden_size,
+      flashspec_philox4x32_10,
+      flashspec_rng_uniform,
   };
   return abi_version == FLASHSPEC_ABI_VERSION ? &table : nullptr;
 }

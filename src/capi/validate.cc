@@ -1,6 +1,10 @@
 #include "capi/validate.h"
 
+#include "capi/params.h"
+
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <string>
 
@@ -40,6 +44,36 @@ void check_temperatures(const float* values, int32_t count, bool strictly_positi
   }
 }
 
+// The bytes an array or tensor occupies, for the aliasing rule.
+struct Span {
+  const char* name;
+  uintptr_t begin;
+  size_t bytes;
+};
+
+Span array_span(const char* name, const void* data, int64_t count, size_t element) {
+  return Span{name, reinterpret_cast<uintptr_t>(data), data ? size_t(count) * element : 0};
+}
+
+Span tensor_span(const char* name, const flashspec_tensor* t) {
+  if (!t || !t->data || t->rows == 0) return Span{name, 0, 0};
+  const int64_t elements = (t->rows - 1) * t->row_stride + t->cols;
+  return Span{name, reinterpret_cast<uintptr_t>(t->data), size_t(elements) * dtype_size(t->dtype)};
+}
+
+bool overlap(const Span& a, const Span& b) {
+  return a.bytes && b.bytes && a.begin < b.begin + b.bytes && b.begin < a.begin + a.bytes;
+}
+
+// An output must not share memory with anything else the call reads or
+// writes: the backends read inputs while writing outputs (on a GPU, in
+// other threads), so an overlap would change the result.
+void require_disjoint(const Span& output, std::initializer_list<Span> others) {
+  for (const Span& other : others)
+    require(!overlap(output, other), FLASHSPEC_ERR_INVALID_ARGUMENT, output.name,
+            std::string("overlaps ") + other.name + " (outputs may not alias the call's other arrays)");
+}
+
 // Host draft tokens lie in [0, vocab).
 void check_draft_tokens(const int32_t* tokens, int32_t count, int64_t vocab) {
   for (int32_t k = 0; k < count; ++k)
@@ -70,9 +104,8 @@ uint64_t fingerprint(const VerifyArgs& args) {
 
 // The checks of a batch that need no head. total_rows comes from
 // target_hidden; host offsets are checked against it.
-VerifyArgs validate_batch_common(const flashspec_context& ctx, const flashspec_verify_batch* batch) {
-  require(batch != nullptr, FLASHSPEC_ERR_NULL_POINTER, "batch", "is NULL");
-  validate_struct_size(batch->struct_size, sizeof(flashspec_verify_batch), "batch->struct_size");
+VerifyArgs validate_batch_common(const flashspec_context& ctx, const flashspec_verify_batch& b) {
+  const flashspec_verify_batch* batch = &b;
   const Backend& backend = *ctx.backend;
   validate_memory(batch->memory, backend, "batch->memory");
   const int32_t requests = batch->num_requests;
@@ -121,7 +154,17 @@ VerifyArgs validate_batch_common(const flashspec_context& ctx, const flashspec_v
       }
   }
 
-  if (batch->draft_logits) {
+  // A batch without drafts may pass draft logits of the documented shape
+  // [0, V]: there is nothing to read, so the batch is verified as greedy.
+  const bool empty_draft_logits = batch->draft_logits && total_drafts == 0 && batch->draft_logits->rows == 0;
+  if (empty_draft_logits) {
+    const flashspec_tensor& q = *batch->draft_logits;
+    const int32_t dtype = raw_enum(q.dtype);
+    require(dtype == FLASHSPEC_DTYPE_F32 || dtype == FLASHSPEC_DTYPE_BF16 || dtype == FLASHSPEC_DTYPE_F16,
+            FLASHSPEC_ERR_DTYPE_MISMATCH, "batch->draft_logits", "unknown dtype " + str(dtype));
+    validate_memory(q.memory, backend, "batch->draft_logits->memory");
+    require(q.cols >= 1, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_logits", "cols must be >= 1, got " + str(q.cols));
+  } else if (batch->draft_logits) {
     validate_tensor(batch->draft_logits, "batch->draft_logits");
     validate_memory(batch->draft_logits->memory, backend, "batch->draft_logits->memory");
     require(batch->draft_logits->rows == total_drafts, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_logits",
@@ -136,7 +179,7 @@ VerifyArgs validate_batch_common(const flashspec_context& ctx, const flashspec_v
   args.draft_offsets = batch->draft_offsets;
   args.draft_tokens = batch->draft_tokens;
   args.target_hidden = batch->target_hidden;
-  args.draft_logits = batch->draft_logits;
+  args.draft_logits = empty_draft_logits ? nullptr : batch->draft_logits;
   args.temperatures = batch->temperatures;
   args.draft_temperatures = batch->draft_temperatures;
   args.seeds = batch->seeds;
@@ -157,11 +200,6 @@ const LmHeadStorage& validate_head(const flashspec_context& ctx, const flashspec
   return storage;
 }
 
-void validate_struct_size(uint32_t given, size_t expected, const char* argument) {
-  require(given == expected, FLASHSPEC_ERR_STRUCT_SIZE, argument,
-          "is " + str(given) + ", expected " + str(int64_t(expected)) + " (call the matching *_init first)");
-}
-
 void validate_temperature(float t, const char* argument) {
   require(!std::isnan(t), FLASHSPEC_ERR_INVALID_ARGUMENT, argument, "is NaN");
   require(std::isfinite(t), FLASHSPEC_ERR_INVALID_ARGUMENT, argument, "is infinite");
@@ -174,6 +212,8 @@ void validate_tensor(const flashspec_tensor* t, const char* argument) {
   const int32_t dtype = raw_enum(t->dtype);
   require(dtype == FLASHSPEC_DTYPE_F32 || dtype == FLASHSPEC_DTYPE_BF16 || dtype == FLASHSPEC_DTYPE_F16,
           FLASHSPEC_ERR_DTYPE_MISMATCH, argument, "unknown dtype " + str(dtype) + " (bf16, fp16 or fp32)");
+  require(reinterpret_cast<uintptr_t>(t->data) % dtype_size(t->dtype) == 0, FLASHSPEC_ERR_UNSUPPORTED, argument,
+          "data is not aligned to its element size (" + str(int64_t(dtype_size(t->dtype))) + " bytes)");
   require(known_memory(t->memory), FLASHSPEC_ERR_INVALID_ARGUMENT, argument,
           "unknown memory " + str(raw_enum(t->memory)));
   require(t->rows >= 1, FLASHSPEC_ERR_OUT_OF_RANGE, argument, "rows must be >= 1, got " + str(t->rows));
@@ -187,10 +227,7 @@ void validate_tensor(const flashspec_tensor* t, const char* argument) {
 
 DraftArgs validate_draft(const flashspec_context& ctx, const LmHeadStorage& head, const flashspec_tensor* hidden,
                          const flashspec_draft_params* params, int32_t* tokens_out, float* scores_out) {
-  flashspec_draft_params defaults;
-  flashspec_draft_params_init(&defaults);
-  if (params) validate_struct_size(params->struct_size, sizeof(flashspec_draft_params), "params->struct_size");
-  const flashspec_draft_params& p = params ? *params : defaults;
+  const flashspec_draft_params p = load_struct_or_defaults(params, flashspec_draft_params_init, "params");
   const Backend& backend = *ctx.backend;
   validate_tensor(hidden, "hidden");
   validate_memory(hidden->memory, backend, "hidden->memory");
@@ -210,6 +247,19 @@ DraftArgs validate_draft(const flashspec_context& ctx, const LmHeadStorage& head
                 "params->positions",
                 "entry " + str(r) + " is " + str(p.positions[r]) + ", outside [0, " + str(FLASHSPEC_MAX_DRAFT_LEN) + "]");
   }
+  const Span tokens = array_span("tokens_out", tokens_out, rows, sizeof(int32_t));
+  const Span scores = array_span("scores_out", scores_out, rows, sizeof(float));
+  const std::initializer_list<Span> inputs = {
+      tensor_span("hidden", hidden),
+      array_span("params->temperatures", p.temperatures, rows, sizeof(float)),
+      array_span("params->seeds", p.seeds, rows, sizeof(uint64_t)),
+      array_span("params->request_ids", p.request_ids, rows, sizeof(uint64_t)),
+      array_span("params->steps", p.steps, rows, sizeof(uint64_t)),
+      array_span("params->positions", p.positions, rows, sizeof(int32_t))};
+  require_disjoint(tokens, inputs);
+  require_disjoint(tokens, {scores});
+  require_disjoint(scores, inputs);
+
   DraftArgs args;
   args.hidden = hidden;
   args.rows = rows;
@@ -225,10 +275,15 @@ DraftArgs validate_draft(const flashspec_context& ctx, const LmHeadStorage& head
   return args;
 }
 
+flashspec_verify_batch load_batch(const flashspec_verify_batch* batch) {
+  return load_struct(batch, flashspec_verify_batch_init, "batch");
+}
+
 VerifyArgs validate_batch(const flashspec_context& ctx, const LmHeadStorage& head,
-                          const flashspec_verify_batch* batch, const SummaryStore& summaries,
+                          const flashspec_verify_batch& b, const SummaryStore& summaries,
                           const char* summaries_name) {
-  VerifyArgs args = validate_batch_common(ctx, batch);
+  const flashspec_verify_batch* batch = &b;
+  VerifyArgs args = validate_batch_common(ctx, b);
   require(batch->target_hidden->cols == head.hidden, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->target_hidden",
           "has " + str(batch->target_hidden->cols) + " columns, the LM head's hidden size is " + str(head.hidden));
   if (batch->draft_logits)
@@ -258,9 +313,10 @@ VerifiedBatch describe_batch(const LmHeadStorage& head, const flashspec_verify_b
   return v;
 }
 
-VerifyArgs validate_batch_for_finalize(const flashspec_context& ctx, const flashspec_verify_batch* batch,
+VerifyArgs validate_batch_for_finalize(const flashspec_context& ctx, const flashspec_verify_batch& b,
                                        const VerifiedBatch& verified) {
-  VerifyArgs args = validate_batch_common(ctx, batch);
+  const flashspec_verify_batch* batch = &b;
+  VerifyArgs args = validate_batch_common(ctx, b);
   require(verified.rows == args.total_rows && verified.requests == args.num_requests,
           FLASHSPEC_ERR_INVALID_ARGUMENT, "summaries",
           "describe a batch of " + str(verified.requests) + " requests and " + str(verified.rows) +
@@ -275,13 +331,38 @@ VerifyArgs validate_batch_for_finalize(const flashspec_context& ctx, const flash
   return args;
 }
 
-ResultArgs validate_result(const flashspec_context& ctx, const flashspec_verify_result* result) {
-  require(result != nullptr, FLASHSPEC_ERR_NULL_POINTER, "result", "is NULL");
-  validate_struct_size(result->struct_size, sizeof(flashspec_verify_result), "result->struct_size");
-  validate_memory(result->memory, *ctx.backend, "result->memory");
-  require(result->accepted_counts != nullptr, FLASHSPEC_ERR_NULL_POINTER, "result->accepted_counts", "is NULL");
-  require(result->emitted_tokens != nullptr, FLASHSPEC_ERR_NULL_POINTER, "result->emitted_tokens", "is NULL");
-  return ResultArgs{result->accepted_counts, result->emitted_tokens, result->next_steps};
+void validate_result_disjoint(const VerifyArgs& a, const ResultArgs& out) {
+  const int64_t R = a.num_requests;
+  const Span accepted = array_span("result->accepted_counts", out.accepted_counts, R, sizeof(int32_t));
+  const Span emitted = array_span("result->emitted_tokens", out.emitted_tokens, a.total_rows, sizeof(int32_t));
+  const Span next_steps = array_span("result->next_steps", out.next_steps, R, sizeof(uint64_t));
+  const std::initializer_list<Span> inputs = {
+      array_span("batch->draft_offsets", a.draft_offsets, R + 1, sizeof(int32_t)),
+      array_span("batch->draft_tokens", a.draft_tokens, a.total_drafts, sizeof(int32_t)),
+      tensor_span("batch->target_hidden", a.target_hidden),
+      tensor_span("batch->draft_logits", a.draft_logits),
+      array_span("batch->temperatures", a.temperatures, R, sizeof(float)),
+      array_span("batch->draft_temperatures", a.draft_temperatures, R, sizeof(float)),
+      array_span("batch->seeds", a.seeds, R, sizeof(uint64_t)),
+      array_span("batch->request_ids", a.request_ids, R, sizeof(uint64_t)),
+      array_span("batch->accept_uniforms", a.accept_uniforms, a.total_drafts, sizeof(float))};
+  const Span steps = array_span("batch->steps", a.steps, R, sizeof(uint64_t));
+  require_disjoint(accepted, inputs);
+  require_disjoint(accepted, {steps, emitted, next_steps});
+  require_disjoint(emitted, inputs);
+  require_disjoint(emitted, {steps, next_steps});
+  require_disjoint(next_steps, inputs);
+  // next_steps may be batch->steps itself (each request's step is read
+  // before its next step is written), but not a shifted view of it.
+  if (!(next_steps.begin == steps.begin && next_steps.bytes == steps.bytes)) require_disjoint(next_steps, {steps});
+}
+
+ResultArgs validate_result(const flashspec_context& ctx, const flashspec_verify_result* given) {
+  const flashspec_verify_result result = load_struct(given, flashspec_verify_result_init, "result");
+  validate_memory(result.memory, *ctx.backend, "result->memory");
+  require(result.accepted_counts != nullptr, FLASHSPEC_ERR_NULL_POINTER, "result->accepted_counts", "is NULL");
+  require(result.emitted_tokens != nullptr, FLASHSPEC_ERR_NULL_POINTER, "result->emitted_tokens", "is NULL");
+  return ResultArgs{result.accepted_counts, result.emitted_tokens, result.next_steps};
 }
 
 }  // namespace flashspec

@@ -1,5 +1,6 @@
 // Version, ABI and status-string queries.
 #include "flashspec.h"
+#include "util/raw_enum.h"
 
 #define FLASHSPEC_STRINGIFY_(x) #x
 #define FLASHSPEC_STRINGIFY(x) FLASHSPEC_STRINGIFY_(x)
@@ -16,7 +17,7 @@ const char* flashspec_version_string(void) {
 unsigned flashspec_abi_version(void) { return FLASHSPEC_ABI_VERSION; }
 
 const char* flashspec_status_string(flashspec_status status) {
-  switch (status) {
+  switch (flashspec::raw_enum(status)) {
 #define FLASHSPEC_STATUS_TEXT_(name, value, text) \
   case FLASHSPEC_##name: return text;
     FLASHSPEC_STATUS_TABLE(FLASHSPEC_STATUS_TEXT_)
@@ -26,7 +27,7 @@ const char* flashspec_status_string(flashspec_status status) {
 }
 
 const char* flashspec_status_name(flashspec_status status) {
-  switch (status) {
+  switch (flashspec::raw_enum(status)) {
 #define FLASHSPEC_STATUS_NAME_(name, value, text) \
   case FLASHSPEC_##name: return "FLASHSPEC_" #name;
     FLASHSPEC_STATUS_TABLE(FLASHSPEC_STATUS_NAME_)

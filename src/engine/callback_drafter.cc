@@ -1,9 +1,11 @@
 #include "engine/callback_drafter.h"
 
+#include <cstdint>
 #include <string>
 
 #include "engine/host_call.h"
 #include "util/dtype.h"
+#include "util/raw_enum.h"
 #include "util/status.h"
 
 namespace flashspec {
@@ -16,9 +18,12 @@ void check_callback_view(const flashspec_tensor& view, const char* what, flashsp
                          int64_t cols) {
   const std::string name(what);
   if (view.data == nullptr) fail(FLASHSPEC_ERR_CALLBACK, name + ": data is NULL");
-  if (dtype_size(view.dtype) == 0)
-    fail(FLASHSPEC_ERR_CALLBACK, name + ": unknown dtype " + str(int64_t(view.dtype)));
-  if (view.memory != memory)
+  const int32_t dtype = raw_enum(view.dtype);
+  if (dtype != FLASHSPEC_DTYPE_F32 && dtype != FLASHSPEC_DTYPE_BF16 && dtype != FLASHSPEC_DTYPE_F16)
+    fail(FLASHSPEC_ERR_CALLBACK, name + ": unknown dtype " + str(dtype));
+  if (reinterpret_cast<uintptr_t>(view.data) % dtype_size(view.dtype) != 0)
+    fail(FLASHSPEC_ERR_CALLBACK, name + ": data is not aligned to its element size");
+  if (raw_enum(view.memory) != memory)
     fail(FLASHSPEC_ERR_CALLBACK, name + (memory == FLASHSPEC_MEMORY_HOST ? ": must be host memory for this backend"
                                                                           : ": must be device memory for this backend"));
   if (view.rows != rows)

@@ -24,6 +24,7 @@ enum class Field : int {
   kHidden,         // the hidden rows of a draft or verify
   kTemperature,    // the temperature(s) of those rows
   kDraftLogits,    // the draft logits rows of stochastic drafts
+  kCpuThreads,     // the CPU worker threads asked for
   kCount
 };
 

@@ -1,18 +1,36 @@
 #include "util/thread_pool.h"
 
+#include <string>
+
+#include "util/status.h"
+
 namespace flashspec {
 
 ThreadPool::ThreadPool(int threads) {
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  try {
+    workers_.reserve(size_t(threads > 1 ? threads - 1 : 0));
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  } catch (const std::exception& e) {
+    // The destructor does not run for a constructor that throws: stop the
+    // workers that did start, so nothing is left running.
+    const size_t started = workers_.size();
+    stop();
+    fail(FLASHSPEC_ERR_OUT_OF_MEMORY, Field::kCpuThreads,
+         "cannot start " + std::to_string(threads - 1) + " worker threads (started " + std::to_string(started) +
+             "): " + e.what());
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop(); }
+
+void ThreadPool::stop() noexcept {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
   work_ready_.notify_all();
   for (auto& worker : workers_) worker.join();
+  workers_.clear();
 }
 
 void ThreadPool::run_items() {

@@ -15,6 +15,9 @@ namespace flashspec {
 
 class ThreadPool {
  public:
+  // Starts threads − 1 workers (the caller is the last). Throws
+  // flashspec::Error (OUT_OF_MEMORY, Field::kCpuThreads) if the system
+  // cannot start them all, with none left running.
   explicit ThreadPool(int threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -26,6 +29,7 @@ class ThreadPool {
   void parallel_for(int64_t count, const std::function<void(int64_t)>& body);
 
  private:
+  void stop() noexcept;
   void worker_loop();
   void run_items();
 

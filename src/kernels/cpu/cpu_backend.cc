@@ -209,7 +209,13 @@ class CpuBackend final : public Backend {
     float q_m = neg_inf(), q_s = 0.0f;
     for (int64_t i = 0; i < vocab; ++i) {
       if (!std::isfinite(z[size_t(i)])) fail(FLASHSPEC_ERR_NON_FINITE, Field::kDraftLogits, non_finite_at(plan.q_row, i));
-      lse_add(q_m, q_s, z[size_t(i)] * plan.inv_td);
+      const float scaled = z[size_t(i)] * plan.inv_td;
+      // As for the target rows: z/T_d = ±Inf would make log q NaN.
+      if (!std::isfinite(scaled))
+        fail(FLASHSPEC_ERR_NON_FINITE, Field::kDraftLogits,
+             "row " + std::to_string(plan.q_row) +
+                 ": a logit divided by the draft temperature overflows fp32 (draft temperature too small)");
+      lse_add(q_m, q_s, scaled);
     }
     const float q_lse = lse_value(q_m, q_s);
     Residual residual = empty_residual();

@@ -335,6 +335,16 @@ pub struct flashspec_api {
     pub arm_metrics_init: Option<unsafe extern "C" fn(*mut flashspec_arm_metrics)>,
     pub engine_get_arm_metrics: Option<unsafe extern "C" fn(*const flashspec_engine, i32, *mut flashspec_arm_metrics) -> flashspec_status>,
     pub engine_reset_metrics: Option<unsafe extern "C" fn(*mut flashspec_engine) -> flashspec_status>,
+    pub abi_version_of_library: Option<unsafe extern "C" fn() -> c_uint>,
+    pub status_name: Option<unsafe extern "C" fn(flashspec_status) -> *const c_char>,
+    pub tensor_make: Option<unsafe extern "C" fn(*const c_void, flashspec_dtype, flashspec_memory, i64, i64) -> flashspec_tensor>,
+    pub context_last_cuda_error: Option<unsafe extern "C" fn(*const flashspec_context) -> c_int>,
+    pub context_backend: Option<unsafe extern "C" fn(*const flashspec_context) -> flashspec_backend>,
+    pub cuda_device_count: Option<unsafe extern "C" fn() -> c_int>,
+    pub lm_head_vocab_size: Option<unsafe extern "C" fn(*const flashspec_lm_head) -> i64>,
+    pub lm_head_hidden_size: Option<unsafe extern "C" fn(*const flashspec_lm_head) -> i64>,
+    pub philox4x32_10: Option<unsafe extern "C" fn(*const u32, *const u32, *mut u32)>,
+    pub rng_uniform: Option<unsafe extern "C" fn(u64, u64, u64, i32, flashspec_rng_purpose, i32) -> f64>,
 }
 
 // ---- functions --------------------------------------------------------------
