@@ -1,5 +1,6 @@
 """The Pythonic layer over the SWIG module: Context, LMHead, Summaries,
 VerifyBatch and VerifyResult, with RAII-style close() and exceptions."""
+import ctypes
 import threading
 import weakref
 
@@ -217,8 +218,14 @@ def _require_memory(named_views, memory):
 
 
 def _require_rows(name, v, rows):
-    if v.shape[0] < rows:
-        raise ValueError(f"{name} has {v.shape[0]} entries, fewer than the {rows} rows")
+    _require_entries(name, v, rows, f"the {rows} rows")
+
+
+def _require_entries(name, v, count, what):
+    """ValueError unless the 1-D view v has at least count entries (the C
+    library reads count of them); ``what`` says where count comes from."""
+    if v.shape[0] < count:
+        raise ValueError(f"{name} has {v.shape[0]} entries, fewer than {what}")
 
 
 class LMHead(_Handle):
@@ -271,6 +278,16 @@ class VerifyBatch:
     target_hidden: [offsets[R] + R, d]; draft_logits: None (greedy drafts)
     or [offsets[R], V]. Per-request arrays are optional. Index arrays must
     all be host arrays (numpy, lists) or all device arrays.
+
+    Every size is checked before the library is called (ValueError naming
+    the array): temperatures, draft_temperatures, seeds, request_ids and
+    steps need R entries, draft_tokens and accept_uniforms offsets[R],
+    target_hidden offsets[R] + R rows and draft_logits offsets[R] rows
+    (longer 1-D arrays are allowed; their first entries are read). With host
+    index arrays offsets[R] is read from draft_offsets; device offsets
+    cannot be read without a sync, so there offsets[R] is taken as
+    target_hidden's rows − R, and the library checks the offsets themselves
+    on the device.
     """
 
     _ARRAYS = (("draft_offsets", "int32"), ("draft_tokens", "int32"), ("temperatures", "float32"),
@@ -300,10 +317,11 @@ class VerifyBatch:
         hidden = _arrays.tensor(self.target_hidden, "target_hidden", stream=stream)
         logits = (_arrays.tensor(self.draft_logits, "draft_logits", stream=stream)
                   if self.draft_logits is not None else None)
+        offsets = views["draft_offsets"]
+        _check_batch_sizes(views, hidden, logits)
         batch = _capi.flashspec_verify_batch()
         _capi.flashspec_verify_batch_init(batch)
         batch.memory = memory
-        offsets = views["draft_offsets"]
         batch.num_requests = offsets.shape[0] - 1
         for name, v in views.items():
             setattr(batch, name, v.address)
@@ -323,6 +341,48 @@ class VerifyBatch:
     @property
     def draft_offsets(self):
         return self._inputs["draft_offsets"]
+
+
+def _read_int32(v, index):
+    """Entry index of a contiguous host int32 View (any host producer)."""
+    return ctypes.c_int32.from_address(v.address + 4 * index).value
+
+
+def _check_batch_sizes(views, hidden, logits):
+    """Raise ValueError unless every array of the batch is as long as the C
+    library will read. R comes from draft_offsets' length; offsets[R] from
+    its last entry (host) or from target_hidden's rows (device)."""
+    offsets = views["draft_offsets"]
+    requests = offsets.shape[0] - 1
+    if requests < 1:
+        return  # the library refuses num_requests < 1 before reading any array
+    rows = hidden.shape[0]
+    if offsets.memory == _arrays.HOST:
+        drafts = _read_int32(offsets, requests)
+        if drafts < 0 or rows != drafts + requests:
+            raise ValueError(f"target_hidden has {rows} rows, expected draft_offsets[R] + R = {drafts + requests}")
+        source = f"draft_offsets[R] = {drafts}"
+    else:
+        if rows < requests:
+            raise ValueError(f"target_hidden has {rows} rows, fewer than the {requests} requests "
+                             "(one row per request at least)")
+        drafts = rows - requests
+        source = f"draft_offsets[R] = {drafts} (target_hidden rows - R)"
+    _require_entries("draft_tokens", views.get("draft_tokens", _EMPTY), drafts, source)
+    if "accept_uniforms" in views:
+        _require_entries("accept_uniforms", views["accept_uniforms"], drafts, source)
+    for name in ("temperatures", "draft_temperatures", "seeds", "request_ids", "steps"):
+        if name in views:
+            _require_entries(name, views[name], requests, f"the {requests} requests")
+    if logits is not None and logits.shape[0] != drafts:
+        raise ValueError(f"draft_logits has {logits.shape[0]} rows, expected {source}")
+
+
+class _Empty:
+    shape = (0,)
+
+
+_EMPTY = _Empty()
 
 
 class VerifyResult:

@@ -226,3 +226,125 @@ def test_plugin_table_resolves_the_same_functions():
     status_string = ctypes.CFUNCTYPE(ctypes.c_char_p, ctypes.c_int)(int(api.status_string))
     assert status_string(capi.FLASHSPEC_ERR_CUDA).decode() == flashspec.status_string(capi.FLASHSPEC_ERR_CUDA)
     assert flashspec.get_api(flashspec.ABI_VERSION + 1) is None
+
+
+# ---- lengths are checked before the library is called ---------------------
+# Each too-short array raises a plain ValueError (not a FlashSpecError: the
+# library never saw the call), the C function is not called, and the outputs
+# are left as they were.
+
+@pytest.fixture
+def no_library_call(monkeypatch):
+    """Replaces the C entry points that take caller buffers with a function
+    that fails the test: any call reaching them is a missing binding check."""
+    called = []
+
+    def refuse(name):
+        def spy(*args):
+            called.append(name)
+            raise AssertionError(f"{name} was called with arrays the binding should have refused")
+        return spy
+
+    for name in ("flashspec_verify", "flashspec_finalize", "flashspec_verify_and_finalize", "flashspec_draft"):
+        monkeypatch.setattr(capi, name, refuse(name))
+    return called
+
+
+def refused(ctx, called, fn, match, error=ValueError):
+    with pytest.raises(error, match=match) as info:
+        fn()
+    assert not isinstance(info.value, flashspec.FlashSpecError), info.value
+    assert not called and ctx.last_error == ""
+    return info.value
+
+
+def host_batch(weights, **overrides):
+    """Two requests of 2 and 1 drafts: offsets [0, 2, 3], 5 target rows."""
+    rng = np.random.default_rng(11)
+    args = dict(draft_offsets=np.array([0, 2, 3], np.int32), draft_tokens=np.array([1, 2, 3], np.int32),
+                target_hidden=rng.standard_normal((5, D)).astype(np.float32))
+    args.update(overrides)
+    return flashspec.VerifyBatch(args.pop("draft_offsets"), args.pop("draft_tokens"), args.pop("target_hidden"),
+                                 **args)
+
+
+def sentinel_result(requests=2, rows=5):
+    return flashspec.VerifyResult(np.full(requests, -7, np.int32), np.full(rows, -7, np.int32),
+                                  np.full(requests, 7, np.uint64))
+
+
+def assert_untouched(result):
+    assert (np.asarray(result.accepted_counts) == -7).all()
+    assert (np.asarray(result.emitted_tokens) == -7).all()
+    assert (np.asarray(result.next_steps) == 7).all()
+
+
+@pytest.mark.parametrize("name, value, match", [
+    # A slice of a longer array: without the check the library reads on into
+    # the rest of it and succeeds.
+    ("draft_tokens", np.array([1, 2, 3, 4], np.int32)[:2], r"draft_tokens has 2 entries, fewer than draft_offsets\[R\] = 3"),
+    ("temperatures", np.array([0.5, 0.5], np.float32)[:1], "temperatures has 1 entries, fewer than the 2 requests"),
+    ("draft_temperatures", np.ones(2, np.float32)[:1], "draft_temperatures has 1 entries, fewer than the 2 requests"),
+    ("seeds", np.arange(2, dtype=np.uint64)[:1], "seeds has 1 entries, fewer than the 2 requests"),
+    ("request_ids", [5], "request_ids has 1 entries, fewer than the 2 requests"),
+    ("steps", np.zeros(0, np.uint64), "steps has 0 entries, fewer than the 2 requests"),
+    ("accept_uniforms", np.full(3, 0.5, np.float32)[:2], r"accept_uniforms has 2 entries, fewer than draft_offsets\[R\] = 3"),
+])
+def test_short_batch_arrays_are_refused_before_the_call(ctx, weights, no_library_call, name, value, match):
+    head = ctx.lm_head(weights)
+    batch = host_batch(weights, **{name: value})
+    out = sentinel_result()
+    refused(ctx, no_library_call, lambda: ctx.verify_and_finalize(head, batch, out=out), match)
+    assert_untouched(out)
+    summaries = ctx.summaries(16, 4)
+    refused(ctx, no_library_call, lambda: ctx.verify(head, batch, summaries), match)
+    refused(ctx, no_library_call, lambda: ctx.finalize(batch, summaries, out=out), match)
+    assert_untouched(out)
+
+
+def test_target_hidden_and_draft_logits_rows_must_match_the_offsets(ctx, weights, no_library_call):
+    head = ctx.lm_head(weights)
+    rows4 = np.zeros((4, D), np.float32)
+    refused(ctx, no_library_call, lambda: ctx.verify_and_finalize(head, host_batch(weights, target_hidden=rows4)),
+            r"target_hidden has 4 rows, expected draft_offsets\[R\] \+ R = 5")
+    logits = np.zeros((2, V), np.float32)
+    refused(ctx, no_library_call,
+            lambda: ctx.verify_and_finalize(head, host_batch(weights, draft_logits=logits), out=sentinel_result()),
+            r"draft_logits has 2 rows, expected draft_offsets\[R\] = 3")
+
+
+# Device arrays, described through __cuda_array_interface__ only. Nothing
+# here dereferences them: the binding's own checks run on their shapes, and
+# the library is replaced by a function that fails the test.
+class DeviceArray:
+    def __init__(self, shape, typestr, strides=None):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "strides": strides,
+                                         "data": (0x7F0000000000, False), "version": 3}
+
+
+def device_batch(offsets=3, tokens=3, rows=5, logits=None, **per_request):
+    """A device batch of R = offsets - 1 requests: the device offsets are not
+    readable, so offsets[R] is taken as rows - R."""
+    arrays = {k: DeviceArray((n,), "<u8" if k in ("seeds", "request_ids", "steps") else "<f4")
+              for k, n in per_request.items()}
+    return flashspec.VerifyBatch(DeviceArray((offsets,), "<i4"), DeviceArray((tokens,), "<i4"),
+                                 DeviceArray((rows, D), "<f4"),
+                                 draft_logits=DeviceArray((logits, V), "<f4") if logits is not None else None,
+                                 **arrays)
+
+
+@pytest.mark.parametrize("batch, match", [
+    (lambda: device_batch(tokens=2), r"draft_tokens has 2 entries, fewer than draft_offsets\[R\] = 3"),
+    (lambda: device_batch(temperatures=1), "temperatures has 1 entries, fewer than the 2 requests"),
+    (lambda: device_batch(draft_temperatures=1), "draft_temperatures has 1 entries"),
+    (lambda: device_batch(seeds=1), "seeds has 1 entries"),
+    (lambda: device_batch(request_ids=0), "request_ids has 0 entries"),
+    (lambda: device_batch(steps=1), "steps has 1 entries"),
+    (lambda: device_batch(accept_uniforms=2), r"accept_uniforms has 2 entries, fewer than draft_offsets\[R\] = 3"),
+    (lambda: device_batch(rows=1), "target_hidden has 1 rows, fewer than the 2 requests"),
+    (lambda: device_batch(logits=4), r"draft_logits has 4 rows, expected draft_offsets\[R\] = 3"),
+])
+def test_device_batch_sizes_are_checked_without_reading_the_device(ctx, weights, no_library_call, batch, match):
+    head = ctx.lm_head(weights)
+    summaries = ctx.summaries(16, 4)
+    refused(ctx, no_library_call, lambda: ctx.verify(head, batch(), summaries), match)
