@@ -6,6 +6,11 @@ memory: any object with ``__dlpack__`` on a CUDA device, or with
 ``__cuda_array_interface__`` (PyTorch, CuPy, Numba). Device arrays are never
 copied; a device array of the wrong dtype or layout is an error.
 
+Outputs (arrays the library writes) are never copied either, on the host
+too: an output that cannot be written in place (another dtype, not
+contiguous, read-only, or not an array at all) is refused. An int64 array
+stands for uint64 (the same bits), as torch has no usable uint64.
+
 Streams. The library works on its context's CUDA stream. For DLPack the
 context stream is passed to ``__dlpack__(stream=...)``, so the producer
 orders its pending work before it (the DLPack contract). For the CUDA array
@@ -205,12 +210,15 @@ def _cuda_device_of(obj):
 
 
 # ---- entry point ----------------------------------------------------------
-def view(obj, what, *, stream=0, dtype=None):
+def view(obj, what, *, stream=0, dtype=None, output=False):
     """A zero-copy View of obj. ``dtype`` (a name) converts host inputs that
     are not numpy arrays of that type (a copy, which only host memory allows);
-    device inputs must already have it."""
+    device inputs must already have it. ``output=True``: obj is written by
+    the library, so it is never converted or copied (see _output)."""
     if isinstance(obj, View):
         return obj
+    if output:
+        return _output(obj, what, stream, dtype)
     if not isinstance(obj, np.ndarray) and not hasattr(obj, "__array_interface__"):
         if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
             v = _from_dlpack(obj, what, stream)
@@ -226,12 +234,16 @@ def view(obj, what, *, stream=0, dtype=None):
         if dtype in ("int32", "uint64") and arr.size and arr.dtype.kind not in "iub":
             raise TypeError(f"{what}: expected integers, got {arr.dtype}")
         arr = arr.astype(dtype)
+    return _checked(_host_view(arr, what), what, dtype)
+
+
+def _host_view(arr, what):
     name = "bfloat16" if arr.dtype.name == "bfloat16" else arr.dtype.name
     if name not in _ITEMSIZE:
         raise TypeError(f"{what}: unsupported dtype {arr.dtype}")
     strides = _byte_strides_to_elements(arr.strides, arr.shape, arr.itemsize, what)
     address = arr.__array_interface__["data"][0]
-    return _checked(View(address, name, arr.shape, strides, HOST, 0, arr), what, dtype)
+    return View(address, name, arr.shape, strides, HOST, 0, arr)
 
 
 def _checked(v, what, dtype):
@@ -244,12 +256,49 @@ def _checked(v, what, dtype):
     return v
 
 
-def vector(obj, what, dtype, *, stream=0):
-    """A contiguous 1-D view (host inputs are made contiguous; device inputs must be)."""
-    v = view(obj, what, stream=stream, dtype=dtype)
+def _supports_buffer(obj):
+    try:
+        memoryview(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def _output(obj, what, stream, dtype):
+    """A View of an output array, on its own memory: a numpy array, an object
+    numpy views without a copy (array interface, buffer protocol), or a
+    DLPack / CUDA-array-interface producer. Anything else would be written
+    through a copy the caller never sees, so it is refused."""
+    if isinstance(obj, np.ndarray) or hasattr(obj, "__array_interface__"):
+        v = _host_view(np.asarray(obj), what)
+    elif hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        v = _from_dlpack(obj, what, stream)
+    elif hasattr(obj, "__cuda_array_interface__"):
+        v = _from_cuda_array_interface(obj, what, stream)
+    elif _supports_buffer(obj):
+        v = _host_view(np.asarray(obj), what)
+    else:
+        raise TypeError(f"{what}: an output must be an array the library can write in place "
+                        f"(numpy, torch, cupy, ...), not {type(obj).__name__}")
+    if isinstance(v.owner, np.ndarray) and not v.owner.flags.writeable:
+        raise ValueError(f"{what}: the output array is read-only")
+    if dtype == "uint64" and v.dtype == "int64":
+        v.dtype = "uint64"  # the same bits, written in place
+    if dtype is not None and v.dtype != dtype:
+        raise TypeError(f"{what}: expected a {dtype} output array, got {v.dtype} "
+                        "(outputs are written in place, never converted)")
+    return v
+
+
+def vector(obj, what, dtype, *, stream=0, output=False):
+    """A contiguous 1-D view. Host inputs are made contiguous by a copy;
+    device inputs and outputs (``output=True``) must be contiguous."""
+    v = view(obj, what, stream=stream, dtype=dtype, output=output)
     if len(v.shape) != 1:
         raise ValueError(f"{what}: expected a 1-D array, got shape {v.shape}")
     if not v.is_contiguous():
+        if output:
+            raise ValueError(f"{what}: outputs must be contiguous (they are written in place)")
         if v.memory == CUDA:
             raise ValueError(f"{what}: device arrays must be contiguous")
         v = view(np.ascontiguousarray(v.source), what, dtype=dtype)

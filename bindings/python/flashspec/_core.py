@@ -125,10 +125,10 @@ class Context(_Handle):
         """Wait for all work enqueued on the context."""
         self._call(_capi.flashspec_context_synchronize)
 
-    def _sync_host_outputs(self, memory):
+    def _sync_host_outputs(self, *memories):
         # The CUDA backend writes host outputs asynchronously too; a numpy
         # array handed back must be complete.
-        if memory == _arrays.HOST and self.backend == "cuda":
+        if _arrays.HOST in memories and self.backend == "cuda":
             self.synchronize()
 
     # ---- objects -----------------------------------------------------------
@@ -157,7 +157,7 @@ class Context(_Handle):
             arrays["tokens_out"] = (tokens_out, "int32")
         if scores_out is not None:
             arrays["scores_out"] = (scores_out, "float32")
-        views = {name: _arrays.vector(value, name, dtype, stream=self.stream)
+        views = {name: _arrays.vector(value, name, dtype, stream=self.stream, output=name.endswith("_out"))
                  for name, (value, dtype) in arrays.items()}
         # Per-row arrays and outputs share one memory (params->memory): that
         # of the arrays given, else that of the hidden rows.
@@ -166,7 +166,7 @@ class Context(_Handle):
         for name, dtype in (("tokens_out", "int32"), ("scores_out", "float32")):
             if name not in views:
                 created = _arrays.empty_like_memory(proto, (rows,), dtype)
-                views[name] = _arrays.vector(created, name, dtype, stream=self.stream)
+                views[name] = _arrays.vector(created, name, dtype, stream=self.stream, output=True)
         for name, v in views.items():
             _require_rows(name, v, rows)
         tv, sv = views.pop("tokens_out"), views.pop("scores_out")
@@ -187,20 +187,26 @@ class Context(_Handle):
         self._call(_capi.flashspec_verify, head.raw, batch.c_batch(self.stream), summaries.raw)
 
     def finalize(self, batch, summaries, *, out=None):
-        """Algorithm 1 on the summaries of the last verify of this batch."""
-        result = out if out is not None else VerifyResult.like(batch, self.stream)
-        self._call(_capi.flashspec_finalize, batch.c_batch(self.stream), summaries.raw,
-                   result.c_result(self.stream))
-        self._sync_host_outputs(batch.memory)
+        """Algorithm 1 on the summaries of the last verify of this batch.
+        ``out`` (a VerifyResult) is written in place; its arrays are checked
+        against the batch first."""
+        c_batch, result, c_result = self._batch_and_result(batch, out)
+        self._call(_capi.flashspec_finalize, c_batch, summaries.raw, c_result)
+        self._sync_host_outputs(batch.memory, result.memory)
         return result
 
     def verify_and_finalize(self, head, batch, *, out=None):
         """verify then finalize with summaries the context keeps."""
-        result = out if out is not None else VerifyResult.like(batch, self.stream)
-        self._call(_capi.flashspec_verify_and_finalize, head.raw, batch.c_batch(self.stream),
-                   result.c_result(self.stream))
-        self._sync_host_outputs(batch.memory)
+        c_batch, result, c_result = self._batch_and_result(batch, out)
+        self._call(_capi.flashspec_verify_and_finalize, head.raw, c_batch, c_result)
+        self._sync_host_outputs(batch.memory, result.memory)
         return result
+
+    def _batch_and_result(self, batch, out):
+        # Every length is checked (by c_batch and c_result) before the call.
+        c_batch = batch.c_batch(self.stream)
+        result = out if out is not None else VerifyResult.like(batch, self.stream)
+        return c_batch, result, result.c_result(self.stream, batch)
 
 
 def _common_memory(views, default):
@@ -386,37 +392,47 @@ _EMPTY = _Empty()
 
 
 class VerifyResult:
-    """accepted_counts [R], emitted_tokens [offsets[R] + R] and next_steps [R],
-    in the memory of the batch's index arrays."""
+    """accepted_counts [R], emitted_tokens [offsets[R] + R] and next_steps [R]
+    (optional), by default in the memory of the batch's index arrays. Given
+    arrays (``out=``) are written in place: each must be at least that long,
+    contiguous, writable and of its dtype (int32, int32, uint64 or int64);
+    nothing is copied or converted."""
 
     def __init__(self, accepted_counts, emitted_tokens, next_steps=None, *, draft_offsets=None):
         self.accepted_counts = accepted_counts
         self.emitted_tokens = emitted_tokens
         self.next_steps = next_steps
         self._draft_offsets = draft_offsets
+        self.memory = None
 
     @classmethod
     def like(cls, batch, stream=0):
         """Outputs sized for batch, in the memory of its draft_offsets."""
-        offsets = _arrays.vector(batch.draft_offsets, "draft_offsets", "int32", stream=stream)
-        if offsets.memory == _arrays.HOST:
-            count = offsets.shape[0] - 1
-            total = int(np.asarray(offsets.source)[-1]) + count if count >= 0 else 0
-        else:
-            batch.c_batch(stream)
-            count, total = batch.num_requests, batch.total_rows
-        make = lambda shape, dtype: _arrays.empty_like_memory(offsets, shape, dtype)  # noqa: E731
+        batch.c_batch(stream)
+        count, total = batch.num_requests, batch.total_rows
+        make = lambda shape, dtype: _arrays.empty_like_memory(batch._proto, shape, dtype)  # noqa: E731
         return cls(make((max(count, 0),), "int32"), make((max(total, 0),), "int32"),
                    make((max(count, 0),), "uint64"), draft_offsets=batch.draft_offsets)
 
-    def c_result(self, stream):
+    def c_result(self, stream, batch=None):
+        """The flashspec_verify_result; with ``batch``, each array is first
+        checked to hold what the library writes for that batch."""
         result = _capi.flashspec_verify_result()
         _capi.flashspec_verify_result_init(result)
-        views = [_arrays.vector(self.accepted_counts, "accepted_counts", "int32", stream=stream),
-                 _arrays.vector(self.emitted_tokens, "emitted_tokens", "int32", stream=stream)]
+        views = [_arrays.vector(self.accepted_counts, "accepted_counts", "int32", stream=stream, output=True),
+                 _arrays.vector(self.emitted_tokens, "emitted_tokens", "int32", stream=stream, output=True)]
         if self.next_steps is not None:
-            views.append(_arrays.vector(self.next_steps, "next_steps", "uint64", stream=stream))
+            views.append(_arrays.vector(self.next_steps, "next_steps", "uint64", stream=stream, output=True))
         _require_memory([("result arrays", v) for v in views[1:]], views[0].memory)
+        if batch is not None:
+            batch.c_batch(stream)
+            requests, rows = batch.num_requests, batch.total_rows
+            for name, v in zip(("accepted_counts", "emitted_tokens", "next_steps"), views):
+                if name == "emitted_tokens":
+                    _require_entries(name, v, rows, f"draft_offsets[R] + R = {rows}")
+                else:
+                    _require_entries(name, v, requests, f"the {requests} requests")
+        self.memory = views[0].memory
         result.memory = views[0].memory
         result.accepted_counts = views[0].address
         result.emitted_tokens = views[1].address

@@ -313,6 +313,74 @@ def test_target_hidden_and_draft_logits_rows_must_match_the_offsets(ctx, weights
             r"draft_logits has 2 rows, expected draft_offsets\[R\] = 3")
 
 
+@pytest.mark.parametrize("field, size", [("accepted_counts", 1), ("emitted_tokens", 4), ("next_steps", 1)])
+def test_short_result_arrays_are_refused_and_neighbours_untouched(ctx, weights, field, size):
+    # The real library stays in place: without the check it writes on into
+    # the memory after each slice.
+    head = ctx.lm_head(weights)
+    backing = {"accepted_counts": np.full(8, -7, np.int32), "emitted_tokens": np.full(8, -7, np.int32),
+               "next_steps": np.full(8, 7, np.uint64)}
+    full = {"accepted_counts": 2, "emitted_tokens": 5, "next_steps": 2}
+    views = {k: v[:size if k == field else full[k]] for k, v in backing.items()}
+    out = flashspec.VerifyResult(views["accepted_counts"], views["emitted_tokens"], views["next_steps"])
+    want = "the 2 requests" if field != "emitted_tokens" else r"draft_offsets\[R\] \+ R = 5"
+    refused(ctx, [], lambda: ctx.verify_and_finalize(head, host_batch(weights), out=out),
+            f"{field} has {size} entries, fewer than {want}")
+    # Nothing was written: neither the arrays nor the memory after them.
+    assert (backing["accepted_counts"] == -7).all() and (backing["emitted_tokens"] == -7).all()
+    assert (backing["next_steps"] == 7).all()
+
+
+def test_result_arrays_of_the_right_size_are_written_in_place(ctx, weights):
+    head = ctx.lm_head(weights)
+    steps = np.array([5, 6], np.uint64)
+    want = ctx.verify_and_finalize(head, host_batch(weights, steps=steps))
+    # int64 where C writes uint64: the same bits, written into the caller's array.
+    out = flashspec.VerifyResult(np.full(2, -7, np.int32), np.full(5, -7, np.int32), np.zeros(2, np.int64))
+    got = ctx.verify_and_finalize(head, host_batch(weights, steps=steps), out=out)
+    assert got is out
+    np.testing.assert_array_equal(out.accepted_counts, want.accepted_counts)
+    np.testing.assert_array_equal(out.emitted_tokens, want.emitted_tokens)
+    np.testing.assert_array_equal(out.next_steps, [6, 7])
+
+
+@pytest.mark.parametrize("next_steps, error, match", [
+    (np.zeros(2, np.int32), TypeError, "next_steps: expected a uint64 output"),
+    (np.zeros(4, np.uint64)[::2], ValueError, "next_steps: outputs must be contiguous"),
+    ([0, 0], TypeError, "next_steps: an output must be an array"),
+])
+def test_outputs_are_never_silently_copied(ctx, weights, no_library_call, next_steps, error, match):
+    head = ctx.lm_head(weights)
+    out = flashspec.VerifyResult(np.zeros(2, np.int32), np.zeros(5, np.int32), next_steps)
+    refused(ctx, no_library_call, lambda: ctx.verify_and_finalize(head, host_batch(weights), out=out), match, error)
+
+
+def test_read_only_outputs_are_refused(ctx, weights, no_library_call):
+    head = ctx.lm_head(weights)
+    frozen = np.zeros(5, np.int32)
+    frozen.flags.writeable = False
+    out = flashspec.VerifyResult(np.zeros(2, np.int32), frozen)
+    refused(ctx, no_library_call, lambda: ctx.verify_and_finalize(head, host_batch(weights), out=out),
+            "emitted_tokens: the output array is read-only")
+    refused(ctx, no_library_call, lambda: ctx.draft(head, np.zeros((5, D), np.float32), tokens_out=frozen),
+            "tokens_out: the output array is read-only")
+
+
+def test_draft_outputs_are_checked_not_copied(ctx, weights, no_library_call):
+    head = ctx.lm_head(weights)
+    h = np.zeros((3, D), np.float32)
+    backing = np.full(4, -5, np.int32)
+    refused(ctx, no_library_call, lambda: ctx.draft(head, h, tokens_out=backing[:2]),
+            "tokens_out has 2 entries, fewer than the 3 rows")
+    refused(ctx, no_library_call, lambda: ctx.draft(head, h, tokens_out=np.zeros(3, np.int64)),
+            "tokens_out: expected a int32 output", TypeError)
+    refused(ctx, no_library_call, lambda: ctx.draft(head, h, scores_out=np.zeros(6, np.float32)[::2]),
+            "scores_out: outputs must be contiguous")
+    refused(ctx, no_library_call, lambda: ctx.draft(head, h, seeds=np.zeros(3, np.uint64)[:2]),
+            "seeds has 2 entries, fewer than the 3 rows")
+    assert (backing == -5).all()
+
+
 # Device arrays, described through __cuda_array_interface__ only. Nothing
 # here dereferences them: the binding's own checks run on their shapes, and
 # the library is replaced by a function that fails the test.
@@ -348,3 +416,10 @@ def test_device_batch_sizes_are_checked_without_reading_the_device(ctx, weights,
     head = ctx.lm_head(weights)
     summaries = ctx.summaries(16, 4)
     refused(ctx, no_library_call, lambda: ctx.verify(head, batch(), summaries), match)
+
+
+def test_device_result_sizes_are_checked_against_the_batch(ctx, no_library_call):
+    summaries = ctx.summaries(16, 4)
+    out = flashspec.VerifyResult(DeviceArray((2,), "<i4"), DeviceArray((4,), "<i4"), DeviceArray((2,), "<i8"))
+    refused(ctx, no_library_call, lambda: ctx.finalize(device_batch(), summaries, out=out),
+            r"emitted_tokens has 4 entries, fewer than draft_offsets\[R\] \+ R = 5")
