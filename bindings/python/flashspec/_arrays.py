@@ -61,6 +61,8 @@ class View:
         return n
 
     def is_contiguous(self):
+        if self.size == 0:
+            return True  # no element: whatever strides the producer reports
         expected = 1
         for extent, stride in zip(reversed(self.shape), reversed(self.strides)):
             if extent != 1 and stride != expected:
@@ -318,6 +320,8 @@ def tensor(obj, what, *, stream=0):
     if len(v.shape) != 2:
         raise ValueError(f"{what}: expected a 2-D array, got shape {v.shape}")
     rows, cols = v.shape
+    if rows == 0 or cols == 0:
+        return v.reshaped(v.shape, (cols, 1))  # no element: strides are moot
     row_stride = v.strides[0] if rows > 1 else max(cols, v.strides[0])
     if (cols > 1 and v.strides[1] != 1) or row_stride < cols:
         if v.memory == CUDA:

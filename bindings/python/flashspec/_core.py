@@ -293,7 +293,7 @@ class VerifyBatch:
     index arrays offsets[R] is read from draft_offsets; device offsets
     cannot be read without a sync, so there offsets[R] is taken as
     target_hidden's rows − R, and the library checks the offsets themselves
-    on the device.
+    on the device. Empty arrays (no drafts) are passed as NULL.
     """
 
     _ARRAYS = (("draft_offsets", "int32"), ("draft_tokens", "int32"), ("temperatures", "float32"),
@@ -325,12 +325,14 @@ class VerifyBatch:
                   if self.draft_logits is not None else None)
         offsets = views["draft_offsets"]
         _check_batch_sizes(views, hidden, logits)
+        if logits is not None and logits.shape[0] == 0:
+            logits = None  # no drafts: nothing to score against
         batch = _capi.flashspec_verify_batch()
         _capi.flashspec_verify_batch_init(batch)
         batch.memory = memory
         batch.num_requests = offsets.shape[0] - 1
         for name, v in views.items():
-            setattr(batch, name, v.address)
+            setattr(batch, name, v.address if v.size else None)
         hidden_c = _arrays.c_tensor(hidden)
         batch.target_hidden = hidden_c
         logits_c = _arrays.c_tensor(logits) if logits is not None else None

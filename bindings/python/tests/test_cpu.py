@@ -381,6 +381,15 @@ def test_draft_outputs_are_checked_not_copied(ctx, weights, no_library_call):
     assert (backing == -5).all()
 
 
+def test_a_batch_without_drafts(ctx, weights):
+    head = ctx.lm_head(weights)
+    hidden = np.random.default_rng(12).standard_normal((2, D)).astype(np.float32)
+    result = ctx.verify_and_finalize(head, flashspec.VerifyBatch([0, 0, 0], [], hidden, temperatures=[0, 0],
+                                                                 draft_logits=np.zeros((0, V), np.float32)))
+    argmax = logits_of(weights, hidden).argmax(axis=1)
+    assert result.tokens(0) == [int(argmax[0])] and result.tokens(1) == [int(argmax[1])]
+
+
 # Device arrays, described through __cuda_array_interface__ only. Nothing
 # here dereferences them: the binding's own checks run on their shapes, and
 # the library is replaced by a function that fails the test.
@@ -423,3 +432,13 @@ def test_device_result_sizes_are_checked_against_the_batch(ctx, no_library_call)
     out = flashspec.VerifyResult(DeviceArray((2,), "<i4"), DeviceArray((4,), "<i4"), DeviceArray((2,), "<i8"))
     refused(ctx, no_library_call, lambda: ctx.finalize(device_batch(), summaries, out=out),
             r"emitted_tokens has 4 entries, fewer than draft_offsets\[R\] \+ R = 5")
+
+
+def test_an_empty_device_draft_array_is_passed_as_null():
+    # Requests without drafts: no draft tokens, one target row each. An empty
+    # array is contiguous whatever strides its producer reports.
+    batch = flashspec.VerifyBatch(DeviceArray((3,), "<i4"), DeviceArray((0,), "<i4", strides=(8,)),
+                                  DeviceArray((2, D), "<f4"), draft_logits=DeviceArray((0, V), "<f4", strides=(0, 8)))
+    c = batch.c_batch(0)
+    assert c.num_requests == 2 and c.memory == capi.FLASHSPEC_MEMORY_CUDA
+    assert c.draft_tokens == 0 and c.draft_logits is None
