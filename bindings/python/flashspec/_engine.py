@@ -394,6 +394,11 @@ class Engine:
         params.fixed_arm = fixed_arm
         if oracle_rewards is not None:
             self._oracle = np.ascontiguousarray(oracle_rewards, dtype=np.float64).reshape(-1)
+            # The library reads one reward per arm: the arms given, else one
+            # per drafter (at least one).
+            num_arms = params.num_arms or max(len(drafters), 1)
+            if policy == "oracle" and self._oracle.size < num_arms:
+                raise ValueError(f"oracle_rewards has {self._oracle.size} entries, fewer than the {num_arms} arms")
             params.oracle_rewards = self._oracle.ctypes.data
         params.target_step_cost = target_step_cost
         params.target_row_cost = target_row_cost

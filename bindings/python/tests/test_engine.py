@@ -256,6 +256,30 @@ def test_bad_arguments_raise_the_status_exception(ctx, model):
         flashspec.Engine(ctx, head, model.forward, policy="oracle")
 
 
+def test_oracle_rewards_need_one_entry_per_arm(ctx, model, monkeypatch):
+    head = ctx.lm_head(model.W)
+    created = []
+    real_create = flashspec.capi.flashspec_engine_create
+    monkeypatch.setattr(flashspec.capi, "flashspec_engine_create",
+                        lambda *args: created.append(1) or real_create(*args))
+    drafters = [flashspec.NgramDrafter(ctx), flashspec.NgramDrafter(ctx)]
+    arms = [(drafters[0], 2), (drafters[1], 3), (None, 0)]
+    rewards = np.array([1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="oracle_rewards has 2 entries, fewer than the 3 arms") as info:
+        flashspec.Engine(ctx, head, model.forward, drafters=drafters, arms=arms, policy="oracle",
+                         oracle_rewards=rewards[:2])
+    assert not isinstance(info.value, flashspec.FlashSpecError) and not created
+    with pytest.raises(ValueError, match="oracle_rewards has 1 entries, fewer than the 2 arms"):
+        flashspec.Engine(ctx, head, model.forward, drafters=drafters, policy="oracle", oracle_rewards=[1.0])
+    assert not created
+    engine = flashspec.Engine(ctx, head, model.forward, drafters=drafters, arms=arms, policy="oracle",
+                              oracle_rewards=rewards)
+    assert created
+    tokens, _, _ = engine.generate(PROMPT, temperature=0, max_tokens=4)
+    assert len(tokens) == 4
+    engine.close()
+
+
 def test_stop_tokens_host_stop_and_cancel(ctx, model):
     reference = model.greedy(PROMPT, 40)
     head = ctx.lm_head(model.W)
