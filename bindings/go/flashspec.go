@@ -333,10 +333,17 @@ func (c *Context) Draft(head *LMHead, hidden []float32, o *DraftOptions) (tokens
 	if o == nil {
 		o = &DraftOptions{}
 	}
-	for name, n := range map[string]int{"Temperatures": len(o.Temperatures), "Seeds": len(o.Seeds),
-		"RequestIDs": len(o.RequestIDs), "Steps": len(o.Steps), "Positions": len(o.Positions)} {
-		if n != 0 && n < rows {
-			return nil, nil, &Error{Status: ErrOutOfRange, Message: fmt.Sprintf("%s: %d entries for %d rows", name, n, rows)}
+	// The library reads rows entries of each slice given (nil: the default;
+	// an empty slice is given, and too short).
+	for _, s := range []struct {
+		name  string
+		given bool
+		n     int
+	}{{"Temperatures", o.Temperatures != nil, len(o.Temperatures)}, {"Seeds", o.Seeds != nil, len(o.Seeds)},
+		{"RequestIDs", o.RequestIDs != nil, len(o.RequestIDs)}, {"Steps", o.Steps != nil, len(o.Steps)},
+		{"Positions", o.Positions != nil, len(o.Positions)}} {
+		if s.given && s.n < rows {
+			return nil, nil, &Error{Status: ErrOutOfRange, Message: fmt.Sprintf("%s: %d entries for %d rows", s.name, s.n, rows)}
 		}
 	}
 	var a arena
@@ -376,7 +383,10 @@ func rowsOf(values []float32, cols int, name string) (int, error) {
 // n_r + 1 target hidden rows start at row DraftOffsets[r] + r of
 // TargetHidden ([DraftOffsets[R] + R, d] row-major). DraftLogits nil means
 // greedy drafts; else [DraftOffsets[R], V]. Nil optional slices take the
-// library defaults.
+// library defaults. Every slice is checked before the library is called:
+// DraftTokens and AcceptUniforms need DraftOffsets[R] entries, the
+// per-request slices R, TargetHidden DraftOffsets[R] + R rows and
+// DraftLogits DraftOffsets[R] rows (a short one is an ErrOutOfRange error).
 type VerifyBatch struct {
 	DraftOffsets      []int32
 	DraftTokens       []int32
@@ -406,12 +416,57 @@ func (r *VerifyResult) Tokens(request int) []int32 {
 	return r.EmittedTokens[start : start+int(r.AcceptedCounts[request])+1]
 }
 
-// cBatch builds the C batch in a's buffers.
-func (b *VerifyBatch) cBatch(a *arena, head *LMHead) (capi.Flashspec_verify_batch, func(), error) {
-	if len(b.DraftOffsets) < 1 {
-		return nil, nil, &Error{Status: ErrOutOfRange, Message: "DraftOffsets: needs R + 1 ≥ 2 entries"}
+// checkSizes makes sure the library reads no slice past its end: it reads
+// R + 1 offsets, DraftOffsets[R] draft tokens and uniforms, R entries of
+// each per-request slice, and the rows of the hidden and logits tensors.
+// It returns the rows of TargetHidden.
+func (b *VerifyBatch) checkSizes(head *LMHead) (int, error) {
+	if len(b.DraftOffsets) < 2 {
+		return 0, &Error{Status: ErrOutOfRange, Message: "DraftOffsets: needs R + 1 ≥ 2 entries"}
 	}
+	requests := len(b.DraftOffsets) - 1
+	drafts := int(b.DraftOffsets[requests])
 	rows, err := rowsOf(b.TargetHidden, head.hidden, "TargetHidden")
+	if err != nil {
+		return 0, err
+	}
+	if drafts < 0 || rows != drafts+requests {
+		return 0, &Error{Status: ErrOutOfRange, Message: fmt.Sprintf("TargetHidden: %d rows, expected DraftOffsets[R] + R = %d", rows, drafts+requests)}
+	}
+	perDraft, perRequest := fmt.Sprintf("DraftOffsets[R] = %d", drafts), fmt.Sprintf("%d requests", requests)
+	for _, s := range []struct {
+		name    string
+		given   bool
+		n, want int
+		of      string
+	}{
+		{"DraftTokens", true, len(b.DraftTokens), drafts, perDraft},
+		{"AcceptUniforms", b.AcceptUniforms != nil, len(b.AcceptUniforms), drafts, perDraft},
+		{"Temperatures", b.Temperatures != nil, len(b.Temperatures), requests, perRequest},
+		{"DraftTemperatures", b.DraftTemperatures != nil, len(b.DraftTemperatures), requests, perRequest},
+		{"Seeds", b.Seeds != nil, len(b.Seeds), requests, perRequest},
+		{"RequestIDs", b.RequestIDs != nil, len(b.RequestIDs), requests, perRequest},
+		{"Steps", b.Steps != nil, len(b.Steps), requests, perRequest},
+	} {
+		if s.given && s.n < s.want {
+			return 0, &Error{Status: ErrOutOfRange, Message: fmt.Sprintf("%s: %d entries for %s", s.name, s.n, s.of)}
+		}
+	}
+	if b.DraftLogits != nil {
+		lrows, err := rowsOf(b.DraftLogits, head.vocab, "DraftLogits")
+		if err != nil {
+			return 0, err
+		}
+		if lrows != drafts {
+			return 0, &Error{Status: ErrOutOfRange, Message: fmt.Sprintf("DraftLogits: %d rows, expected DraftOffsets[R] = %d", lrows, drafts)}
+		}
+	}
+	return rows, nil
+}
+
+// cBatch checks the batch, then builds the C batch in a's buffers.
+func (b *VerifyBatch) cBatch(a *arena, head *LMHead) (capi.Flashspec_verify_batch, func(), error) {
+	rows, err := b.checkSizes(head)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -425,11 +480,8 @@ func (b *VerifyBatch) cBatch(a *arena, head *LMHead) (capi.Flashspec_verify_batc
 	batch.SetDraft_offsets(in(a, b.DraftOffsets))
 	batch.SetDraft_tokens(in(a, b.DraftTokens))
 	batch.SetTarget_hidden(hidden)
-	if b.DraftLogits != nil {
-		lrows, err := rowsOf(b.DraftLogits, head.vocab, "DraftLogits")
-		if err != nil {
-			return nil, nil, err
-		}
+	if len(b.DraftLogits) > 0 { // empty: no drafts, nothing to score against
+		lrows := len(b.DraftLogits) / head.vocab
 		logits := capi.Flashspec_tensor_make(in(a, b.DraftLogits), capi.FLASHSPEC_DTYPE_F32, capi.FLASHSPEC_MEMORY_HOST, int64(lrows), int64(head.vocab))
 		cleanup = append(cleanup, func() { capi.DeleteFlashspec_tensor(logits) })
 		batch.SetDraft_logits(logits)
@@ -456,11 +508,10 @@ func (c *Context) finalizeWith(b *VerifyBatch, head *LMHead, fn func(raw capi.St
 		return nil, err
 	}
 	defer release()
+	// cBatch checked that TargetHidden has DraftOffsets[R] + R rows: the
+	// library writes that many emitted tokens.
 	requests := len(b.DraftOffsets) - 1
 	emitted := int(b.DraftOffsets[requests]) + requests
-	if emitted < 0 {
-		emitted = 0
-	}
 	result := capi.NewFlashspec_verify_result()
 	defer capi.DeleteFlashspec_verify_result(result)
 	capi.Flashspec_verify_result_init(result)
