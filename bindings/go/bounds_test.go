@@ -108,3 +108,43 @@ func TestShortDraftSlicesAreRefused(t *testing.T) {
 		refusedBeforeTheCall(t, ctx, err, c.want)
 	}
 }
+
+func TestOracleRewardsNeedOneEntryPerArm(t *testing.T) {
+	ctx, head, m := newEngineFixture(t)
+	var drafters []*Drafter
+	for i := 0; i < 2; i++ {
+		d, err := ctx.NewNgramDrafter(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		drafters = append(drafters, d)
+	}
+	rewards := []float64{1, 2, 3}
+	o := DefaultEngineOptions()
+	o.Policy = PolicyOracle
+	o.Drafters = drafters
+	o.Arms = []Arm{{Drafter: drafters[0], DraftLen: 2}, {Drafter: drafters[1], DraftLen: 3}, {DraftLen: 0}}
+	o.OracleRewards = rewards[:2]
+	if _, err := ctx.NewEngine(head, m.forward, &o); true {
+		refusedBeforeTheCall(t, ctx, err, "OracleRewards: 2 entries for 3 arms")
+	}
+	o.Arms = nil // one arm per drafter
+	o.OracleRewards = rewards[:1]
+	if _, err := ctx.NewEngine(head, m.forward, &o); true {
+		refusedBeforeTheCall(t, ctx, err, "OracleRewards: 1 entries for 2 arms")
+	}
+	o.OracleRewards = rewards[:2]
+	engine, err := ctx.NewEngine(head, m.forward, &o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine.Close()
+}
+
+func TestLMHeadSizeOverflowIsRefused(t *testing.T) {
+	ctx, _, _ := newFixture(t)
+	// 2^32 · 2^32 wraps to 0 entries in an int.
+	_, err := ctx.NewLMHead([]float32{}, 1<<32, 1<<32)
+	refusedBeforeTheCall(t, ctx, err, "weight: 0 values for [4294967296, 4294967296]")
+}

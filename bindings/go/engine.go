@@ -391,6 +391,20 @@ func (c *Context) NewEngine(head *LMHead, forward TargetForward, o *EngineOption
 		d := DefaultEngineOptions()
 		o = &d
 	}
+	if o.Policy == PolicyOracle && o.OracleRewards != nil {
+		// The library reads one reward per arm: the arms given, else one
+		// per drafter (at least one).
+		arms := len(o.Arms)
+		if arms == 0 {
+			arms = len(o.Drafters)
+		}
+		if arms == 0 {
+			arms = 1
+		}
+		if len(o.OracleRewards) < arms {
+			return nil, &Error{Status: ErrOutOfRange, Message: fmt.Sprintf("OracleRewards: %d entries for %d arms", len(o.OracleRewards), arms)}
+		}
+	}
 	var a arena
 	defer a.free()
 	p := capi.NewFlashspec_engine_params()

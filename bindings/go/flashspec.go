@@ -267,7 +267,9 @@ type LMHead struct {
 
 // NewLMHead uploads W, row-major [vocab, hidden] float32 (copied).
 func (c *Context) NewLMHead(w []float32, vocab, hidden int) (*LMHead, error) {
-	if vocab < 0 || hidden < 0 || len(w) != vocab*hidden {
+	// len(w) / hidden == vocab rather than len(w) == vocab*hidden alone,
+	// which wraps for huge sizes.
+	if vocab < 0 || hidden < 0 || (hidden != 0 && len(w)/hidden != vocab) || len(w) != vocab*hidden {
 		return nil, &Error{Status: ErrOutOfRange, Message: fmt.Sprintf("weight: %d values for [%d, %d]", len(w), vocab, hidden)}
 	}
 	var a arena
