@@ -560,6 +560,13 @@ impl<'a> Engine<'a> {
                 p.fixed_arm = arm;
             }
             Policy::Oracle(rewards) => {
+                // The library reads one reward per arm: the arms given, or one
+                // per drafter (at least one) when none are. (None at all is
+                // passed as NULL, which the library refuses itself.)
+                let arms = arm_table.as_ref().map_or(raws.len().max(1), |t| t.len());
+                if !rewards.is_empty() && rewards.len() < arms {
+                    return Err(Error { status: sys::FLASHSPEC_ERR_OUT_OF_RANGE, message: format!("oracle rewards: {} entries for {arms} arms", rewards.len()) });
+                }
                 p.policy = sys::FLASHSPEC_BANDIT_ORACLE;
                 oracle = rewards;
                 p.oracle_rewards = if oracle.is_empty() { ptr::null() } else { oracle.as_ptr() };

@@ -368,6 +368,10 @@ fn bad_input_is_an_error() {
     let e = ctx.engine(&head, forward(&m), EngineOptions { policy: Policy::Oracle(vec![]), ..Default::default() }).err().unwrap();
     assert_eq!(e.status, sys::FLASHSPEC_ERR_NULL_POINTER);
     assert!(e.message.contains("oracle_rewards"), "{}", e.message);
+    let two_arms = Some(vec![Arm { drafter: None, draft_len: 0 }, Arm { drafter: None, draft_len: 0 }]);
+    let e = ctx.engine(&head, forward(&m), EngineOptions { arms: two_arms, policy: Policy::Oracle(vec![1.0]), ..Default::default() }).err().unwrap();
+    assert_eq!(e.status, sys::FLASHSPEC_ERR_OUT_OF_RANGE);
+    assert!(e.message.contains("oracle rewards: 1 entries for 2 arms"), "{}", e.message);
     let e = ctx.engine(&head, forward(&m), EngineOptions { arms: Some(vec![Arm { drafter: Some(0), draft_len: 2 }]), ..Default::default() }).err().unwrap();
     assert_eq!(e.status, sys::FLASHSPEC_ERR_OUT_OF_RANGE);
     let mut thompson = ctx.engine(&head, forward(&m), EngineOptions { drafters: vec![ctx.ngram_drafter(&NgramOptions::default()).unwrap()], policy: Policy::Thompson { seed: 3 }, ..Default::default() }).unwrap();
