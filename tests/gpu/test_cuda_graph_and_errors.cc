@@ -133,6 +133,9 @@ struct SmallBatch {
   std::vector<int32_t> offsets{0, 2, 3}, tokens{3, 7, 11};
   std::vector<float> temps{1.0f, 0.7f};
   std::vector<float> uniforms{0.5f, 0.25f, 0.75f};
+  // Stochastic drafts when not empty: [3, kVocab] fp32 draft logits.
+  std::vector<float> draft_logits;
+  std::vector<float> draft_temps{1.0f, 1.0f};
 };
 
 struct Outcome {
@@ -159,6 +162,12 @@ Outcome run_batch(SmallBatch& s, int max_draft_len = 0) {
   b.temperatures = d_temps.ptr();
   b.accept_uniforms = d_u.ptr();
   b.max_draft_len = max_draft_len;
+  Dev<float> d_q(s.draft_logits.empty() ? std::vector<float>(1) : s.draft_logits), d_td(s.draft_temps);
+  flashspec_tensor qv = flashspec_tensor_make(d_q.ptr(), FLASHSPEC_DTYPE_F32, FLASHSPEC_MEMORY_CUDA, 3, SmallBatch::kVocab);
+  if (!s.draft_logits.empty()) {
+    b.draft_logits = &qv;
+    b.draft_temperatures = d_td.ptr();
+  }
   flashspec_verify_result res;
   flashspec_verify_result_init(&res);
   res.memory = FLASHSPEC_MEMORY_CUDA;
@@ -232,6 +241,29 @@ TEST_F(GpuBadInput, NonFiniteHiddenFailsItsRequest) {
   o = run_batch(s);
   EXPECT_EQ(o.accepted[0], -1);
   EXPECT_GE(o.accepted[1], 0);
+}
+
+TEST_F(GpuBadInput, LogitsThatOverflowAtTheTemperatureFailTheirRequest) {
+  SmallBatch s;
+  s.temps[1] = 1e-38f;  // every |l| > 3.4 overflows l / T
+  Outcome o = run_batch(s);
+  EXPECT_GE(o.accepted[0], 0);
+  EXPECT_EQ(o.accepted[1], -1);
+}
+
+TEST_F(GpuBadInput, DraftLogitsThatOverflowAtTheDraftTemperatureFailTheirRequest) {
+  SmallBatch s;
+  Rng rng(7);
+  s.draft_logits.resize(size_t(3) * SmallBatch::kVocab);
+  for (float& z : s.draft_logits) z = float(rng.normal());
+  s.draft_temps = {0.5f, 0.5f};
+  Outcome o = run_batch(s);
+  EXPECT_GE(o.accepted[0], 0);
+  EXPECT_GE(o.accepted[1], 0);
+  s.draft_logits[size_t(2) * SmallBatch::kVocab + 17] = 3.0e38f;  // request 1's draft row: finite, / T_d overflows
+  o = run_batch(s);
+  EXPECT_GE(o.accepted[0], 0);
+  EXPECT_EQ(o.accepted[1], -1);
 }
 
 TEST_F(GpuBadInput, InconsistentOffsetsFailTheBatch) {
