@@ -14,6 +14,7 @@
 // rotating over ≥ 2 weight buffers where they fit so the L2 holds no W.
 //
 // Usage: flashspec_bench [--quick] [--only V d rows] [--reps N] [--json FILE]
+// (the JSON file is written only when --json names it)
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -266,7 +267,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   int only_v = 0, only_d = 0, only_rows = 0;
   int reps = 50;
-  std::string json = "bench_results.json";
+  std::string json;  // written only where --json asks
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(50, std::atoi(argv[++i]));
@@ -456,7 +457,8 @@ int main(int argc, char** argv) {
   std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-  FILE* f = std::fopen(json.c_str(), "w");
+  FILE* f = json.empty() ? nullptr : std::fopen(json.c_str(), "w");
+  if (!json.empty() && !f) std::fprintf(stderr, "cannot write %s\n", json.c_str());
   if (f) {
     std::fprintf(f, "{\n  \"device\": \"%s\",\n  \"date\": \"%s\",\n  \"read_bandwidth_GBps\": %.1f,\n  \"reps\": %d,\n"
                  "  \"results\": [\n", prop.name, date, bandwidth / 1e9, reps);
