@@ -20,8 +20,21 @@ from .errors import *  # noqa: F401,F403  (one exception class per status)
 from ._engine import (ArmMetrics, CallbackDrafter, Drafter, Engine, EngineMetrics, FinishReason, Generation,
                       NgramDrafter)
 
+from . import errors as _errors
+
 __version__ = capi.flashspec_version_string()
 ABI_VERSION = capi.FLASHSPEC_ABI_VERSION
+
+# The public names (help(flashspec) lists them; the raw SWIG layer stays in
+# flashspec.capi).
+__all__ = [
+    "Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "stream_handle",
+    "Engine", "Drafter", "NgramDrafter", "CallbackDrafter", "Generation", "FinishReason", "EngineMetrics",
+    "ArmMetrics",
+    "FlashSpecError", "error_class",
+    "version", "version_number", "abi_version", "ABI_VERSION", "status_string", "status_name",
+    "cuda_device_count", "philox4x32_10", "rng_uniform", "RNG_PURPOSES", "get_api",
+] + [name for name in _errors.__all__ if name != "FlashSpecError"]
 
 
 def version():

@@ -442,3 +442,14 @@ def test_an_empty_device_draft_array_is_passed_as_null():
     c = batch.c_batch(0)
     assert c.num_requests == 2 and c.memory == capi.FLASHSPEC_MEMORY_CUDA
     assert c.draft_tokens == 0 and c.draft_logits is None
+
+
+def test_all_names_the_public_api():
+    # help(flashspec) documents __all__: every name in it exists, and the
+    # classes and functions of the package are in it.
+    for name in flashspec.__all__:
+        assert hasattr(flashspec, name), name
+    for name in ("Context", "LMHead", "VerifyBatch", "VerifyResult", "Engine", "NgramDrafter", "CallbackDrafter",
+                 "FlashSpecError", "InvalidArgumentError", "rng_uniform", "version"):
+        assert name in flashspec.__all__, name
+    assert "capi" not in flashspec.__all__
