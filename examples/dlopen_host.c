@@ -6,7 +6,13 @@
  * table (flashspec.h is included for the types only). Then it runs a tiny
  * greedy draft and checks the tokens against its own float64 argmax.
  *
- *   dlopen_host [path/to/libflashspec.so.0]   (default: "libflashspec.so.0")
+ *   dlopen_host [path/to/libflashspec.so.0]
+ *
+ * Without a path it asks the dynamic loader for "libflashspec.so.0", which it
+ * finds once the library is installed in a system directory (or through
+ * LD_LIBRARY_PATH); in a build tree, name the file:
+ *   ./build/examples/dlopen_host build/src/libflashspec.so.0
+ * Build (installed library):  cc dlopen_host.c $(pkg-config --cflags flashspec) -ldl -lm -o dlopen_host
  */
 #include <flashspec.h>
 

@@ -10,7 +10,7 @@
  * array must live in device memory (cudaMalloc + cudaMemcpy), which this
  * page leaves out to stay plain C with no CUDA dependency.
  *
- * Build (installed library):  cc quickstart.c $(pkg-config --cflags --libs flashspec)
+ * Build (installed library):  cc quickstart.c $(pkg-config --cflags --libs flashspec) -lm -o quickstart
  */
 #include <flashspec.h>
 
