@@ -15,6 +15,7 @@
 #include "dispatch.h"
 #include "finalize.h"
 #include "kernels/backend.h"
+#include "kernels/cuda_module.h"
 #include "prepare.h"
 #include "util/dtype.h"
 #include "util/status.h"
@@ -325,13 +326,10 @@ class CudaBackend final : public Backend {
 };
 
 }  // namespace
-}  // namespace cuda
 
-std::unique_ptr<Backend> make_cuda_backend(const BackendConfig& config) {
-  return std::make_unique<cuda::CudaBackend>(config);
-}
+std::unique_ptr<Backend> make_backend(const BackendConfig& config) { return std::make_unique<CudaBackend>(config); }
 
-int cuda_device_count() {
+int device_count() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     cudaGetLastError();
@@ -340,4 +338,5 @@ int cuda_device_count() {
   return count;
 }
 
+}  // namespace cuda
 }  // namespace flashspec

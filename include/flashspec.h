@@ -204,9 +204,17 @@ FLASHSPEC_API void flashspec_context_params_init(flashspec_context_params* param
  * Errors: NULL_POINTER (out), STRUCT_SIZE, INVALID_ARGUMENT (unknown
  * backend, negative device_ordinal, cpu_threads outside [0, 1024]),
  * OUT_OF_RANGE (max_rows or max_requests outside [1, 2^24]), NO_DEVICE
- * (CUDA asked for but not built or no device), CUDA, OUT_OF_MEMORY. On error *out is untouched; there is no
- * context to ask for a message, so the message is kept per thread and read
- * with flashspec_context_last_error(NULL). */
+ * (CUDA asked for but no device, or no CUDA backend module: the message says
+ * which), CUDA, OUT_OF_MEMORY (also: CPU worker threads that cannot start).
+ * On error *out is untouched; there is no context to ask for a message, so
+ * the message is kept per thread and read with
+ * flashspec_context_last_error(NULL).
+ * The CUDA backend is a separate module, libflashspec-cuda.so.<ABI>, that
+ * this library loads the first time a CUDA or AUTO context is created or
+ * flashspec_cuda_device_count is called: from its own directory, or from the
+ * path in the environment variable FLASHSPEC_CUDA_MODULE. This library itself
+ * needs no CUDA runtime; without the module (or the CUDA runtime it needs)
+ * there is no CUDA device, and AUTO chooses the CPU. */
 FLASHSPEC_API flashspec_status flashspec_context_create(const flashspec_context_params* params,
                                                         flashspec_context** out);
 /* [context-exclusive] Waits for the context's outstanding work, then frees
@@ -227,7 +235,8 @@ FLASHSPEC_API flashspec_backend flashspec_context_backend(const flashspec_contex
 /* [context-exclusive] Wait until all work enqueued on the context is done.
  * Errors: NULL_POINTER, CUDA. */
 FLASHSPEC_API flashspec_status flashspec_context_synchronize(flashspec_context* ctx);
-/* [thread-safe] Number of CUDA devices usable by this build (0 without CUDA). */
+/* [thread-safe] Number of CUDA devices usable through the CUDA backend module
+ * (0 without the module, the CUDA runtime or a device). */
 FLASHSPEC_API int flashspec_cuda_device_count(void);
 
 /* ---------------------------------------------------------------------- */
