@@ -17,6 +17,7 @@ package flashspec
 // (use another Context; Cancel is allowed).
 
 // #include <stdint.h>
+// #cgo pkg-config: flashspec
 // #include <stdlib.h>
 // #include "flashspec.h"
 // extern int flashspecGoTargetForward(void*, flashspec_target_call*);

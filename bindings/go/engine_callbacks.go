@@ -10,6 +10,7 @@ package flashspec
 // (A file with //export may only declare C in its preamble; the helpers
 // that take these functions' addresses live in engine.go.)
 
+// #cgo pkg-config: flashspec
 // #include <stdint.h>
 // #include "flashspec.h"
 import "C"

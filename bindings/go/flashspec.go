@@ -9,6 +9,7 @@
 // library on host memory; with the CUDA backend it waits for each call.
 package flashspec
 
+// #cgo pkg-config: flashspec
 // #include <stdlib.h>
 // static unsigned flashspec_go_call_unsigned(void* fn) { return ((unsigned (*)(void))fn)(); }
 import "C"
