@@ -1,0 +1,33 @@
+#!/bin/sh
+# `pip install .` from a clean virtual environment builds the library and
+# the Python binding (pyproject.toml, meson-python) and the package imports
+# and runs. The sources are copied first, so the check leaves the tree as it
+# was. Needs python3 with venv and access to PyPI (for meson-python, meson,
+# ninja and numpy), as CI has.
+#   check_pip_install.sh SOURCE_ROOT
+set -eu
+source=$1
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+python3 - "$source" "$scratch/src" <<'PY'
+import shutil, sys
+skip = shutil.ignore_patterns(".git", "build*", ".mesonpy-*", "target", ".ab", ".gpu", "__pycache__")
+shutil.copytree(sys.argv[1], sys.argv[2], ignore=skip, symlinks=True)
+PY
+python3 -m venv "$scratch/venv"
+"$scratch/venv/bin/pip" install --quiet "$scratch/src" -Csetup-args=-Dcuda=disabled > "$scratch/pip.log" 2>&1 || {
+  tail -40 "$scratch/pip.log"
+  echo "FAIL: pip install . did not succeed"
+  exit 1
+}
+cd "$scratch"
+"$scratch/venv/bin/python" - <<'PY'
+import numpy as np
+import flashspec
+with flashspec.Context("cpu", seed=1) as ctx:
+    w = np.random.default_rng(0).standard_normal((50, 8)).astype(np.float32)
+    head = ctx.lm_head(w)
+    tokens, _ = ctx.draft(head, w[:3])
+    assert list(tokens) == [int(np.argmax(w @ w[r])) for r in range(3)], tokens
+print(f"pip install .: flashspec {flashspec.version()} imported from {flashspec.__file__}")
+PY
