@@ -4,18 +4,20 @@
 # and runs. The sources are copied first, so the check leaves the tree as it
 # was. Needs python3 with venv and access to PyPI (for meson-python, meson,
 # ninja and numpy), as CI has.
-#   check_pip_install.sh SOURCE_ROOT
+#   check_pip_install.sh SOURCE_ROOT [PYTHON]   (default: python3 on PATH)
 set -eu
 source=$1
+python=${2:-python3}
+command -v "$python" >/dev/null 2>&1 || { echo "SKIP: no $python"; exit 77; }
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-python3 - "$source" "$scratch/src" <<'PY'
+"$python" - "$source" "$scratch/src" <<'PY'
 import shutil, sys
 skip = shutil.ignore_patterns(".git", "build*", ".mesonpy-*", "target", ".ab", ".gpu", "__pycache__")
 shutil.copytree(sys.argv[1], sys.argv[2], ignore=skip, symlinks=True)
 PY
-python3 -m venv "$scratch/venv"
-"$scratch/venv/bin/pip" install --quiet "$scratch/src" -Csetup-args=-Dcuda=disabled > "$scratch/pip.log" 2>&1 || {
+"$python" -m venv "$scratch/venv"
+"$scratch/venv/bin/pip" install --quiet "$scratch/src" --config-settings=setup-args=-Dcuda=disabled > "$scratch/pip.log" 2>&1 || {
   tail -40 "$scratch/pip.log"
   echo "FAIL: pip install . did not succeed"
   exit 1
