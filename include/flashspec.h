@@ -462,7 +462,8 @@ FLASHSPEC_API flashspec_status flashspec_verify_and_finalize(flashspec_context* 
 /* [thread-safe] Philox4x32-10 of (counter, key): out[0..3]. NULL is a no-op. */
 FLASHSPEC_API void flashspec_philox4x32_10(const uint32_t counter[4], const uint32_t key[2],
                                            uint32_t out[4]);
-/* [thread-safe] The uniform in (0,1) of the contract for one token/purpose. */
+/* [thread-safe] The uniform in (0,1) of the contract for one token/purpose;
+ * NaN for a purpose outside flashspec_rng_purpose. */
 FLASHSPEC_API double flashspec_rng_uniform(uint64_t seed, uint64_t request_id, uint64_t step,
                                            int32_t position, flashspec_rng_purpose purpose,
                                            int32_t token);
