@@ -15,7 +15,12 @@
  *     flashspec_context_last_error() names the argument that was wrong.
  *   - Parameter structs begin with `uint32_t struct_size`; fill them with
  *     their *_init() function, then change the fields you need. Fields are
- *     only ever appended, so an older caller keeps working.
+ *     only ever appended, so an older caller keeps working: the library
+ *     reads a struct only as far as its struct_size. A struct that has grown
+ *     has an *_init_sized(p, size) entry point, and its *_init(p) is a macro
+ *     that passes the size of the struct this header declares, so the
+ *     library writes exactly the caller's struct; the *_init symbol itself stays exported for binaries built
+ *     against the first layout and fills that layout only.
  *   - Handles are opaque. Every *_destroy() accepts NULL.
  *   - Threading tags on every function:
  *       [thread-safe]          may be called from any thread at any time;
@@ -273,6 +278,76 @@ FLASHSPEC_API int64_t flashspec_lm_head_vocab_size(const flashspec_lm_head* head
 FLASHSPEC_API int64_t flashspec_lm_head_hidden_size(const flashspec_lm_head* head);
 
 /* ---------------------------------------------------------------------- */
+/* Sampling controls                                                       */
+/* ---------------------------------------------------------------------- */
+#define FLASHSPEC_MAX_TOP_K 1024            /* largest top-k that truncates   */
+#define FLASHSPEC_TOP_K_ALL 0x7fffffff      /* top-k that keeps every token   */
+#define FLASHSPEC_MAX_TOP_LOGPROBS 20       /* top-n logprobs per row         */
+
+/* What turns a row's logits l into the distribution p that a draft samples
+ * and a verify verifies against, per request, in this order (the order of
+ * vLLM's sampler; llama.cpp's chain with the temperature first):
+ *   1. logit bias: l_i + the sum of the bias entries naming token i;
+ *   2. token mask: a token whose bit is clear gets probability 0;
+ *   3. temperature: x_i = (l_i + bias_i) / T over the allowed tokens;
+ *   4. top-k: keep the k tokens of largest x;
+ *   5. top-p: of those, keep the smallest prefix (by decreasing x) whose
+ *      probability under softmax over the tokens top-k kept is ≥ p;
+ *   6. min-p: of those, keep the tokens with p_i ≥ min_p · max_i p_i, i.e.
+ *      x_i ≥ max x + log(min_p);
+ *   7. p = softmax of x over the kept set S, 0 elsewhere.
+ * Tokens are ranked by x, ties by token id (smaller first), so S is a prefix
+ * of one fixed order and does not depend on tiling, backend or threads. p_j
+ * in Algorithm 1 is this p, so verify stays exact: the emitted tokens are
+ * distributed as sampling from p alone. With T = 0 the row is the argmax of
+ * l + bias over the allowed tokens (ties → smallest id): greedy decoding over
+ * the filtered set (top-k, top-p and min-p always keep that token).
+ * Penalties (repetition, presence, frequency) are the host's to compute into
+ * the bias list, as llama.cpp and vLLM define them: examples/penalties.c.
+ *
+ * Per-request arrays have one entry per request of a verify batch (per row
+ * of a draft call); a NULL array leaves its step out. The mask has one row
+ * per hidden row the controls apply to: per target row of a verify
+ * (draft_offsets[R] + R rows), per draft-logits row for draft_controls
+ * (draft_offsets[R] rows), per hidden row of a draft call. Arrays live in
+ * the memory of the call's batch or params. The CPU backend applies every
+ * control; the CUDA backend refuses controls, logprobs and typical
+ * acceptance with FLASHSPEC_ERR_UNSUPPORTED in this version.
+ *
+ * Cost (CPU backend): still one read of W per call. A row with controls
+ * keeps its logits in host scratch (4·V bytes per row) while the call
+ * runs; top-k sorts k tokens, top-p without top-k sorts the allowed tokens.
+ *
+ * Typical acceptance (Medusa, Cai et al. 2024) is opt-in per request and is
+ * NOT distribution-preserving: draft x_j is accepted iff p_j(x_j) >
+ * min(ε, δ · exp(−H(p_j))), H the entropy of the controlled p_j, with no
+ * uniform; at the first rejection the row emits a sample of p_j itself
+ * (RESIDUAL_NOISE, the drafted token not excluded). The emitted tokens are
+ * then not distributed as the target's. T = 0 requests ignore it. */
+typedef struct flashspec_sampling_controls {
+  uint32_t struct_size;
+  const int32_t* top_k;         /* [R] 1..FLASHSPEC_MAX_TOP_K, or ≥ V / FLASHSPEC_TOP_K_ALL (no
+                                   truncation); NULL: no top-k */
+  const float* top_p;           /* [R] in (0, 1]; 1 keeps every token; NULL: no top-p */
+  const float* min_p;           /* [R] in [0, 1]; 0 keeps every token; NULL: no min-p */
+  const int32_t* bias_offsets;  /* [R + 1] non-decreasing from 0: request r's bias entries are
+                                   [bias_offsets[r], bias_offsets[r + 1]); NULL: no bias */
+  const int32_t* bias_tokens;   /* [bias_offsets[R]] token ids in [0, V); repeats add up */
+  const float* bias_values;     /* [bias_offsets[R]] finite additive biases */
+  const uint32_t* token_mask;   /* [rows, mask_words] xgrammar's packed layout: token i is
+                                   allowed iff bit (i % 32) of word i / 32 of its row is set;
+                                   bits past V are ignored. A row must allow a token. NULL:
+                                   every token allowed */
+  int32_t mask_words;           /* words per mask row, ceil(V / 32); 0 means ceil(V / 32) */
+  const float* typical_epsilon; /* [R] ε ∈ (0, 1] turns on typical acceptance, 0 leaves
+                                   Algorithm 1; NULL: off. A verify's target controls only */
+  const float* typical_delta;   /* [R] δ ≥ 0 (Medusa uses √ε); NULL: δ = √ε */
+} flashspec_sampling_controls;
+
+/* [thread-safe] Defaults: every pointer NULL (no control), mask_words 0. */
+FLASHSPEC_API void flashspec_sampling_controls_init(flashspec_sampling_controls* controls);
+
+/* ---------------------------------------------------------------------- */
 /* Draft                                                                   */
 /* ---------------------------------------------------------------------- */
 /* Per-row randomness and temperature of a draft call. All arrays have one
@@ -288,10 +363,18 @@ typedef struct flashspec_draft_params {
   const uint64_t* request_ids;
   const uint64_t* steps;
   const int32_t* positions;       /* draft position of the row, 0..FLASHSPEC_MAX_DRAFT_LEN */
+  /* Appended in 0.2. */
+  const flashspec_sampling_controls* controls; /* per row; NULL: none. typical_* not allowed */
 } flashspec_draft_params;
 
-/* [thread-safe] Defaults: host memory, temperature 0, all arrays NULL. */
+/* [thread-safe] Defaults: host memory, temperature 0, all arrays NULL.
+ * Writes min(size, sizeof(flashspec_draft_params)) bytes and sets struct_size
+ * to that; NULL is a no-op. */
+FLASHSPEC_API void flashspec_draft_params_init_sized(flashspec_draft_params* params, size_t size);
+/* The 0.1 entry point (fills the 0.1 layout only); the macro below is what a
+ * caller compiled against this header calls. */
 FLASHSPEC_API void flashspec_draft_params_init(flashspec_draft_params* params);
+#define flashspec_draft_params_init(params) flashspec_draft_params_init_sized((params), sizeof(flashspec_draft_params))
 
 /* [context-exclusive] [async on the context stream]
  * One fused pass per call: logits l = h·Wᵀ (fp32 accumulation) for each
@@ -351,10 +434,26 @@ typedef struct flashspec_verify_batch {
                                         the acceptance tests; NULL → Philox ACCEPT_UNIFORM */
   int32_t max_draft_len;             /* ≥ every n_r; bounds the workspace. Default
                                         FLASHSPEC_MAX_DRAFT_LEN (0 means "use default") */
+  /* Appended in 0.2. */
+  const flashspec_sampling_controls* controls;       /* the target rows' p (see Sampling
+                                                        controls); NULL: p = softmax(l / T) */
+  const flashspec_sampling_controls* draft_controls; /* stochastic drafts: the controls q was
+                                                        sampled under (mask rows = draft_logits
+                                                        rows); NULL: q = softmax(z / T_d) */
+  int32_t logprobs;                  /* 1: verify keeps what finalize needs to return the
+                                        emitted tokens' logprobs; 0 (default): not asked */
+  int32_t top_logprobs;              /* n ∈ [0, FLASHSPEC_MAX_TOP_LOGPROBS]: verify keeps each
+                                        row's n tokens of largest raw logit for finalize */
 } flashspec_verify_batch;
 
-/* [thread-safe] Defaults: host memory, all pointers NULL, num_requests 0. */
+/* [thread-safe] Defaults: host memory, all pointers NULL, num_requests 0.
+ * Writes min(size, sizeof(flashspec_verify_batch)) bytes and sets struct_size
+ * to that; NULL is a no-op. */
+FLASHSPEC_API void flashspec_verify_batch_init_sized(flashspec_verify_batch* batch, size_t size);
+/* The 0.1 entry point (fills the 0.1 layout only); the macro below is what a
+ * caller compiled against this header calls. */
 FLASHSPEC_API void flashspec_verify_batch_init(flashspec_verify_batch* batch);
+#define flashspec_verify_batch_init(batch) flashspec_verify_batch_init_sized((batch), sizeof(flashspec_verify_batch))
 
 /* The per-row summaries a verify pass produces and finalize consumes: for
  * each target row its log-sum-exp, the drafted token's logit, the best
@@ -392,10 +491,32 @@ typedef struct flashspec_verify_result {
   int32_t* accepted_counts;
   int32_t* emitted_tokens;
   uint64_t* next_steps;
+  /* Appended in 0.2. Each optional; each needs the batch to have asked for it
+   * (batch->logprobs, batch->top_logprobs), else INVALID_ARGUMENT. Slot k of
+   * request r (index draft_offsets[r] + r + k, as emitted_tokens) is written
+   * for k ≤ accepted_counts[r]; the rest get NaN (logprobs) or −1 (tokens).
+   *   logprobs[k]          log p(token) under the controlled target
+   *                        distribution the token was verified against (the
+   *                        row's p; 0 for the token of a T = 0 row);
+   *   raw_logprobs[k]      log softmax(l)(token) under the model's raw logits
+   *                        (no bias, mask, temperature or truncation);
+   *   top_tokens[k·n + i]  the n tokens of largest raw logit of the slot's
+   *                        row, ties by smaller id (n = batch->top_logprobs);
+   *   top_logprobs[k·n + i] their raw log softmax. */
+  float* logprobs;                   /* [draft_offsets[R] + R] */
+  float* raw_logprobs;               /* [draft_offsets[R] + R] */
+  int32_t* top_tokens;               /* [draft_offsets[R] + R, n] */
+  float* top_logprobs;               /* [draft_offsets[R] + R, n] */
 } flashspec_verify_result;
 
-/* [thread-safe] Defaults: host memory, all pointers NULL. */
+/* [thread-safe] Defaults: host memory, all pointers NULL.
+ * Writes min(size, sizeof(flashspec_verify_result)) bytes and sets
+ * struct_size to that; NULL is a no-op. */
+FLASHSPEC_API void flashspec_verify_result_init_sized(flashspec_verify_result* result, size_t size);
+/* The 0.1 entry point (fills the 0.1 layout only); the macro below is what a
+ * caller compiled against this header calls. */
 FLASHSPEC_API void flashspec_verify_result_init(flashspec_verify_result* result);
+#define flashspec_verify_result_init(result) flashspec_verify_result_init_sized((result), sizeof(flashspec_verify_result))
 
 /* [context-exclusive] [async on the context stream]
  * One pass over W for all Σ(n_r + 1) target rows, writing only the per-row
@@ -928,6 +1049,12 @@ typedef struct flashspec_api {
   int64_t (*lm_head_hidden_size)(const flashspec_lm_head*);
   void (*philox4x32_10)(const uint32_t*, const uint32_t*, uint32_t*);
   double (*rng_uniform)(uint64_t, uint64_t, uint64_t, int32_t, flashspec_rng_purpose, int32_t);
+  /* Appended in 0.2. The members draft_params_init, verify_batch_init and
+   * verify_result_init above fill the 0.1 layouts; these fill `size` bytes. */
+  void (*sampling_controls_init)(flashspec_sampling_controls*);
+  void (*draft_params_init_sized)(flashspec_draft_params*, size_t);
+  void (*verify_batch_init_sized)(flashspec_verify_batch*, size_t);
+  void (*verify_result_init_sized)(flashspec_verify_result*, size_t);
 } flashspec_api;
 
 /* [thread-safe] The table for abi_version, or NULL if this library cannot

@@ -168,12 +168,11 @@ int64_t flashspec_lm_head_vocab_size(const flashspec_lm_head* head) { return hea
 
 int64_t flashspec_lm_head_hidden_size(const flashspec_lm_head* head) { return head ? head->storage->hidden : 0; }
 
-void flashspec_draft_params_init(flashspec_draft_params* params) {
-  if (!params) return;
-  *params = flashspec_draft_params{};
-  params->struct_size = sizeof(flashspec_draft_params);
-  params->memory = FLASHSPEC_MEMORY_HOST;
-  params->temperature = 0.0f;
+void flashspec_draft_params_init_sized(flashspec_draft_params* params, size_t size) {
+  flashspec_draft_params defaults{};
+  defaults.memory = FLASHSPEC_MEMORY_HOST;
+  defaults.temperature = 0.0f;
+  init_prefix(params, size, defaults);
 }
 
 flashspec_status flashspec_draft(flashspec_context* ctx, const flashspec_lm_head* head,
@@ -187,18 +186,22 @@ flashspec_status flashspec_draft(flashspec_context* ctx, const flashspec_lm_head
   });
 }
 
-void flashspec_verify_batch_init(flashspec_verify_batch* batch) {
-  if (!batch) return;
-  *batch = flashspec_verify_batch{};
-  batch->struct_size = sizeof(flashspec_verify_batch);
-  batch->memory = FLASHSPEC_MEMORY_HOST;
+void flashspec_sampling_controls_init(flashspec_sampling_controls* controls) {
+  if (!controls) return;
+  *controls = flashspec_sampling_controls{};
+  controls->struct_size = sizeof(flashspec_sampling_controls);
 }
 
-void flashspec_verify_result_init(flashspec_verify_result* result) {
-  if (!result) return;
-  *result = flashspec_verify_result{};
-  result->struct_size = sizeof(flashspec_verify_result);
-  result->memory = FLASHSPEC_MEMORY_HOST;
+void flashspec_verify_batch_init_sized(flashspec_verify_batch* batch, size_t size) {
+  flashspec_verify_batch defaults{};
+  defaults.memory = FLASHSPEC_MEMORY_HOST;
+  init_prefix(batch, size, defaults);
+}
+
+void flashspec_verify_result_init_sized(flashspec_verify_result* result, size_t size) {
+  flashspec_verify_result defaults{};
+  defaults.memory = FLASHSPEC_MEMORY_HOST;
+  init_prefix(result, size, defaults);
 }
 
 flashspec_status flashspec_summaries_create(flashspec_context* ctx, int32_t max_rows, int32_t max_requests,
@@ -240,6 +243,7 @@ flashspec_status flashspec_finalize(flashspec_context* ctx, const flashspec_veri
     const SummaryStore& store = checked_summaries(*ctx, summaries);
     const VerifyArgs args = validate_batch_for_finalize(*ctx, load_batch(batch), summaries->verified);
     const ResultArgs out = validate_result(*ctx, result);
+    validate_result_requests(out, summaries->verified.logprobs, summaries->verified.top_logprobs, "batch");
     validate_result_disjoint(args, out);
     ctx->backend->finalize(args, store, out);
   });
@@ -255,6 +259,7 @@ flashspec_status flashspec_verify_and_finalize(flashspec_context* ctx, const fla
     const ResultArgs out = validate_result(*ctx, result);
     const LmHeadStorage& storage = validate_head(*ctx, head, "head");
     const VerifyArgs args = validate_batch(*ctx, storage, load_batch(batch), *ctx->own_summaries, "context workspace");
+    validate_result_requests(out, args.logprobs, args.top_logprobs, "batch");
     validate_result_disjoint(args, out);
     naming_fields(verify_names(), [&] {
       ctx->backend->verify(storage, args, *ctx->own_summaries);

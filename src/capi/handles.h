@@ -20,6 +20,8 @@ struct VerifiedBatch {
   int32_t requests = 0;
   bool fingerprint_known = false;
   uint64_t fingerprint = 0;
+  bool logprobs = false;      // kept what the emitted tokens' logprobs need
+  int32_t top_logprobs = 0;   // top raw-logit tokens kept per row
 };
 }  // namespace flashspec
 

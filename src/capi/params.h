@@ -14,14 +14,67 @@
 
 namespace flashspec {
 
-// The size of T's first published layout. No struct has grown since its
-// first release, so each is sizeof(T) today; when fields are appended to T,
-// specialise this with the old size (as a sizeof of a frozen copy of the old
-// layout), so callers of either header keep working.
+// The size of T's first published layout: sizeof(T) for a struct that has
+// not grown since; a grown struct specialises this with the sizeof of a
+// frozen copy of its first layout, so callers of either header keep working.
 template <class T>
 struct FirstLayout {
   static constexpr size_t size = sizeof(T);
 };
+
+// The 0.1 layouts of the structs that grew in 0.2 (sampling controls and
+// logprobs appended).
+namespace layout_0_1 {
+struct DraftParams {
+  uint32_t struct_size;
+  flashspec_memory memory;
+  float temperature;
+  const float* temperatures;
+  const uint64_t* seeds;
+  const uint64_t* request_ids;
+  const uint64_t* steps;
+  const int32_t* positions;
+};
+struct VerifyBatch {
+  uint32_t struct_size;
+  flashspec_memory memory;
+  int32_t num_requests;
+  const int32_t* draft_offsets;
+  const int32_t* draft_tokens;
+  const flashspec_tensor* target_hidden;
+  const flashspec_tensor* draft_logits;
+  const float* temperatures;
+  const float* draft_temperatures;
+  const uint64_t* seeds;
+  const uint64_t* request_ids;
+  const uint64_t* steps;
+  const float* accept_uniforms;
+  int32_t max_draft_len;
+};
+struct VerifyResult {
+  uint32_t struct_size;
+  flashspec_memory memory;
+  int32_t* accepted_counts;
+  int32_t* emitted_tokens;
+  uint64_t* next_steps;
+};
+}  // namespace layout_0_1
+
+template <>
+struct FirstLayout<flashspec_draft_params> {
+  static constexpr size_t size = sizeof(layout_0_1::DraftParams);
+};
+template <>
+struct FirstLayout<flashspec_verify_batch> {
+  static constexpr size_t size = sizeof(layout_0_1::VerifyBatch);
+};
+template <>
+struct FirstLayout<flashspec_verify_result> {
+  static constexpr size_t size = sizeof(layout_0_1::VerifyResult);
+};
+static_assert(offsetof(flashspec_draft_params, controls) >= sizeof(layout_0_1::DraftParams), "appended only");
+static_assert(offsetof(flashspec_verify_batch, controls) >= sizeof(layout_0_1::VerifyBatch), "appended only");
+static_assert(offsetof(flashspec_verify_result, logprobs) >= sizeof(layout_0_1::VerifyResult), "appended only");
 
 // A struct_size between T's first published size and today's.
 template <class T>
@@ -35,9 +88,11 @@ void check_struct_size(uint32_t given, const std::string& argument) {
 }
 
 // *given as today's T: its first struct_size bytes over the defaults that
-// `init` fills. `argument` names the struct ("params", "batch").
-template <class T>
-T load_struct(const T* given, void (*init)(T*), const std::string& argument) {
+// `init` fills in a whole T (for a struct that has grown, a lambda calling
+// its *_init macro, not the 0.1 *_init symbol). `argument` names the struct
+// ("params", "batch").
+template <class T, class Init>
+T load_struct(const T* given, Init init, const std::string& argument) {
   require(given != nullptr, FLASHSPEC_ERR_NULL_POINTER, argument.c_str(), "is NULL");
   check_struct_size<T>(given->struct_size, argument);
   T loaded;
@@ -48,12 +103,23 @@ T load_struct(const T* given, void (*init)(T*), const std::string& argument) {
 }
 
 // The same where NULL means "all defaults".
-template <class T>
-T load_struct_or_defaults(const T* given, void (*init)(T*), const std::string& argument) {
+template <class T, class Init>
+T load_struct_or_defaults(const T* given, Init init, const std::string& argument) {
   if (given) return load_struct(given, init, argument);
   T defaults;
   init(&defaults);
   return defaults;
+}
+
+// The defaults of an *_init_sized call: `defaults` written into *out as far
+// as `size` bytes (at most sizeof(T)), with struct_size the bytes written.
+// NULL, or a size without room for struct_size, writes nothing.
+template <class T>
+void init_prefix(T* out, size_t size, T defaults) {
+  if (!out || size < sizeof(uint32_t)) return;
+  const size_t bytes = size < sizeof(T) ? size : sizeof(T);
+  defaults.struct_size = uint32_t(bytes);
+  std::memcpy(static_cast<void*>(out), static_cast<const void*>(&defaults), bytes);
 }
 
 // Writes `value` into the caller's *out, as far as out->struct_size (checked

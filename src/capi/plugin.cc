@@ -54,6 +54,10 @@ const flashspec_api* flashspec_get_api(unsigned abi_version) {
       flashspec_lm_head_hidden_size,
       flashspec_philox4x32_10,
       flashspec_rng_uniform,
+      flashspec_sampling_controls_init,
+      flashspec_draft_params_init_sized,
+      flashspec_verify_batch_init_sized,
+      flashspec_verify_result_init_sized,
   };
   return abi_version == FLASHSPEC_ABI_VERSION ? &table : nullptr;
 }

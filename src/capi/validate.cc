@@ -4,9 +4,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "util/dtype.h"
 #include "util/status.h"
@@ -46,13 +49,13 @@ void check_temperatures(const float* values, int32_t count, bool strictly_positi
 
 // The bytes an array or tensor occupies, for the aliasing rule.
 struct Span {
-  const char* name;
+  std::string name;
   uintptr_t begin;
   size_t bytes;
 };
 
-Span array_span(const char* name, const void* data, int64_t count, size_t element) {
-  return Span{name, reinterpret_cast<uintptr_t>(data), data ? size_t(count) * element : 0};
+Span array_span(std::string name, const void* data, int64_t count, size_t element) {
+  return Span{std::move(name), reinterpret_cast<uintptr_t>(data), data ? size_t(count) * element : 0};
 }
 
 Span tensor_span(const char* name, const flashspec_tensor* t) {
@@ -68,10 +71,15 @@ bool overlap(const Span& a, const Span& b) {
 // An output must not share memory with anything else the call reads or
 // writes: the backends read inputs while writing outputs (on a GPU, in
 // other threads), so an overlap would change the result.
-void require_disjoint(const Span& output, std::initializer_list<Span> others) {
+template <class Spans>
+void require_disjoint(const Span& output, const Spans& others) {
   for (const Span& other : others)
-    require(!overlap(output, other), FLASHSPEC_ERR_INVALID_ARGUMENT, output.name,
-            std::string("overlaps ") + other.name + " (outputs may not alias the call's other arrays)");
+    require(!overlap(output, other), FLASHSPEC_ERR_INVALID_ARGUMENT, output.name.c_str(),
+            "overlaps " + other.name + " (outputs may not alias the call's other arrays)");
+}
+
+void require_disjoint(const Span& output, std::initializer_list<Span> others) {
+  require_disjoint<std::initializer_list<Span>>(output, others);
 }
 
 // Host draft tokens lie in [0, vocab).
@@ -79,6 +87,136 @@ void check_draft_tokens(const int32_t* tokens, int32_t count, int64_t vocab) {
   for (int32_t k = 0; k < count; ++k)
     require(tokens[k] >= 0 && tokens[k] < vocab, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_tokens",
             "entry " + str(k) + " is " + str(tokens[k]) + ", outside [0, " + str(vocab) + ")");
+}
+
+// Checks of a controls struct that need no vocabulary: struct_size, the
+// backend, and the host values of the per-request arrays. `rows` is the
+// number of mask rows. The vocabulary-dependent checks follow in
+// check_controls_for_vocab.
+ControlsArgs load_controls(const flashspec_context& ctx, const flashspec_sampling_controls* given, int32_t requests,
+                           bool host, bool allow_typical, const std::string& argument) {
+  ControlsArgs a;
+  if (!given) return a;
+  const flashspec_sampling_controls c = load_struct(given, flashspec_sampling_controls_init, argument);
+  require(ctx.backend->kind() != FLASHSPEC_BACKEND_CUDA, FLASHSPEC_ERR_UNSUPPORTED, argument.c_str(),
+          "the CUDA backend does not apply sampling controls in this version (the CPU backend does)");
+  auto name = [&argument](const char* field) { return argument + "->" + field; };
+  if (!allow_typical)
+    require(!c.typical_epsilon && !c.typical_delta, FLASHSPEC_ERR_INVALID_ARGUMENT, name("typical_epsilon").c_str(),
+            "typical acceptance applies to a verify's target rows only (batch->controls)");
+  require(c.typical_epsilon || !c.typical_delta, FLASHSPEC_ERR_INVALID_ARGUMENT, name("typical_delta").c_str(),
+          "is given without typical_epsilon");
+  require(c.bias_offsets || (!c.bias_tokens && !c.bias_values), FLASHSPEC_ERR_INVALID_ARGUMENT,
+          name("bias_offsets").c_str(), "is NULL while bias_tokens or bias_values are given");
+  require(c.mask_words >= 0, FLASHSPEC_ERR_OUT_OF_RANGE, name("mask_words").c_str(),
+          "must be >= 0, got " + str(c.mask_words));
+  if (host) {
+    auto check_each = [&](const float* values, const char* field, bool (*ok)(float), const char* range) {
+      if (!values) return;
+      for (int32_t r = 0; r < requests; ++r)
+        require(ok(values[r]), FLASHSPEC_ERR_INVALID_ARGUMENT, name(field).c_str(),
+                "entry " + str(r) + " is " + std::to_string(values[r]) + ", must lie in " + range);
+    };
+    check_each(c.top_p, "top_p", [](float v) { return v > 0.0f && v <= 1.0f; }, "(0, 1]");
+    check_each(c.min_p, "min_p", [](float v) { return v >= 0.0f && v <= 1.0f; }, "[0, 1]");
+    check_each(c.typical_epsilon, "typical_epsilon", [](float v) { return v >= 0.0f && v <= 1.0f; }, "[0, 1]");
+    check_each(c.typical_delta, "typical_delta", [](float v) { return v >= 0.0f && std::isfinite(v); }, "[0, inf)");
+    if (c.top_k)
+      for (int32_t r = 0; r < requests; ++r)
+        require(c.top_k[r] >= 1, FLASHSPEC_ERR_OUT_OF_RANGE, name("top_k").c_str(),
+                "entry " + str(r) + " is " + str(c.top_k[r]) + ", must be >= 1 (FLASHSPEC_TOP_K_ALL keeps every token)");
+    if (c.bias_offsets) {
+      const int32_t* off = c.bias_offsets;
+      require(off[0] == 0, FLASHSPEC_ERR_OUT_OF_RANGE, name("bias_offsets").c_str(),
+              "entry 0 must be 0, got " + str(off[0]));
+      for (int32_t r = 0; r < requests; ++r)
+        require(off[r + 1] >= off[r], FLASHSPEC_ERR_OUT_OF_RANGE, name("bias_offsets").c_str(),
+                "decreases at entry " + str(r + 1) + " (" + str(off[r]) + " then " + str(off[r + 1]) + ")");
+      if (off[requests] > 0) {
+        require(c.bias_tokens != nullptr, FLASHSPEC_ERR_NULL_POINTER, name("bias_tokens").c_str(),
+                "is NULL while bias_offsets name " + str(off[requests]) + " entries");
+        require(c.bias_values != nullptr, FLASHSPEC_ERR_NULL_POINTER, name("bias_values").c_str(),
+                "is NULL while bias_offsets name " + str(off[requests]) + " entries");
+      }
+      for (int32_t k = 0; k < off[requests]; ++k)
+        require(std::isfinite(c.bias_values[k]), FLASHSPEC_ERR_INVALID_ARGUMENT, name("bias_values").c_str(),
+                "entry " + str(k) + " is not finite");
+    }
+  }
+  a.present = true;
+  a.top_k = c.top_k;
+  a.top_p = c.top_p;
+  a.min_p = c.min_p;
+  a.bias_offsets = c.bias_offsets;
+  a.bias_tokens = c.bias_tokens;
+  a.bias_values = c.bias_values;
+  a.token_mask = c.token_mask;
+  a.mask_words = c.mask_words;
+  a.typical_epsilon = c.typical_epsilon;
+  a.typical_delta = c.typical_delta;
+  return a;
+}
+
+int32_t mask_words_for(int64_t vocab) { return int32_t((vocab + 31) / 32); }
+
+// The checks of loaded controls against the vocabulary: top-k's bound, bias
+// token ids, the mask's size and that each of its `mask_rows` rows allows a
+// token. Resolves mask_words.
+void check_controls_for_vocab(ControlsArgs& a, int32_t requests, int64_t mask_rows, int64_t vocab, bool host,
+                              const std::string& argument) {
+  if (!a.present) return;
+  auto name = [&argument](const char* field) { return argument + "->" + field; };
+  const int32_t words = mask_words_for(vocab);
+  if (a.token_mask) {
+    require(a.mask_words == 0 || a.mask_words == words, FLASHSPEC_ERR_OUT_OF_RANGE, name("mask_words").c_str(),
+            "is " + str(a.mask_words) + ", a vocabulary of " + str(vocab) + " tokens needs " + str(words) +
+                " words per row (or 0)");
+  }
+  a.mask_words = words;
+  if (!host) return;
+  if (a.top_k)
+    for (int32_t r = 0; r < requests; ++r)
+      require(a.top_k[r] <= FLASHSPEC_MAX_TOP_K || a.top_k[r] >= vocab, FLASHSPEC_ERR_OUT_OF_RANGE,
+              name("top_k").c_str(),
+              "entry " + str(r) + " is " + str(a.top_k[r]) + ": top-k truncates up to FLASHSPEC_MAX_TOP_K (" +
+                  str(FLASHSPEC_MAX_TOP_K) + "); FLASHSPEC_TOP_K_ALL (or >= V) keeps every token");
+  if (a.bias_offsets)
+    for (int32_t k = 0; k < a.bias_offsets[requests]; ++k)
+      require(a.bias_tokens[k] >= 0 && a.bias_tokens[k] < vocab, FLASHSPEC_ERR_OUT_OF_RANGE,
+              name("bias_tokens").c_str(),
+              "entry " + str(k) + " is " + str(a.bias_tokens[k]) + ", outside [0, " + str(vocab) + ")");
+  if (a.token_mask)
+    for (int64_t row = 0; row < mask_rows; ++row) {
+      const uint32_t* m = a.token_mask + row * words;
+      bool any = false;
+      for (int32_t w = 0; w < words && !any; ++w) {
+        const int64_t valid_bits = std::min<int64_t>(32, vocab - int64_t(w) * 32);
+        const uint32_t valid = valid_bits == 32 ? 0xffffffffu : ((1u << valid_bits) - 1u);
+        any = (m[w] & valid) != 0;
+      }
+      require(any, FLASHSPEC_ERR_INVALID_ARGUMENT, name("token_mask").c_str(),
+              "row " + str(row) + " allows no token");
+    }
+}
+
+// The bytes of a controls struct's arrays (host: the bias list's length is
+// read from its offsets; device: its offsets only).
+void add_controls_spans(const ControlsArgs& a, const char* prefix, int32_t requests, int64_t mask_rows, bool host,
+                        std::vector<Span>& out) {
+  if (!a.present) return;
+  const int64_t bias = (a.bias_offsets && host) ? a.bias_offsets[requests] : 0;
+  auto add = [&](const char* field, const void* data, int64_t count, size_t element) {
+    out.push_back(array_span(std::string(prefix) + "->" + field, data, count, element));
+  };
+  add("top_k", a.top_k, requests, sizeof(int32_t));
+  add("top_p", a.top_p, requests, sizeof(float));
+  add("min_p", a.min_p, requests, sizeof(float));
+  add("bias_offsets", a.bias_offsets, requests + 1, sizeof(int32_t));
+  add("bias_tokens", a.bias_tokens, bias, sizeof(int32_t));
+  add("bias_values", a.bias_values, bias, sizeof(float));
+  add("token_mask", a.token_mask, mask_rows * a.mask_words, sizeof(uint32_t));
+  add("typical_epsilon", a.typical_epsilon, requests, sizeof(float));
+  add("typical_delta", a.typical_delta, requests, sizeof(float));
 }
 
 // FNV-1a of a host batch's offsets, tokens and effective per-request values.
@@ -171,7 +309,22 @@ VerifyArgs validate_batch_common(const flashspec_context& ctx, const flashspec_v
             "has " + str(batch->draft_logits->rows) + " rows, expected draft_offsets[R] = " + str(total_drafts));
   }
 
+  require(batch->logprobs == 0 || batch->logprobs == 1, FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->logprobs",
+          "must be 0 or 1, got " + str(batch->logprobs));
+  require(batch->top_logprobs >= 0 && batch->top_logprobs <= FLASHSPEC_MAX_TOP_LOGPROBS, FLASHSPEC_ERR_OUT_OF_RANGE,
+          "batch->top_logprobs",
+          "must be in [0, " + str(FLASHSPEC_MAX_TOP_LOGPROBS) + "], got " + str(batch->top_logprobs));
+  require((batch->logprobs == 0 && batch->top_logprobs == 0) || backend.kind() != FLASHSPEC_BACKEND_CUDA,
+          FLASHSPEC_ERR_UNSUPPORTED, batch->logprobs ? "batch->logprobs" : "batch->top_logprobs",
+          "the CUDA backend does not return logprobs in this version (the CPU backend does)");
+
   VerifyArgs args;
+  args.controls = load_controls(ctx, batch->controls, requests, host, true, "batch->controls");
+  args.draft_controls = load_controls(ctx, batch->draft_controls, requests, host, false, "batch->draft_controls");
+  require(!args.draft_controls.present || batch->draft_logits, FLASHSPEC_ERR_INVALID_ARGUMENT,
+          "batch->draft_controls", "apply to stochastic drafts' q: give draft_logits too");
+  args.logprobs = batch->logprobs != 0;
+  args.top_logprobs = batch->top_logprobs;
   args.num_requests = requests;
   args.total_drafts = total_drafts;
   args.total_rows = int32_t(total_rows);
@@ -227,7 +380,7 @@ void validate_tensor(const flashspec_tensor* t, const char* argument) {
 
 DraftArgs validate_draft(const flashspec_context& ctx, const LmHeadStorage& head, const flashspec_tensor* hidden,
                          const flashspec_draft_params* params, int32_t* tokens_out, float* scores_out) {
-  const flashspec_draft_params p = load_struct_or_defaults(params, flashspec_draft_params_init, "params");
+  const flashspec_draft_params p = load_struct_or_defaults(params, [](flashspec_draft_params* d) { flashspec_draft_params_init(d); }, "params");
   const Backend& backend = *ctx.backend;
   validate_tensor(hidden, "hidden");
   validate_memory(hidden->memory, backend, "hidden->memory");
@@ -247,15 +400,19 @@ DraftArgs validate_draft(const flashspec_context& ctx, const LmHeadStorage& head
                 "params->positions",
                 "entry " + str(r) + " is " + str(p.positions[r]) + ", outside [0, " + str(FLASHSPEC_MAX_DRAFT_LEN) + "]");
   }
+  const bool host = p.memory == FLASHSPEC_MEMORY_HOST;
+  ControlsArgs controls = load_controls(ctx, p.controls, rows, host, false, "params->controls");
+  check_controls_for_vocab(controls, rows, rows, head.vocab, host, "params->controls");
   const Span tokens = array_span("tokens_out", tokens_out, rows, sizeof(int32_t));
   const Span scores = array_span("scores_out", scores_out, rows, sizeof(float));
-  const std::initializer_list<Span> inputs = {
+  std::vector<Span> inputs = {
       tensor_span("hidden", hidden),
       array_span("params->temperatures", p.temperatures, rows, sizeof(float)),
       array_span("params->seeds", p.seeds, rows, sizeof(uint64_t)),
       array_span("params->request_ids", p.request_ids, rows, sizeof(uint64_t)),
       array_span("params->steps", p.steps, rows, sizeof(uint64_t)),
       array_span("params->positions", p.positions, rows, sizeof(int32_t))};
+  add_controls_spans(controls, "params->controls", rows, rows, host, inputs);
   require_disjoint(tokens, inputs);
   require_disjoint(tokens, {scores});
   require_disjoint(scores, inputs);
@@ -272,11 +429,12 @@ DraftArgs validate_draft(const flashspec_context& ctx, const LmHeadStorage& head
   args.default_seed = ctx.seed;
   args.tokens_out = tokens_out;
   args.scores_out = scores_out;
+  args.controls = controls;
   return args;
 }
 
 flashspec_verify_batch load_batch(const flashspec_verify_batch* batch) {
-  return load_struct(batch, flashspec_verify_batch_init, "batch");
+  return load_struct(batch, [](flashspec_verify_batch* d) { flashspec_verify_batch_init(d); }, "batch");
 }
 
 VerifyArgs validate_batch(const flashspec_context& ctx, const LmHeadStorage& head,
@@ -296,6 +454,10 @@ VerifyArgs validate_batch(const flashspec_context& ctx, const LmHeadStorage& hea
           "hold " + str(summaries.max_requests) + " requests, the batch has " + str(args.num_requests));
   require(args.total_rows <= ctx.max_rows, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, "batch->target_hidden",
           "has " + str(args.total_rows) + " rows, more than the context's max_rows " + str(ctx.max_rows));
+  const bool host = batch->memory == FLASHSPEC_MEMORY_HOST;
+  check_controls_for_vocab(args.controls, args.num_requests, args.total_rows, head.vocab, host, "batch->controls");
+  check_controls_for_vocab(args.draft_controls, args.num_requests, args.total_drafts, head.vocab, host,
+                           "batch->draft_controls");
   return args;
 }
 
@@ -307,6 +469,8 @@ VerifiedBatch describe_batch(const LmHeadStorage& head, const flashspec_verify_b
   v.vocab = head.vocab;
   v.rows = args.total_rows;
   v.requests = args.num_requests;
+  v.logprobs = args.logprobs;
+  v.top_logprobs = args.top_logprobs;
   if (batch.memory != FLASHSPEC_MEMORY_HOST) return v;  // not readable without a device sync
   v.fingerprint_known = true;
   v.fingerprint = fingerprint(args);
@@ -321,6 +485,10 @@ VerifyArgs validate_batch_for_finalize(const flashspec_context& ctx, const flash
           FLASHSPEC_ERR_INVALID_ARGUMENT, "summaries",
           "describe a batch of " + str(verified.requests) + " requests and " + str(verified.rows) +
               " rows, not this one (verify it first)");
+  // Finalize reads no control; their words per mask row size the arrays
+  // an output may not overlap.
+  args.controls.mask_words = mask_words_for(verified.vocab);
+  args.draft_controls.mask_words = mask_words_for(verified.vocab);
   if (batch->memory == FLASHSPEC_MEMORY_HOST) {
     check_draft_tokens(batch->draft_tokens, args.total_drafts, verified.vocab);
     require(!verified.fingerprint_known || fingerprint(args) == verified.fingerprint, FLASHSPEC_ERR_INVALID_ARGUMENT,
@@ -333,10 +501,17 @@ VerifyArgs validate_batch_for_finalize(const flashspec_context& ctx, const flash
 
 void validate_result_disjoint(const VerifyArgs& a, const ResultArgs& out) {
   const int64_t R = a.num_requests;
-  const Span accepted = array_span("result->accepted_counts", out.accepted_counts, R, sizeof(int32_t));
-  const Span emitted = array_span("result->emitted_tokens", out.emitted_tokens, a.total_rows, sizeof(int32_t));
-  const Span next_steps = array_span("result->next_steps", out.next_steps, R, sizeof(uint64_t));
-  const std::initializer_list<Span> inputs = {
+  const int64_t rows = a.total_rows;
+  const int64_t top = int64_t(a.top_logprobs) * rows;
+  const std::vector<Span> outputs = {
+      array_span("result->accepted_counts", out.accepted_counts, R, sizeof(int32_t)),
+      array_span("result->emitted_tokens", out.emitted_tokens, rows, sizeof(int32_t)),
+      array_span("result->next_steps", out.next_steps, R, sizeof(uint64_t)),
+      array_span("result->logprobs", out.logprobs, rows, sizeof(float)),
+      array_span("result->raw_logprobs", out.raw_logprobs, rows, sizeof(float)),
+      array_span("result->top_tokens", out.top_tokens, top, sizeof(int32_t)),
+      array_span("result->top_logprobs", out.top_logprobs, top, sizeof(float))};
+  std::vector<Span> inputs = {
       array_span("batch->draft_offsets", a.draft_offsets, R + 1, sizeof(int32_t)),
       array_span("batch->draft_tokens", a.draft_tokens, a.total_drafts, sizeof(int32_t)),
       tensor_span("batch->target_hidden", a.target_hidden),
@@ -346,23 +521,45 @@ void validate_result_disjoint(const VerifyArgs& a, const ResultArgs& out) {
       array_span("batch->seeds", a.seeds, R, sizeof(uint64_t)),
       array_span("batch->request_ids", a.request_ids, R, sizeof(uint64_t)),
       array_span("batch->accept_uniforms", a.accept_uniforms, a.total_drafts, sizeof(float))};
+  add_controls_spans(a.controls, "batch->controls", a.num_requests, rows, true, inputs);
+  add_controls_spans(a.draft_controls, "batch->draft_controls", a.num_requests, a.total_drafts, true, inputs);
   const Span steps = array_span("batch->steps", a.steps, R, sizeof(uint64_t));
-  require_disjoint(accepted, inputs);
-  require_disjoint(accepted, {steps, emitted, next_steps});
-  require_disjoint(emitted, inputs);
-  require_disjoint(emitted, {steps, next_steps});
-  require_disjoint(next_steps, inputs);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    require_disjoint(outputs[i], inputs);
+    require_disjoint(outputs[i], std::vector<Span>(outputs.begin() + long(i) + 1, outputs.end()));
+  }
   // next_steps may be batch->steps itself (each request's step is read
   // before its next step is written), but not a shifted view of it.
-  if (!(next_steps.begin == steps.begin && next_steps.bytes == steps.bytes)) require_disjoint(next_steps, {steps});
+  const Span& next_steps = outputs[2];
+  for (const Span& output : outputs) {
+    const bool next_steps_in_place = &output == &next_steps && output.begin == steps.begin && output.bytes == steps.bytes;
+    if (!next_steps_in_place) require_disjoint(output, {steps});
+  }
+}
+
+void validate_result_requests(const ResultArgs& out, bool logprobs_kept, int32_t top_logprobs_kept,
+                              const char* source) {
+  require(logprobs_kept || !out.logprobs, FLASHSPEC_ERR_INVALID_ARGUMENT, "result->logprobs",
+          std::string("needs a verify that kept logprobs (") + source + "->logprobs = 1)");
+  require(logprobs_kept || !out.raw_logprobs, FLASHSPEC_ERR_INVALID_ARGUMENT, "result->raw_logprobs",
+          std::string("needs a verify that kept logprobs (") + source + "->logprobs = 1)");
+  require(top_logprobs_kept > 0 || !out.top_tokens, FLASHSPEC_ERR_INVALID_ARGUMENT, "result->top_tokens",
+          std::string("needs a verify that kept top logprobs (") + source + "->top_logprobs > 0)");
+  require(top_logprobs_kept > 0 || !out.top_logprobs, FLASHSPEC_ERR_INVALID_ARGUMENT, "result->top_logprobs",
+          std::string("needs a verify that kept top logprobs (") + source + "->top_logprobs > 0)");
 }
 
 ResultArgs validate_result(const flashspec_context& ctx, const flashspec_verify_result* given) {
-  const flashspec_verify_result result = load_struct(given, flashspec_verify_result_init, "result");
+  const flashspec_verify_result result = load_struct(given, [](flashspec_verify_result* d) { flashspec_verify_result_init(d); }, "result");
   validate_memory(result.memory, *ctx.backend, "result->memory");
   require(result.accepted_counts != nullptr, FLASHSPEC_ERR_NULL_POINTER, "result->accepted_counts", "is NULL");
   require(result.emitted_tokens != nullptr, FLASHSPEC_ERR_NULL_POINTER, "result->emitted_tokens", "is NULL");
-  return ResultArgs{result.accepted_counts, result.emitted_tokens, result.next_steps};
+  ResultArgs out{result.accepted_counts, result.emitted_tokens, result.next_steps};
+  out.logprobs = result.logprobs;
+  out.raw_logprobs = result.raw_logprobs;
+  out.top_tokens = result.top_tokens;
+  out.top_logprobs = result.top_logprobs;
+  return out;
 }
 
 }  // namespace flashspec

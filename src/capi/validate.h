@@ -44,6 +44,11 @@ VerifyArgs validate_batch_for_finalize(const flashspec_context& ctx, const flash
 
 ResultArgs validate_result(const flashspec_context& ctx, const flashspec_verify_result* result);
 
+// Logprob outputs need a verify that kept them: `source` names the struct
+// that asks ("batch").
+void validate_result_requests(const ResultArgs& result, bool logprobs_kept, int32_t top_logprobs_kept,
+                              const char* source);
+
 // The aliasing rule of flashspec_finalize: no output shares memory with an
 // input or another output, except next_steps == batch->steps exactly.
 void validate_result_disjoint(const VerifyArgs& args, const ResultArgs& result);

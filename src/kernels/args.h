@@ -8,10 +8,48 @@
 #include <cstdint>
 
 #include "flashspec.h"
+#include "sampling/controls.h"
 #include "sampling/row_plan.h"
 #include "util/host_device.h"
 
 namespace flashspec {
+
+// The sampling controls of a call (flashspec_sampling_controls, validated);
+// `present` false: none. Per-request arrays have one entry per request (per
+// row of a draft call); the mask one row of mask_words words per hidden row.
+struct ControlsArgs {
+  bool present = false;
+  const int32_t* top_k = nullptr;
+  const float* top_p = nullptr;
+  const float* min_p = nullptr;
+  const int32_t* bias_offsets = nullptr;
+  const int32_t* bias_tokens = nullptr;
+  const float* bias_values = nullptr;
+  const uint32_t* token_mask = nullptr;
+  int32_t mask_words = 0;
+  const float* typical_epsilon = nullptr;
+  const float* typical_delta = nullptr;
+};
+
+// The controls of request `request`'s hidden row `row`, defaults resolved.
+FS_HOST_DEVICE RowControls row_controls(const ControlsArgs& a, int32_t request, int32_t row) {
+  RowControls c = no_controls();
+  if (!a.present) return c;
+  if (a.top_k) c.top_k = a.top_k[request];
+  if (a.top_p) c.top_p = a.top_p[request];
+  if (a.min_p) c.min_p = a.min_p[request];
+  if (a.bias_offsets) {
+    c.bias_tokens = a.bias_tokens + a.bias_offsets[request];
+    c.bias_values = a.bias_values + a.bias_offsets[request];
+    c.bias_count = a.bias_offsets[request + 1] - a.bias_offsets[request];
+  }
+  if (a.token_mask) c.mask = a.token_mask + int64_t(row) * a.mask_words;
+  if (a.typical_epsilon) {
+    c.typical_epsilon = a.typical_epsilon[request];
+    c.typical_delta = a.typical_delta ? a.typical_delta[request] : sqrtf(c.typical_epsilon);
+  }
+  return c;
+}
 
 // A draft call over `rows` hidden rows.
 struct DraftArgs {
@@ -26,6 +64,7 @@ struct DraftArgs {
   uint64_t default_seed;
   int32_t* tokens_out;         // [rows]
   float* scores_out;           // [rows] or NULL
+  ControlsArgs controls;       // per row (row r is request r)
 };
 
 // A verify batch of num_requests requests; request r drafted
@@ -47,12 +86,20 @@ struct VerifyArgs {
   const uint64_t* steps;             // [R] or NULL: 0
   const float* accept_uniforms;      // [total_drafts] or NULL: Philox
   uint64_t default_seed;
+  ControlsArgs controls;             // the target rows' p; mask rows = target rows
+  ControlsArgs draft_controls;       // q of stochastic drafts; mask rows = draft rows
+  bool logprobs = false;             // keep what finalize needs for the emitted logprobs
+  int32_t top_logprobs = 0;          // keep each row's n tokens of largest raw logit
 };
 
 struct ResultArgs {
   int32_t* accepted_counts;  // [R]
   int32_t* emitted_tokens;   // [total_rows]
   uint64_t* next_steps;      // [R] or NULL
+  float* logprobs = nullptr;        // [total_rows] or NULL
+  float* raw_logprobs = nullptr;    // [total_rows] or NULL
+  int32_t* top_tokens = nullptr;    // [total_rows, top_logprobs] or NULL
+  float* top_logprobs = nullptr;    // [total_rows, top_logprobs] or NULL
 };
 
 // Request r of a verify batch whose offsets are valid.

@@ -40,6 +40,8 @@ FS_HOST_DEVICE int32_t finalize_request(const RequestView& r, const int32_t* dra
     bool accept;
     if (r.temperature == 0.0f) {
       accept = (drafted == row.candidate);
+    } else if (row.typical) {
+      accept = row.draft_logit - row.lse > row.typical_log_threshold;
     } else {
       float log_ratio = (row.draft_logit - row.lse) - row.draft_logq;
       accept = acceptance_log_uniform(r, j, caller_uniforms) < log_ratio;
@@ -56,6 +58,26 @@ FS_HOST_DEVICE int32_t finalize_request(const RequestView& r, const int32_t* dra
   emitted[accepted] = final_token;
   for (int32_t k = accepted + 1; k <= r.num_drafts; ++k) emitted[k] = -1;
   return accepted;
+}
+
+// The log probabilities of the tokens finalize_request emitted for request
+// r (`accepted` as it returned), written to slots 0 .. n of `logprobs`
+// (under the row's controlled p; 0 at T = 0) and `raw_logprobs` (under the
+// raw logits), either may be NULL; NaN in the slots without a token. Slot k
+// was emitted by row k: the accepted draft k + 1, or the row's candidate.
+FS_HOST_DEVICE void emitted_logprobs(const RequestView& r, const RowSummary* rows, int32_t accepted,
+                                     float* logprobs, float* raw_logprobs) {
+  for (int32_t k = 0; k <= r.num_drafts; ++k) {
+    float logprob = NAN, raw = NAN;
+    if (accepted >= 0 && k <= accepted) {
+      const RowSummary& row = rows[r.first_row + k];
+      const bool drafted = k < accepted;
+      logprob = r.temperature == 0.0f ? 0.0f : (drafted ? row.draft_logit : row.candidate_logit) - row.lse;
+      raw = (drafted ? row.draft_raw_logit : row.candidate_raw_logit) - row.raw_lse;
+    }
+    if (logprobs) logprobs[k] = logprob;
+    if (raw_logprobs) raw_logprobs[k] = raw;
+  }
 }
 
 }  // namespace flashspec

@@ -183,6 +183,12 @@ FS_HOST_DEVICE RowSummary verify_summary(const RowPlan& plan, const Partial& all
   summary.candidate = all.token;
   summary.candidate_gap = winner_gap(all.best, all.second);
   summary.status = status;
+  summary.typical = 0;
+  summary.typical_log_threshold = 0.0f;
+  summary.candidate_logit = all.best_scaled;
+  summary.raw_lse = 0.0f;
+  summary.draft_raw_logit = 0.0f;
+  summary.candidate_raw_logit = 0.0f;
   return summary;
 }
 

@@ -62,17 +62,18 @@ FS_HOST_DEVICE RowPlan inert_plan(int32_t status) {
 // Row j (0 ≤ j ≤ n) of request v: rows j < n score draft j + 1 (tracked) and
 // hold the residual candidate, row n the bonus. A point-mass draft's residual
 // is p without the drafted token (excluded); a stochastic draft's is
-// max(p − q, 0), for which the row keeps its logits.
+// max(p − q, 0), for which the row keeps its logits. Under typical
+// acceptance a rejecting row emits a sample of p itself: nothing excluded.
 FS_HOST_DEVICE RowPlan verify_row_plan(const RequestView& v, int32_t j, const int32_t* draft_tokens,
-                                       bool stochastic) {
+                                       bool stochastic, bool typical = false) {
   const bool greedy = v.temperature == 0.0f;
   const bool bonus = j == v.num_drafts;
   RowPlan plan = inert_plan(FLASHSPEC_OK);
   plan.flags = greedy ? kPlanGreedy : 0;
   plan.inv_t = greedy ? 1.0f : 1.0f / v.temperature;
   plan.tracked = bonus ? -1 : draft_tokens[v.first_draft + j];
-  plan.excluded = (!bonus && !stochastic && !greedy) ? plan.tracked : -1;
-  if (!bonus && stochastic && !greedy) plan.flags |= kPlanKeep;
+  plan.excluded = (!bonus && !stochastic && !greedy && !typical) ? plan.tracked : -1;
+  if (!bonus && stochastic && !greedy && !typical) plan.flags |= kPlanKeep;
   plan.q_row = (!bonus && stochastic) ? v.first_draft + j : -1;
   plan.inv_td = stochastic ? 1.0f / v.draft_temperature : 1.0f;
   if (!greedy)

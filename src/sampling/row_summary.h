@@ -26,6 +26,17 @@ struct RowSummary {
   // 0 when the row is valid; else a flashspec_status found on the device
   // (bad token id, non-finite input) that makes finalize emit nothing.
   int32_t status;
+  // Typical acceptance (opt-in, not exact): 1 when the row accepts its draft
+  // iff log p(x) > typical_log_threshold instead of Algorithm 1's test.
+  int32_t typical;
+  float typical_log_threshold;
+  // For logprobs: the candidate's x = (l + bias)/T (T = 0: unused), the
+  // log-sum-exp of the raw logits l, and the raw logits of the drafted token
+  // and of the candidate.
+  float candidate_logit;
+  float raw_lse;
+  float draft_raw_logit;
+  float candidate_raw_logit;
 };
 
 }  // namespace flashspec

@@ -5,9 +5,11 @@
 // hidden row, and folds the tile into one Partial per row with the shared
 // fold rules (sampling/fold.h). Partials are merged in tile order, so the
 // result does not depend on how many threads ran the tiles. Greedy drafts
-// need no vocabulary-sized scratch; only rows verifying a stochastic draft
-// keep their scaled logits, because the residual max(p − q, 0) needs the
-// row's final log-sum-exp before any token can be scored.
+// need no vocabulary-sized scratch. Rows verifying a stochastic draft keep
+// their logits, because the residual max(p − q, 0) needs the row's final
+// log-sum-exp before any token can be scored; so do the rows of a call with
+// sampling controls or logprobs, whose kept set is known only once the
+// whole row is (RowAnalysis below, on the rules of sampling/controls.h).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -17,6 +19,7 @@
 
 #include "kernels/backend.h"
 #include "sampling/algorithm1.h"
+#include "sampling/controls.h"
 #include "sampling/fold.h"
 #include "util/dtype.h"
 #include "util/philox.h"
@@ -36,6 +39,9 @@ class CpuLmHead final : public LmHeadStorage {
 class CpuSummaries final : public SummaryStore {
  public:
   std::vector<RowSummary> rows;
+  int32_t top_n = 0;                // top raw-logit tokens kept per row
+  std::vector<int32_t> top_tokens;  // [rows, top_n]
+  std::vector<float> top_logprobs;  // [rows, top_n]
 };
 
 // Fixed-order dot product: eight lanes, combined pairwise. The compiler can
@@ -93,6 +99,156 @@ void require_finite_row(const Partial& all, int64_t row) {
              ": a logit divided by the temperature overflows fp32 (temperature too small)");
 }
 
+// A row whose distribution needs its whole logits row: one with sampling
+// controls, or of a call that returns logprobs. From the raw logits l it
+// holds x = (l + bias) / T (T = 0: l + bias) for the allowed tokens, −Inf for
+// masked ones, and the kept set S of the controls: every allowed token when
+// nothing truncates, else the prefix of the ranking that ends at `cut`.
+class RowAnalysis {
+ public:
+  // `logits` names the input in errors (the hidden rows, or draft logits).
+  RowAnalysis(const float* raw, int64_t vocab, const RowControls& controls, const RowPlan& plan, int64_t row,
+              Field logits)
+      : raw_(raw), vocab_(vocab), greedy_(plan.flags & kPlanGreedy), x_(size_t(vocab)) {
+    apply_bias_and_mask(controls, plan, row, logits);
+    raw_lse_ = log_sum_exp_all(raw_);
+    if (greedy_) return;
+    truncated_ = truncates(controls, allowed_);
+    if (!truncated_) {
+      lse_ = log_sum_exp_all(x_.data());
+      return;
+    }
+    select_kept(controls);
+  }
+
+  float x(int32_t token) const { return x_[size_t(token)]; }
+  float raw(int32_t token) const { return raw_[token]; }
+  float lse() const { return lse_; }
+  float raw_lse() const { return raw_lse_; }
+
+  bool kept(int32_t token) const {
+    if (x_[size_t(token)] == neg_inf()) return false;
+    return greedy_ || !truncated_ || token == cut_token_ || ranks_before(x(token), token, cut_x_, cut_token_);
+  }
+
+  // log p(token) under the controlled distribution (T > 0).
+  float log_p(int32_t token) const { return kept(token) ? x(token) - lse_ : neg_inf(); }
+
+  // H(p) = LSE − Σ p_i x_i over the kept set (T > 0).
+  float entropy() const {
+    float mean_x = 0.0f;
+    for (int64_t i = 0; i < vocab_; ++i)
+      if (kept(int32_t(i))) mean_x += expf(x_[size_t(i)] - lse_) * x_[size_t(i)];
+    return lse_ - mean_x;
+  }
+
+  // The row's sample: argmax of x (T = 0), else Gumbel-max of x + g over
+  // the kept set without plan.excluded; ties → smallest id.
+  Partial winner(const RowPlan& plan) const {
+    Partial best = empty_partial();
+    for (int64_t i = 0; i < vocab_; ++i) {
+      const int32_t token = int32_t(i);
+      if (!kept(token) || token == plan.excluded) continue;
+      const float score = greedy_ ? x(token) : x(token) + gumbel_from_bits(row_word(plan.key, token));
+      if (score > best.best) {
+        best.second = best.best;
+        best.best = score;
+        best.best_scaled = x(token);
+        best.token = token;
+      } else if (score > best.second) {
+        best.second = score;
+      }
+    }
+    return best;
+  }
+
+ private:
+  void apply_bias_and_mask(const RowControls& c, const RowPlan& plan, int64_t row, Field logits) {
+    std::vector<float> bias;  // summed in list order
+    if (c.bias_count > 0) {
+      bias.assign(size_t(vocab_), 0.0f);
+      for (int32_t k = 0; k < c.bias_count; ++k) bias[size_t(c.bias_tokens[k])] += c.bias_values[k];
+    }
+    for (int64_t i = 0; i < vocab_; ++i) {
+      if (!token_allowed(c, int32_t(i))) {
+        x_[size_t(i)] = neg_inf();
+        continue;
+      }
+      ++allowed_;
+      const float l = bias.empty() ? raw_[i] : raw_[i] + bias[size_t(i)];
+      const float x = greedy_ ? l : l * plan.inv_t;
+      if (!std::isfinite(x))
+        fail(FLASHSPEC_ERR_NON_FINITE, logits == Field::kHidden ? Field::kTemperature : logits,
+             "row " + std::to_string(row) + ": a logit plus its bias, divided by the temperature, overflows fp32");
+      x_[size_t(i)] = x;
+    }
+    if (allowed_ == 0)
+      fail(FLASHSPEC_ERR_INVALID_ARGUMENT, Field::kNone, "row " + std::to_string(row) + ": the token mask allows no token");
+  }
+
+  float log_sum_exp_all(const float* values) const {
+    float m = neg_inf(), s = 0.0f;
+    for (int64_t i = 0; i < vocab_; ++i)
+      if (values[i] != neg_inf()) lse_add(m, s, values[i]);
+    return lse_value(m, s);
+  }
+
+  // Ranks as many allowed tokens as the controls need and cuts the prefix.
+  void select_kept(const RowControls& c) {
+    auto before = [this](int32_t a, int32_t b) { return ranks_before(x(a), a, x(b), b); };
+    std::vector<int32_t> ranked;
+    ranked.reserve(size_t(allowed_));
+    const int64_t k = std::min<int64_t>(c.top_k, allowed_);
+    if (c.top_p >= 1.0f && k == allowed_) {
+      // min-p alone: only tokens within its window can be kept.
+      float x0 = neg_inf();
+      for (int64_t i = 0; i < vocab_; ++i) x0 = std::max(x0, x_[size_t(i)]);
+      for (int64_t i = 0; i < vocab_; ++i)
+        if (x_[size_t(i)] != neg_inf() && expf(x_[size_t(i)] - x0) >= c.min_p) ranked.push_back(int32_t(i));
+      std::sort(ranked.begin(), ranked.end(), before);
+    } else {
+      for (int64_t i = 0; i < vocab_; ++i)
+        if (x_[size_t(i)] != neg_inf()) ranked.push_back(int32_t(i));
+      std::partial_sort(ranked.begin(), ranked.begin() + k, ranked.end(), before);
+      ranked.resize(size_t(k));
+    }
+    std::vector<float> ranked_x(ranked.size());
+    for (size_t i = 0; i < ranked.size(); ++i) ranked_x[i] = x(ranked[i]);
+    const int32_t n = kept_count(ranked_x.data(), int32_t(ranked.size()), c);
+    cut_token_ = ranked[size_t(n - 1)];
+    cut_x_ = ranked_x[size_t(n - 1)];
+    float s = 0.0f;
+    for (int32_t i = 0; i < n; ++i) s += expf(ranked_x[size_t(i)] - ranked_x[0]);
+    lse_ = ranked_x[0] + logf(s);
+  }
+
+  const float* raw_;
+  int64_t vocab_;
+  bool greedy_;
+  std::vector<float> x_;
+  int64_t allowed_ = 0;
+  bool truncated_ = false;
+  float cut_x_ = 0.0f;
+  int32_t cut_token_ = -1;
+  float lse_ = 0.0f;
+  float raw_lse_ = 0.0f;
+};
+
+// The tokens of largest raw logit, ties by smaller id, and their raw log
+// softmax: top_tokens[0 .. n), top_logprobs[0 .. n).
+void top_raw_logprobs(const float* raw, int64_t vocab, float raw_lse, int32_t n, int32_t* top_tokens,
+                      float* top_logprobs) {
+  std::vector<int32_t> ids(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) ids[size_t(i)] = int32_t(i);
+  const int64_t count = std::min<int64_t>(n, vocab);
+  std::partial_sort(ids.begin(), ids.begin() + count, ids.end(),
+                    [raw](int32_t a, int32_t b) { return ranks_before(raw[a], a, raw[b], b); });
+  for (int32_t i = 0; i < n; ++i) {
+    top_tokens[i] = i < count ? ids[size_t(i)] : -1;
+    top_logprobs[i] = i < count ? raw[ids[size_t(i)]] - raw_lse : neg_inf();
+  }
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendConfig& config)
@@ -144,43 +300,89 @@ class CpuBackend final : public Backend {
 
   void draft(const LmHeadStorage& head, const DraftArgs& args) override {
     std::vector<float> hidden = load_rows(*args.hidden, Field::kHidden);
+    const int64_t vocab = head.vocab;
     std::vector<RowPlan> plans(static_cast<size_t>(args.rows));
     for (int32_t r = 0; r < args.rows; ++r) plans[size_t(r)] = draft_row_plan(draft_row_view(args, r));
-    const std::vector<Partial> rows = scan(head, hidden, plans, {});
+    const bool analysed = args.controls.present;
+    std::vector<float> kept(analysed ? size_t(args.rows) * size_t(vocab) : 0);
+    std::vector<float*> kept_rows;
+    if (analysed)
+      for (int32_t r = 0; r < args.rows; ++r) kept_rows.push_back(kept.data() + size_t(r) * size_t(vocab));
+    const std::vector<Partial> rows = scan(head, hidden, plans, kept_rows);
     for (int32_t r = 0; r < args.rows; ++r) require_finite_row(rows[size_t(r)], r);
-    for (int32_t r = 0; r < args.rows; ++r)
-      draft_outputs(plans[size_t(r)], rows[size_t(r)], FLASHSPEC_OK, args.tokens_out + r,
-                    args.scores_out ? args.scores_out + r : nullptr);
+    std::vector<int32_t> tokens(static_cast<size_t>(args.rows));
+    std::vector<float> scores(static_cast<size_t>(args.rows));
+    for (int32_t r = 0; r < args.rows; ++r) {
+      const RowPlan& plan = plans[size_t(r)];
+      if (!analysed) {
+        draft_outputs(plan, rows[size_t(r)], FLASHSPEC_OK, &tokens[size_t(r)], &scores[size_t(r)]);
+        continue;
+      }
+      const RowAnalysis a(kept_rows[size_t(r)], vocab, row_controls(args.controls, r, r), plan, r, Field::kHidden);
+      const Partial w = a.winner(plan);
+      tokens[size_t(r)] = w.token;
+      scores[size_t(r)] = (plan.flags & kPlanGreedy) ? w.best_scaled : w.best_scaled - a.lse();
+    }
+    std::copy(tokens.begin(), tokens.end(), args.tokens_out);
+    if (args.scores_out) std::copy(scores.begin(), scores.end(), args.scores_out);
   }
 
   void verify(const LmHeadStorage& head, const VerifyArgs& args, SummaryStore& store) override {
     auto& summaries = static_cast<CpuSummaries&>(store);
     std::vector<float> hidden = load_rows(*args.target_hidden, Field::kHidden);
     const bool stochastic = args.draft_logits != nullptr;
+    const int64_t vocab = head.vocab;
+    // Rows analysed whole (RowAnalysis) keep their logits by row; otherwise
+    // only stochastic draft rows keep theirs, by draft row.
+    const bool analysed = args.controls.present || args.draft_controls.present || args.logprobs ||
+                          args.top_logprobs > 0;
 
     std::vector<RowPlan> plans(static_cast<size_t>(args.total_rows));
+    std::vector<int32_t> request_of(static_cast<size_t>(args.total_rows));
     std::vector<float*> kept_rows(static_cast<size_t>(args.total_rows), nullptr);
-    std::vector<float> kept;  // scaled logits of the rows that keep them
-    if (stochastic) kept.resize(size_t(args.total_drafts) * size_t(head.vocab));
+    std::vector<float> kept;  // logits of the rows that keep them
+    if (analysed)
+      kept.resize(size_t(args.total_rows) * size_t(vocab));
+    else if (stochastic)
+      kept.resize(size_t(args.total_drafts) * size_t(vocab));
     for (int32_t r = 0; r < args.num_requests; ++r) {
       const RequestView req = request_view(args, r);
       for (int32_t j = 0; j <= req.num_drafts; ++j) {
-        const RowPlan plan = verify_row_plan(req, j, args.draft_tokens, stochastic);
-        plans[size_t(req.first_row + j)] = plan;
-        if (plan.flags & kPlanKeep)
-          kept_rows[size_t(req.first_row + j)] = kept.data() + size_t(plan.q_row) * size_t(head.vocab);
+        const int32_t row = req.first_row + j;
+        const bool typical = analysed && j < req.num_drafts && typical_acceptance(row_controls(args.controls, r, row));
+        const RowPlan plan = verify_row_plan(req, j, args.draft_tokens, stochastic, typical);
+        plans[size_t(row)] = plan;
+        request_of[size_t(row)] = r;
+        if (analysed)
+          kept_rows[size_t(row)] = kept.data() + size_t(row) * size_t(vocab);
+        else if (plan.flags & kPlanKeep)
+          kept_rows[size_t(row)] = kept.data() + size_t(plan.q_row) * size_t(vocab);
       }
     }
     const std::vector<Partial> rows = scan(head, hidden, plans, kept_rows);
     for (int32_t row = 0; row < args.total_rows; ++row) require_finite_row(rows[size_t(row)], row);
 
     std::vector<RowSummary> out(static_cast<size_t>(args.total_rows));
+    const int32_t top_n = args.top_logprobs;
+    std::vector<int32_t> top_tokens(size_t(args.total_rows) * size_t(top_n));
+    std::vector<float> top_logprobs(top_tokens.size());
     for (int32_t row = 0; row < args.total_rows; ++row) {
       const RowPlan& plan = plans[size_t(row)];
+      if (analysed) {
+        out[size_t(row)] = analysed_row(head, args, request_of[size_t(row)], row, plan, kept_rows[size_t(row)]);
+        if (top_n > 0)
+          top_raw_logprobs(kept_rows[size_t(row)], vocab, out[size_t(row)].raw_lse, top_n,
+                           top_tokens.data() + size_t(row) * size_t(top_n),
+                           top_logprobs.data() + size_t(row) * size_t(top_n));
+        continue;
+      }
       out[size_t(row)] = verify_summary(plan, rows[size_t(row)], FLASHSPEC_OK);
       if (plan.q_row >= 0) stochastic_row(head, args, plan, kept_rows[size_t(row)], out[size_t(row)]);
     }
     std::copy(out.begin(), out.end(), summaries.rows.begin());
+    summaries.top_n = top_n;
+    summaries.top_tokens = std::move(top_tokens);
+    summaries.top_logprobs = std::move(top_logprobs);
   }
 
   void finalize(const VerifyArgs& args, const SummaryStore& store, const ResultArgs& result) override {
@@ -191,6 +393,19 @@ class CpuBackend final : public Backend {
                                           result.emitted_tokens + req.first_row);
       result.accepted_counts[r] = accepted;
       if (result.next_steps) result.next_steps[r] = req.step + 1;
+      if (result.logprobs || result.raw_logprobs)
+        emitted_logprobs(req, summaries.rows.data(), accepted,
+                         result.logprobs ? result.logprobs + req.first_row : nullptr,
+                         result.raw_logprobs ? result.raw_logprobs + req.first_row : nullptr);
+      const int32_t n = summaries.top_n;
+      for (int32_t k = 0; k <= req.num_drafts && n > 0; ++k) {
+        const size_t slot = size_t(req.first_row + k) * size_t(n);
+        for (int32_t i = 0; i < n; ++i) {
+          const bool emitted = accepted >= 0 && k <= accepted;
+          if (result.top_tokens) result.top_tokens[slot + size_t(i)] = emitted ? summaries.top_tokens[slot + size_t(i)] : -1;
+          if (result.top_logprobs) result.top_logprobs[slot + size_t(i)] = emitted ? summaries.top_logprobs[slot + size_t(i)] : NAN;
+        }
+      }
     }
   }
 
@@ -199,8 +414,8 @@ class CpuBackend final : public Backend {
  private:
   // A row verifying a stochastic draft: q = softmax(z / T_d) from the
   // caller's draft logits row, log q of the drafted token and, when the row
-  // kept its scaled logits (T > 0), the residual Gumbel-max over the tokens
-  // with p > q (RESIDUAL_NOISE).
+  // kept its logits (T > 0), the residual Gumbel-max over the tokens with
+  // p > q (RESIDUAL_NOISE).
   static void stochastic_row(const LmHeadStorage& head, const VerifyArgs& args, const RowPlan& plan,
                              const float* kept, RowSummary& summary) {
     const int64_t vocab = head.vocab;
@@ -221,14 +436,72 @@ class CpuBackend final : public Backend {
     Residual residual = empty_residual();
     if (kept)
       for (int64_t i = 0; i < vocab; ++i)
-        fold_residual(residual, kept[i] - summary.lse, z[size_t(i)] * plan.inv_td - q_lse, int32_t(i),
+        fold_residual(residual, kept[i] * plan.inv_t - summary.lse, z[size_t(i)] * plan.inv_td - q_lse, int32_t(i),
                       row_word(plan.key, int32_t(i)));
     stochastic_summary(summary, plan, z[size_t(plan.tracked)], q_lse, residual);
   }
 
+  // The summary of a row analysed whole: the controlled p of its request,
+  // its sample (the residual of a point-mass draft, the bonus, or the argmax),
+  // and what logprobs and typical acceptance need.
+  static RowSummary analysed_row(const LmHeadStorage& head, const VerifyArgs& args, int32_t request, int32_t row,
+                                 const RowPlan& plan, const float* raw) {
+    const RowControls c = row_controls(args.controls, request, row);
+    const RowAnalysis a(raw, head.vocab, c, plan, row, Field::kHidden);
+    const bool greedy = plan.flags & kPlanGreedy;
+    RowSummary s = verify_summary(plan, empty_partial(), FLASHSPEC_OK);
+    s.lse = greedy ? 0.0f : a.lse();
+    if (plan.tracked >= 0) {
+      s.draft_logit = a.kept(plan.tracked) ? a.x(plan.tracked) : neg_inf();
+      s.draft_raw_logit = a.raw(plan.tracked);
+    }
+    const Partial w = a.winner(plan);
+    s.candidate = w.token;
+    s.candidate_gap = winner_gap(w.best, w.second);
+    s.candidate_logit = w.best_scaled;
+    s.candidate_raw_logit = w.token >= 0 ? a.raw(w.token) : 0.0f;
+    s.raw_lse = a.raw_lse();
+    if (!greedy && plan.tracked >= 0 && typical_acceptance(c)) {
+      s.typical = 1;
+      s.typical_log_threshold = typical_log_threshold(c, a.entropy());
+    }
+    if (plan.q_row >= 0) analysed_stochastic_row(head, args, request, plan, a, s);
+    return s;
+  }
+
+  // A stochastic draft's q under the draft controls: log q of the drafted
+  // token and, for a row that resamples (T > 0), the residual
+  // max(p − q, 0) of the controlled p and q.
+  static void analysed_stochastic_row(const LmHeadStorage& head, const VerifyArgs& args, int32_t request,
+                                      const RowPlan& plan, const RowAnalysis& p, RowSummary& s) {
+    const int64_t vocab = head.vocab;
+    std::vector<float> z(static_cast<size_t>(vocab));
+    convert_row(row_pointer(*args.draft_logits, plan.q_row), args.draft_logits->dtype, vocab, z.data());
+    for (int64_t i = 0; i < vocab; ++i)
+      if (!std::isfinite(z[size_t(i)])) fail(FLASHSPEC_ERR_NON_FINITE, Field::kDraftLogits, non_finite_at(plan.q_row, i));
+    RowPlan q_plan = plan;
+    q_plan.flags = 0;
+    q_plan.inv_t = plan.inv_td;
+    const RowAnalysis q(z.data(), vocab, row_controls(args.draft_controls, request, plan.q_row), q_plan, plan.q_row,
+                        Field::kDraftLogits);
+    s.draft_logq = q.log_p(plan.tracked);
+    if (!(s.draft_logq > neg_inf()))
+      fail(FLASHSPEC_ERR_INVALID_ARGUMENT, Field::kDraftLogits,
+           "row " + std::to_string(plan.q_row) + ": the drafted token has probability 0 under q (draft_controls)");
+    if (!(plan.flags & kPlanKeep)) return;
+    Residual residual = empty_residual();
+    for (int64_t i = 0; i < vocab; ++i)
+      fold_residual(residual, p.log_p(int32_t(i)), q.log_p(int32_t(i)), int32_t(i), row_word(plan.key, int32_t(i)));
+    if (residual.token < 0) return;
+    s.candidate = residual.token;
+    s.candidate_gap = winner_gap(residual.best, residual.second);
+    s.candidate_logit = p.x(residual.token);
+    s.candidate_raw_logit = p.raw(residual.token);
+  }
+
   // One pass over the LM head for all rows: tiles in parallel, each folded
   // into one Partial per row, the tiles' partials merged in tile order.
-  // kept_rows[r], where not NULL, receives row r's scaled logits [V].
+  // kept_rows[r], where not NULL, receives row r's logits [V].
   std::vector<Partial> scan(const LmHeadStorage& head, const std::vector<float>& hidden,
                             const std::vector<RowPlan>& plans, const std::vector<float*>& kept_rows) {
     const int64_t rows = int64_t(plans.size());
@@ -255,7 +528,7 @@ class CpuBackend final : public Backend {
           const int32_t token = int32_t(begin + k);
           const float l = logits[size_t(r * count + k)];
           fold_logit(part, plan, l, token, greedy ? 0u : row_word(plan.key, token));
-          if (kept) kept[token] = l * plan.inv_t;
+          if (kept) kept[token] = l;
         }
         partials[size_t(tile * rows + r)] = part;
       }

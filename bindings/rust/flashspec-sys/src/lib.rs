@@ -128,6 +128,24 @@ pub struct flashspec_draft_params {
     pub request_ids: *const u64,
     pub steps: *const u64,
     pub positions: *const i32,
+    /* Appended in 0.2. */
+    pub controls: *const flashspec_sampling_controls,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_sampling_controls {
+    pub struct_size: u32,
+    pub top_k: *const i32,
+    pub top_p: *const f32,
+    pub min_p: *const f32,
+    pub bias_offsets: *const i32,
+    pub bias_tokens: *const i32,
+    pub bias_values: *const f32,
+    pub token_mask: *const u32,
+    pub mask_words: i32,
+    pub typical_epsilon: *const f32,
+    pub typical_delta: *const f32,
 }
 
 #[repr(C)]
@@ -147,6 +165,11 @@ pub struct flashspec_verify_batch {
     pub steps: *const u64,
     pub accept_uniforms: *const f32,
     pub max_draft_len: i32,
+    /* Appended in 0.2. */
+    pub controls: *const flashspec_sampling_controls,
+    pub draft_controls: *const flashspec_sampling_controls,
+    pub logprobs: i32,
+    pub top_logprobs: i32,
 }
 
 #[repr(C)]
@@ -157,6 +180,11 @@ pub struct flashspec_verify_result {
     pub accepted_counts: *mut i32,
     pub emitted_tokens: *mut i32,
     pub next_steps: *mut u64,
+    /* Appended in 0.2. */
+    pub logprobs: *mut f32,
+    pub raw_logprobs: *mut f32,
+    pub top_tokens: *mut i32,
+    pub top_logprobs: *mut f32,
 }
 
 #[repr(C)]
@@ -345,6 +373,11 @@ pub struct flashspec_api {
     pub lm_head_hidden_size: Option<unsafe extern "C" fn(*const flashspec_lm_head) -> i64>,
     pub philox4x32_10: Option<unsafe extern "C" fn(*const u32, *const u32, *mut u32)>,
     pub rng_uniform: Option<unsafe extern "C" fn(u64, u64, u64, i32, flashspec_rng_purpose, i32) -> f64>,
+    /* Appended in 0.2. */
+    pub sampling_controls_init: Option<unsafe extern "C" fn(*mut flashspec_sampling_controls)>,
+    pub draft_params_init_sized: Option<unsafe extern "C" fn(*mut flashspec_draft_params, usize)>,
+    pub verify_batch_init_sized: Option<unsafe extern "C" fn(*mut flashspec_verify_batch, usize)>,
+    pub verify_result_init_sized: Option<unsafe extern "C" fn(*mut flashspec_verify_result, usize)>,
 }
 
 // ---- functions --------------------------------------------------------------
@@ -367,17 +400,26 @@ extern "C" {
     pub fn flashspec_lm_head_destroy(head: *mut flashspec_lm_head);
     pub fn flashspec_lm_head_vocab_size(head: *const flashspec_lm_head) -> i64;
     pub fn flashspec_lm_head_hidden_size(head: *const flashspec_lm_head) -> i64;
+    /// Fills the 0.1 layout only: use flashspec_draft_params_init_sized.
     pub fn flashspec_draft_params_init(params: *mut flashspec_draft_params);
     pub fn flashspec_draft(ctx: *mut flashspec_context, head: *const flashspec_lm_head, hidden: *const flashspec_tensor, params: *const flashspec_draft_params, tokens_out: *mut i32, scores_out: *mut f32) -> flashspec_status;
+    /// Fills the 0.1 layout only: use flashspec_verify_batch_init_sized.
     pub fn flashspec_verify_batch_init(batch: *mut flashspec_verify_batch);
     pub fn flashspec_summaries_create(ctx: *mut flashspec_context, max_rows: i32, max_requests: i32, out: *mut *mut flashspec_summaries) -> flashspec_status;
     pub fn flashspec_summaries_destroy(summaries: *mut flashspec_summaries);
+    /// Fills the 0.1 layout only: use flashspec_verify_result_init_sized.
     pub fn flashspec_verify_result_init(result: *mut flashspec_verify_result);
     pub fn flashspec_verify(ctx: *mut flashspec_context, head: *const flashspec_lm_head, batch: *const flashspec_verify_batch, summaries: *mut flashspec_summaries) -> flashspec_status;
     pub fn flashspec_finalize(ctx: *mut flashspec_context, batch: *const flashspec_verify_batch, summaries: *const flashspec_summaries, result: *const flashspec_verify_result) -> flashspec_status;
     pub fn flashspec_verify_and_finalize(ctx: *mut flashspec_context, head: *const flashspec_lm_head, batch: *const flashspec_verify_batch, result: *const flashspec_verify_result) -> flashspec_status;
     pub fn flashspec_philox4x32_10(counter: *const u32, key: *const u32, out: *mut u32);
     pub fn flashspec_rng_uniform(seed: u64, request_id: u64, step: u64, position: i32, purpose: flashspec_rng_purpose, token: i32) -> f64;
+    pub fn flashspec_sampling_controls_init(controls: *mut flashspec_sampling_controls);
+    /// Fills `size` bytes (pass `size_of` of the struct); the plain `*_init`
+    /// symbols of these three structs fill their 0.1 layout only.
+    pub fn flashspec_draft_params_init_sized(params: *mut flashspec_draft_params, size: usize);
+    pub fn flashspec_verify_batch_init_sized(batch: *mut flashspec_verify_batch, size: usize);
+    pub fn flashspec_verify_result_init_sized(result: *mut flashspec_verify_result, size: usize);
     pub fn flashspec_ngram_params_init(params: *mut flashspec_ngram_params);
     pub fn flashspec_drafter_create_ngram(ctx: *mut flashspec_context, params: *const flashspec_ngram_params, out: *mut *mut flashspec_drafter) -> flashspec_status;
     pub fn flashspec_callback_drafter_params_init(params: *mut flashspec_callback_drafter_params);

@@ -56,6 +56,7 @@ fn rust_type(c: &str) -> String {
         "uint64_t" => "u64",
         "float" => "f32",
         "double" => "f64",
+        "size_t" => "usize",
         "unsigned" => "c_uint",
         "int" => "c_int",
         "char" => "c_char",
@@ -290,9 +291,10 @@ macro_rules! layouts {
 layouts! {
         flashspec_tensor { data, dtype, memory, rows, cols, row_stride }
         flashspec_context_params { struct_size, backend, device_ordinal, cuda_stream, seed, cpu_threads, max_rows, max_requests }
-        flashspec_draft_params { struct_size, memory, temperature, temperatures, seeds, request_ids, steps, positions }
-        flashspec_verify_batch { struct_size, memory, num_requests, draft_offsets, draft_tokens, target_hidden, draft_logits, temperatures, draft_temperatures, seeds, request_ids, steps, accept_uniforms, max_draft_len }
-        flashspec_verify_result { struct_size, memory, accepted_counts, emitted_tokens, next_steps }
+        flashspec_sampling_controls { struct_size, top_k, top_p, min_p, bias_offsets, bias_tokens, bias_values, token_mask, mask_words, typical_epsilon, typical_delta }
+        flashspec_draft_params { struct_size, memory, temperature, temperatures, seeds, request_ids, steps, positions, controls }
+        flashspec_verify_batch { struct_size, memory, num_requests, draft_offsets, draft_tokens, target_hidden, draft_logits, temperatures, draft_temperatures, seeds, request_ids, steps, accept_uniforms, max_draft_len, controls, draft_controls, logprobs, top_logprobs }
+        flashspec_verify_result { struct_size, memory, accepted_counts, emitted_tokens, next_steps, logprobs, raw_logprobs, top_tokens, top_logprobs }
         flashspec_ngram_params { struct_size, min_n, max_n, call_cost, token_cost }
         flashspec_draft_call { struct_size, context, context_len, drafted, num_drafted, max_tokens, step, tokens, num_tokens, logits, hidden }
         flashspec_callback_drafter_params { struct_size, kind, draft, user_data, draft_temperature, head, call_cost, token_cost }
@@ -303,7 +305,7 @@ layouts! {
         flashspec_generate_result { struct_size, num_tokens, finish_reason, steps }
         flashspec_engine_metrics { struct_size, steps, drafts, draft_tokens, accepted_tokens, emitted_tokens, acceptance_rate, mean_accepted_length, tokens_per_step, step_latency_p50_us, step_latency_p99_us, num_positions, num_arms }
         flashspec_arm_metrics { struct_size, drafter, draft_len, pulls, draft_tokens, accepted_tokens, mean_reward, mean_cost }
-        flashspec_api { struct_size, abi_version, version_number, version_string, status_string, context_params_init, context_create, context_destroy, context_last_error, context_synchronize, lm_head_create, lm_head_destroy, draft_params_init, draft, verify_batch_init, verify_result_init, summaries_create, summaries_destroy, verify, finalize, verify_and_finalize, ngram_params_init, drafter_create_ngram, callback_drafter_params_init, drafter_create_callback, drafter_destroy, engine_params_init, engine_create, engine_destroy, generate_params_init, generate_result_init, engine_generate, engine_cancel, engine_metrics_init, engine_get_metrics, engine_get_position_metrics, arm_metrics_init, engine_get_arm_metrics, engine_reset_metrics, abi_version_of_library, status_name, tensor_make, context_last_cuda_error, context_backend, cuda_device_count, lm_head_vocab_size, lm_head_hidden_size, philox4x32_10, rng_uniform }
+        flashspec_api { struct_size, abi_version, version_number, version_string, status_string, context_params_init, context_create, context_destroy, context_last_error, context_synchronize, lm_head_create, lm_head_destroy, draft_params_init, draft, verify_batch_init, verify_result_init, summaries_create, summaries_destroy, verify, finalize, verify_and_finalize, ngram_params_init, drafter_create_ngram, callback_drafter_params_init, drafter_create_callback, drafter_destroy, engine_params_init, engine_create, engine_destroy, generate_params_init, generate_result_init, engine_generate, engine_cancel, engine_metrics_init, engine_get_metrics, engine_get_position_metrics, arm_metrics_init, engine_get_arm_metrics, engine_reset_metrics, abi_version_of_library, status_name, tensor_make, context_last_cuda_error, context_backend, cuda_device_count, lm_head_vocab_size, lm_head_hidden_size, philox4x32_10, rng_uniform, sampling_controls_init, draft_params_init_sized, verify_batch_init_sized, verify_result_init_sized }
 }
 
 #[test]

@@ -254,7 +254,7 @@ impl Context {
         let t = host_tensor(hidden, rows, head.hidden);
         let mut p = std::mem::MaybeUninit::<sys::flashspec_draft_params>::zeroed();
         let mut p = unsafe {
-            sys::flashspec_draft_params_init(p.as_mut_ptr());
+            sys::flashspec_draft_params_init_sized(p.as_mut_ptr(), std::mem::size_of::<sys::flashspec_draft_params>());
             p.assume_init()
         };
         p.temperature = options.temperature;
@@ -404,7 +404,7 @@ impl VerifyBatch<'_> {
         };
         let mut b = std::mem::MaybeUninit::<sys::flashspec_verify_batch>::zeroed();
         let mut b = unsafe {
-            sys::flashspec_verify_batch_init(b.as_mut_ptr());
+            sys::flashspec_verify_batch_init_sized(b.as_mut_ptr(), std::mem::size_of::<sys::flashspec_verify_batch>());
             b.assume_init()
         };
         b.num_requests = requests as i32;
@@ -452,7 +452,7 @@ impl VerifyResult {
     fn raw(&mut self) -> sys::flashspec_verify_result {
         let mut r = std::mem::MaybeUninit::<sys::flashspec_verify_result>::zeroed();
         let mut r = unsafe {
-            sys::flashspec_verify_result_init(r.as_mut_ptr());
+            sys::flashspec_verify_result_init_sized(r.as_mut_ptr(), std::mem::size_of::<sys::flashspec_verify_result>());
             r.assume_init()
         };
         r.accepted_counts = self.accepted_counts.as_mut_ptr();
