@@ -287,7 +287,10 @@ FLASHSPEC_API int64_t flashspec_lm_head_hidden_size(const flashspec_lm_head* hea
 /* What turns a row's logits l into the distribution p that a draft samples
  * and a verify verifies against, per request, in this order (the order of
  * vLLM's sampler; llama.cpp's chain with the temperature first):
- *   1. logit bias: l_i + the sum of the bias entries naming token i;
+ *   1. penalties and logit bias: for a token named by the request's bias
+ *      entries, l_i becomes l_i / r if l_i > 0 else l_i · r (the
+ *      repetition penalty r, once per token; r = 1: unchanged), plus the sum
+ *      of its entries' values;
  *   2. token mask: a token whose bit is clear gets probability 0;
  *   3. temperature: x_i = (l_i + bias_i) / T over the allowed tokens;
  *   4. top-k: keep the k tokens of largest x;
@@ -302,8 +305,11 @@ FLASHSPEC_API int64_t flashspec_lm_head_hidden_size(const flashspec_lm_head* hea
  * distributed as sampling from p alone. With T = 0 the row is the argmax of
  * l + bias over the allowed tokens (ties → smallest id): greedy decoding over
  * the filtered set (top-k, top-p and min-p always keep that token).
- * Penalties (repetition, presence, frequency) are the host's to compute into
- * the bias list, as llama.cpp and vLLM define them: examples/penalties.c.
+ * Penalties as llama.cpp and vLLM define them: the host lists the tokens to
+ * penalise (llama.cpp: the last penalty_last_n tokens; vLLM: prompt and
+ * output tokens) with value −(count · frequency + presence) (0 for a token
+ * that only the repetition penalty touches) and passes the repetition
+ * penalty per request: examples/penalties.c.
  *
  * Per-request arrays have one entry per request of a verify batch (per row
  * of a draft call); a NULL array leaves its step out. The mask has one row
@@ -342,6 +348,8 @@ typedef struct flashspec_sampling_controls {
   const float* typical_epsilon; /* [R] ε ∈ (0, 1] turns on typical acceptance, 0 leaves
                                    Algorithm 1; NULL: off. A verify's target controls only */
   const float* typical_delta;   /* [R] δ ≥ 0 (Medusa uses √ε); NULL: δ = √ε */
+  const float* repetition_penalty; /* [R] r > 0 for the tokens of the request's bias entries;
+                                      NULL: 1 */
 } flashspec_sampling_controls;
 
 /* [thread-safe] Defaults: every pointer NULL (no control), mask_words 0. */

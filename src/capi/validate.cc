@@ -121,6 +121,8 @@ ControlsArgs load_controls(const flashspec_context& ctx, const flashspec_samplin
     check_each(c.min_p, "min_p", [](float v) { return v >= 0.0f && v <= 1.0f; }, "[0, 1]");
     check_each(c.typical_epsilon, "typical_epsilon", [](float v) { return v >= 0.0f && v <= 1.0f; }, "[0, 1]");
     check_each(c.typical_delta, "typical_delta", [](float v) { return v >= 0.0f && std::isfinite(v); }, "[0, inf)");
+    check_each(c.repetition_penalty, "repetition_penalty", [](float v) { return v > 0.0f && std::isfinite(v); },
+               "(0, inf)");
     if (c.top_k)
       for (int32_t r = 0; r < requests; ++r)
         require(c.top_k[r] >= 1, FLASHSPEC_ERR_OUT_OF_RANGE, name("top_k").c_str(),
@@ -154,6 +156,7 @@ ControlsArgs load_controls(const flashspec_context& ctx, const flashspec_samplin
   a.mask_words = c.mask_words;
   a.typical_epsilon = c.typical_epsilon;
   a.typical_delta = c.typical_delta;
+  a.repetition_penalty = c.repetition_penalty;
   return a;
 }
 
@@ -217,6 +220,7 @@ void add_controls_spans(const ControlsArgs& a, const char* prefix, int32_t reque
   add("token_mask", a.token_mask, mask_rows * a.mask_words, sizeof(uint32_t));
   add("typical_epsilon", a.typical_epsilon, requests, sizeof(float));
   add("typical_delta", a.typical_delta, requests, sizeof(float));
+  add("repetition_penalty", a.repetition_penalty, requests, sizeof(float));
 }
 
 // FNV-1a of a host batch's offsets, tokens and effective per-request values.

@@ -29,6 +29,7 @@ struct ControlsArgs {
   int32_t mask_words = 0;
   const float* typical_epsilon = nullptr;
   const float* typical_delta = nullptr;
+  const float* repetition_penalty = nullptr;
 };
 
 // The controls of request `request`'s hidden row `row`, defaults resolved.
@@ -44,6 +45,7 @@ FS_HOST_DEVICE RowControls row_controls(const ControlsArgs& a, int32_t request, 
     c.bias_count = a.bias_offsets[request + 1] - a.bias_offsets[request];
   }
   if (a.token_mask) c.mask = a.token_mask + int64_t(row) * a.mask_words;
+  if (a.repetition_penalty) c.repetition_penalty = a.repetition_penalty[request];
   if (a.typical_epsilon) {
     c.typical_epsilon = a.typical_epsilon[request];
     c.typical_delta = a.typical_delta ? a.typical_delta[request] : sqrtf(c.typical_epsilon);

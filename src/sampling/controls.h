@@ -26,6 +26,7 @@ struct RowControls {
   const uint32_t* mask;        // the row's packed allowed-token bits, or NULL
   float typical_epsilon;       // > 0: typical acceptance (target rows of a verify)
   float typical_delta;
+  float repetition_penalty;    // r for the tokens of the bias entries; 1: none
 };
 
 FS_HOST_DEVICE RowControls no_controls() {
@@ -39,8 +40,13 @@ FS_HOST_DEVICE RowControls no_controls() {
   c.mask = nullptr;
   c.typical_epsilon = 0.0f;
   c.typical_delta = 0.0f;
+  c.repetition_penalty = 1.0f;
   return c;
 }
+
+// A penalised token's logit before its bias: l / r for l > 0, else l · r
+// (llama.cpp's and vLLM's repetition penalty).
+FS_HOST_DEVICE float repetition_penalised(float l, float r) { return l > 0.0f ? l / r : l * r; }
 
 FS_HOST_DEVICE bool token_allowed(const RowControls& c, int32_t token) {
   return !c.mask || ((c.mask[token >> 5] >> (token & 31)) & 1u);

@@ -18,6 +18,7 @@ struct ReferenceControls {
   double top_p = 1.0;
   double min_p = 0.0;
   std::vector<std::pair<int, float>> bias;  // (token, additive bias); repeats add up
+  double repetition = 1.0;                  // repetition penalty of the bias tokens
   std::vector<bool> allowed;                // empty: every token allowed
 };
 
@@ -27,6 +28,7 @@ enum class FilterBug {
   kMinPUnmaskedMax,        // min-p relative to the max over every token, masked ones too
   kBiasAfterTemperature,   // x = l / T + bias
   kNoControls,             // p = softmax(l / T): every control ignored
+  kRepetitionAfterBias,    // the repetition penalty applied to l + bias instead of l
 };
 
 inline const char* filter_bug_name(FilterBug bug) {
@@ -36,6 +38,7 @@ inline const char* filter_bug_name(FilterBug bug) {
     case FilterBug::kMinPUnmaskedMax: return "min-p-unmasked-max";
     case FilterBug::kBiasAfterTemperature: return "bias-after-temperature";
     case FilterBug::kNoControls: return "no-controls";
+    case FilterBug::kRepetitionAfterBias: return "repetition-after-bias";
   }
   return "?";
 }
@@ -48,7 +51,16 @@ inline std::vector<double> controlled(const std::vector<double>& l, double tempe
   if (bug == FilterBug::kNoControls) return controlled(l, temperature, ReferenceControls{});
   std::vector<double> biased = l;
   const double bias_scale = bug == FilterBug::kBiasAfterTemperature ? temperature : 1.0;
+  auto penalise = [&c](double v) { return v > 0.0 ? v / c.repetition : v * c.repetition; };
+  std::vector<bool> named(V, false);
+  for (const auto& entry : c.bias) named[size_t(entry.first)] = true;
+  if (bug != FilterBug::kRepetitionAfterBias)
+    for (size_t i = 0; i < V; ++i)
+      if (named[i]) biased[i] = penalise(biased[i]);
   for (const auto& [token, value] : c.bias) biased[size_t(token)] += double(value) * bias_scale;
+  if (bug == FilterBug::kRepetitionAfterBias)
+    for (size_t i = 0; i < V; ++i)
+      if (named[i]) biased[i] = penalise(biased[i]);
   auto allowed = [&](size_t i) { return c.allowed.empty() || c.allowed[i]; };
   std::vector<double> p(V, 0.0);
   if (temperature == 0.0) {

@@ -1,6 +1,6 @@
-// Exactness of verify under sampling controls: with bias, a token mask,
-// top-k, top-p, min-p, each alone and as llama.cpp's default chain (top-k 40,
-// top-p 0.95, min-p 0.05, T 0.8, with bias and a mask), the tokens the
+// Exactness of verify under sampling controls: with bias, penalties, a token
+// mask, top-k, top-p, min-p, each alone and as llama.cpp's default chain
+// (top-k 40, top-p 0.95, min-p 0.05, T 0.8, with penalties and a mask), the tokens the
 // library emits at every position, and the bonus token, are distributed as
 // the float64 controlled target p_j (Algorithm 1 on the filtered p). Greedy
 // (point-mass) drafts, some of them outside the kept set, and stochastic
@@ -9,8 +9,9 @@
 // Each configuration also runs deliberately wrong samplers with the same
 // number of trials through the same tests and asserts that each is rejected:
 // top-p applied before the temperature, min-p relative to the max over
-// masked tokens too, the bias added after the temperature, every control
-// ignored, and the residual computed from the uncontrolled p.
+// masked tokens too, the bias added after the temperature, the repetition
+// penalty applied after the bias, every control ignored, and the residual
+// computed from the uncontrolled p.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -67,6 +68,7 @@ struct Config {
   float top_p, min_p;
   bool bias, mask;
   std::vector<FilterBug> bugs;
+  float repetition = 1.0f;  // repetition penalty of the bias tokens
 };
 
 std::string config_name(const Config& c) { return std::string(c.name) + (c.stochastic ? "_stochastic" : "_greedy"); }
@@ -161,8 +163,17 @@ TEST_P(ControlsExactness, EveryPositionMatchesTheControlledTarget) {
   if (c.top_k) spec.top_k = c.top_k;
   spec.top_p = c.top_p;
   spec.min_p = c.min_p;
-  if (c.bias)
+  if (c.bias && c.repetition == 1.0f)
     for (int k = 0; k < 12; ++k) spec.bias.push_back({int(rng() % uint64_t(V)), float(normal(rng) * 1.5f)});
+  if (c.bias && c.repetition != 1.0f) {
+    // Penalties as a runtime computes them: the recent tokens (here each
+    // row's most likely token and a few others) with −(count · frequency +
+    // presence).
+    for (const auto& l : target_logits)
+      spec.bias.push_back({int(std::max_element(l.begin(), l.end()) - l.begin()), -float(1 + rng() % 3) * 0.8f - 0.4f});
+    for (int k = 0; k < 8; ++k) spec.bias.push_back({int(rng() % uint64_t(V)), -float(1 + rng() % 3) * 0.8f - 0.4f});
+  }
+  spec.repetition = c.repetition;
   const int words = (V + 31) / 32;
   auto make_mask = [&](const std::vector<double>& l, std::vector<bool>* allowed, std::vector<uint32_t>* bits) {
     allowed->assign(size_t(V), true);
@@ -210,7 +221,8 @@ TEST_P(ControlsExactness, EveryPositionMatchesTheControlledTarget) {
     std::vector<uint64_t> ids;
     std::vector<int32_t> top_k(size_t(R), c.top_k ? c.top_k : FLASHSPEC_TOP_K_ALL), bias_offsets(size_t(R) + 1, 0),
         bias_tokens;
-    std::vector<float> top_p(size_t(R), c.top_p), min_p(size_t(R), c.min_p), bias_values;
+    std::vector<float> top_p(size_t(R), c.top_p), min_p(size_t(R), c.min_p), bias_values,
+        repetition(size_t(R), c.repetition);
     for (int r = 0; r < R; ++r) {
       const auto& x = drafts[size_t(start + r)];
       offsets[size_t(r) + 1] = offsets[size_t(r)] + int32_t(x.size());
@@ -241,6 +253,7 @@ TEST_P(ControlsExactness, EveryPositionMatchesTheControlledTarget) {
       controls.bias_values = bias_values.data();
     }
     controls.token_mask = c.mask ? mask.data() : nullptr;
+    controls.repetition_penalty = repetition.data();
     flashspec_sampling_controls draft_controls = controls;
     draft_controls.token_mask = c.mask ? q_mask.data() : nullptr;
 
@@ -336,6 +349,8 @@ std::vector<Config> configs() {
     all.push_back({"min_p", 48, 1.0f, stochastic, 0, 1.0f, 0.15f, false, true, {B::kMinPUnmaskedMax, B::kNoControls}});
     all.push_back({"llama_default_chain", 96, 0.8f, stochastic, 40, 0.95f, 0.05f, true, true,
                    {B::kMinPUnmaskedMax, B::kNoControls}});
+    all.push_back({"penalties", 48, 0.8f, stochastic, 0, 1.0f, 0.0f, true, false,
+                   {B::kRepetitionAfterBias, B::kNoControls}, 1.8f});
   }
   return all;
 }

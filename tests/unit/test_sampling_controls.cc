@@ -462,6 +462,8 @@ TEST_F(SamplingControls, BadControlsAreRefusedNamingTheArgument) {
        }},
       {"draft controls without draft logits", FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->draft_controls",
        [&](auto& b, auto& c, auto&) { b.draft_controls = &c; }},
+      {"repetition penalty 0", FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->controls->repetition_penalty",
+       [&](auto&, auto& c, auto&) { static float zero[2] = {1.0f, 0.0f}; c.repetition_penalty = zero; }},
       {"controls struct_size", FLASHSPEC_ERR_STRUCT_SIZE, "batch->controls->struct_size",
        [&](auto&, auto& c, auto&) { c.struct_size = 8; }},
       {"logprobs 2", FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->logprobs", [&](auto& b, auto&, auto&) { b.logprobs = 2; }},

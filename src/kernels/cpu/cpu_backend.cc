@@ -164,10 +164,15 @@ class RowAnalysis {
 
  private:
   void apply_bias_and_mask(const RowControls& c, const RowPlan& plan, int64_t row, Field logits) {
-    std::vector<float> bias;  // summed in list order
+    std::vector<float> bias;              // summed in list order
+    std::vector<unsigned char> penalised;  // named by a bias entry
     if (c.bias_count > 0) {
       bias.assign(size_t(vocab_), 0.0f);
-      for (int32_t k = 0; k < c.bias_count; ++k) bias[size_t(c.bias_tokens[k])] += c.bias_values[k];
+      penalised.assign(size_t(vocab_), 0);
+      for (int32_t k = 0; k < c.bias_count; ++k) {
+        bias[size_t(c.bias_tokens[k])] += c.bias_values[k];
+        penalised[size_t(c.bias_tokens[k])] = 1;
+      }
     }
     for (int64_t i = 0; i < vocab_; ++i) {
       if (!token_allowed(c, int32_t(i))) {
@@ -175,7 +180,10 @@ class RowAnalysis {
         continue;
       }
       ++allowed_;
-      const float l = bias.empty() ? raw_[i] : raw_[i] + bias[size_t(i)];
+      const float l = bias.empty() ? raw_[i]
+                                   : (penalised[size_t(i)] ? repetition_penalised(raw_[i], c.repetition_penalty)
+                                                           : raw_[i]) +
+                                         bias[size_t(i)];
       const float x = greedy_ ? l : l * plan.inv_t;
       if (!std::isfinite(x))
         fail(FLASHSPEC_ERR_NON_FINITE, logits == Field::kHidden ? Field::kTemperature : logits,

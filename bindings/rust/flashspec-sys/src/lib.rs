@@ -146,6 +146,7 @@ pub struct flashspec_sampling_controls {
     pub mask_words: i32,
     pub typical_epsilon: *const f32,
     pub typical_delta: *const f32,
+    pub repetition_penalty: *const f32,
 }
 
 #[repr(C)]
