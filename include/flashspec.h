@@ -586,6 +586,104 @@ FLASHSPEC_API flashspec_status flashspec_verify_and_finalize(flashspec_context* 
                                                              const flashspec_verify_result* result);
 
 /* ---------------------------------------------------------------------- */
+/* Vocabulary shards (tensor-parallel LM heads)                            */
+/* ---------------------------------------------------------------------- */
+/* Tensor parallelism splits an LM head by vocabulary: rank k holds rows
+ * [vocab_begin, vocab_end) of a global vocabulary of V tokens. Instead of
+ * all-gathering [rows, V] logits, each rank runs the fused pass over its
+ * slice and writes a fixed-size record per row; the caller all-gathers the
+ * records with its own communicator (NCCL, MPI, a memcpy) and any rank
+ * finalizes from the gathered records. Token ids are global everywhere, and
+ * the noise is keyed by global token id, so a sharded verify emits the same
+ * tokens as the unsharded verify of the whole head, token for token (where
+ * no two scores are within fp32 rounding of each other: the log-sum-exp is
+ * summed in another order), and a sharded draft the same drafts.
+ *
+ * Record layout, version FLASHSPEC_SHARD_RECORD_VERSION, little-endian,
+ * FLASHSPEC_SHARD_RECORD_BYTES bytes per row, in the memory of the call:
+ *   float   m, s          online log-sum-exp of l/T over the slice: LSE =
+ *                         m + log s (unused for T = 0 rows)
+ *   float   best          the slice's winning score (l/T + Gumbel noise, or
+ *                         l for T = 0), −Inf for an empty slice
+ *   float   best_scaled   the winner's l/T (T = 0: l)
+ *   int32   token         the winner's global id, −1 if none
+ *   float   second        the runner-up's score
+ *   float   tracked       l/T of the row's drafted token, if in this slice
+ *   int32   flags         1: tracked is set; 2: a logit is NaN or ±Inf;
+ *                         4: a logit overflowed fp32 when divided by T
+ *   int32   version       FLASHSPEC_SHARD_RECORD_VERSION
+ *   int32   vocab_begin, vocab_end, vocab_size   the slice and the global V
+ * Records of one row merge in any order: log-sum-exps add, the larger score
+ * wins (ties: the smaller token id). Point-mass (greedy) drafts, greedy and
+ * sampled draft calls shard with this one exchange. Stochastic drafts, whose
+ * residual max(p − q, 0) needs the global log-sum-exp of p before any token
+ * can be scored, sampling controls (top-k/top-p/min-p need the global
+ * ranking) and logprobs would need a second exchange: shard calls refuse
+ * them with FLASHSPEC_ERR_UNSUPPORTED. The CPU backend serves shards; the
+ * CUDA backend refuses shard calls with FLASHSPEC_ERR_UNSUPPORTED in this
+ * version. */
+#define FLASHSPEC_SHARD_RECORD_VERSION 1
+#define FLASHSPEC_SHARD_RECORD_BYTES 48
+
+/* [context-exclusive] An LM head holding the vocabulary slice [vocab_begin,
+ * vocab_begin + weight->rows) of a global vocabulary of vocab_size tokens.
+ * As flashspec_lm_head_create, plus OUT_OF_RANGE (vocab_begin < 0, the slice
+ * past vocab_size, vocab_size > FLASHSPEC_MAX_VOCAB). A shard head serves
+ * only the shard calls below; flashspec_draft and flashspec_verify refuse it
+ * (INVALID_ARGUMENT naming "head"). */
+FLASHSPEC_API flashspec_status flashspec_lm_head_create_shard(flashspec_context* ctx,
+                                                              const flashspec_tensor* weight,
+                                                              flashspec_lm_head_flags flags,
+                                                              int64_t vocab_begin, int64_t vocab_size,
+                                                              flashspec_lm_head** out);
+/* [thread-safe] The first global token id of the head's slice (0 for an
+ * unsharded head) and the global vocabulary size (the head's V when
+ * unsharded); 0 for NULL. */
+FLASHSPEC_API int64_t flashspec_lm_head_vocab_begin(const flashspec_lm_head* head);
+FLASHSPEC_API int64_t flashspec_lm_head_global_vocab_size(const flashspec_lm_head* head);
+
+/* [context-exclusive] [async on the context stream] The verify pass of one
+ * rank over its slice: writes one record per target row to records
+ * ([draft_offsets[R] + R] records, batch->memory). Draft tokens are global
+ * ids in [0, vocab_size). Errors: as flashspec_verify, plus UNSUPPORTED
+ * (draft_logits, controls, logprobs; the CUDA backend), NULL_POINTER
+ * (records), INVALID_ARGUMENT (records overlapping an input). */
+FLASHSPEC_API flashspec_status flashspec_verify_shard(flashspec_context* ctx, const flashspec_lm_head* head,
+                                                      const flashspec_verify_batch* batch, void* records);
+
+/* [context-exclusive] [async on the context stream] Algorithm 1 on the
+ * gathered records of num_shards ranks: records is [num_shards][rows]
+ * records (what an all-gather of each rank's records gives), rows =
+ * draft_offsets[R] + R. Emits exactly what flashspec_verify_and_finalize on
+ * the whole head would. Errors: as flashspec_finalize for the batch and
+ * result; NULL_POINTER (records); OUT_OF_RANGE (num_shards < 1); and, for
+ * host records, INVALID_ARGUMENT naming "records" when a record has another
+ * version, or a row's slices do not tile [0, vocab_size) in rank order. */
+FLASHSPEC_API flashspec_status flashspec_finalize_shards(flashspec_context* ctx,
+                                                         const flashspec_verify_batch* batch,
+                                                         const void* records, int32_t num_shards,
+                                                         const flashspec_verify_result* result);
+
+/* [context-exclusive] [async on the context stream] The draft pass of one
+ * rank: one record per hidden row (params->memory). As flashspec_draft
+ * (params may be NULL), plus UNSUPPORTED (controls; the CUDA backend). */
+FLASHSPEC_API flashspec_status flashspec_draft_shard(flashspec_context* ctx, const flashspec_lm_head* head,
+                                                     const flashspec_tensor* hidden,
+                                                     const flashspec_draft_params* params, void* records);
+
+/* [context-exclusive] [async on the context stream] The drafts from the
+ * gathered records of num_shards ranks ([num_shards][rows]): tokens_out and
+ * scores_out as flashspec_draft on the whole head, for the same params.
+ * Errors: NULL_POINTER, STRUCT_SIZE, OUT_OF_RANGE (rows, num_shards),
+ * INVALID_ARGUMENT (params' values, records as for finalize_shards),
+ * NON_FINITE (a record flagging a non-finite logit). */
+FLASHSPEC_API flashspec_status flashspec_draft_from_shards(flashspec_context* ctx,
+                                                           const flashspec_draft_params* params,
+                                                           const void* records, int32_t num_shards,
+                                                           int32_t rows, int32_t* tokens_out,
+                                                           float* scores_out);
+
+/* ---------------------------------------------------------------------- */
 /* Randomness, exposed for tests and for hosts that mirror the contract    */
 /* ---------------------------------------------------------------------- */
 /* [thread-safe] Philox4x32-10 of (counter, key): out[0..3]. NULL is a no-op. */
@@ -1063,6 +1161,18 @@ typedef struct flashspec_api {
   void (*draft_params_init_sized)(flashspec_draft_params*, size_t);
   void (*verify_batch_init_sized)(flashspec_verify_batch*, size_t);
   void (*verify_result_init_sized)(flashspec_verify_result*, size_t);
+  flashspec_status (*lm_head_create_shard)(flashspec_context*, const flashspec_tensor*, flashspec_lm_head_flags,
+                                           int64_t, int64_t, flashspec_lm_head**);
+  int64_t (*lm_head_vocab_begin)(const flashspec_lm_head*);
+  int64_t (*lm_head_global_vocab_size)(const flashspec_lm_head*);
+  flashspec_status (*verify_shard)(flashspec_context*, const flashspec_lm_head*, const flashspec_verify_batch*,
+                                   void*);
+  flashspec_status (*finalize_shards)(flashspec_context*, const flashspec_verify_batch*, const void*, int32_t,
+                                      const flashspec_verify_result*);
+  flashspec_status (*draft_shard)(flashspec_context*, const flashspec_lm_head*, const flashspec_tensor*,
+                                  const flashspec_draft_params*, void*);
+  flashspec_status (*draft_from_shards)(flashspec_context*, const flashspec_draft_params*, const void*, int32_t,
+                                        int32_t, int32_t*, float*);
 } flashspec_api;
 
 /* [thread-safe] The table for abi_version, or NULL if this library cannot

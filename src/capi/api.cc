@@ -143,22 +143,105 @@ int flashspec_cuda_device_count(void) {
   }
 }
 
+namespace {
+// Validates and uploads an LM head holding global tokens [vocab_begin,
+// vocab_begin + weight->rows) of vocab_size (unsharded: 0 and rows).
+void create_head(flashspec_context& ctx, const flashspec_tensor* weight, flashspec_lm_head_flags flags,
+                 int64_t vocab_begin, int64_t vocab_size, bool shard, flashspec_lm_head** out) {
+  require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
+  validate_tensor(weight, "weight");
+  require(weight->rows <= FLASHSPEC_MAX_VOCAB, FLASHSPEC_ERR_OUT_OF_RANGE, "weight",
+          "rows (vocabulary) " + std::to_string(weight->rows) + " exceed FLASHSPEC_MAX_VOCAB");
+  require(weight->cols <= FLASHSPEC_MAX_HIDDEN, FLASHSPEC_ERR_OUT_OF_RANGE, "weight",
+          "cols (hidden size) " + std::to_string(weight->cols) + " exceed FLASHSPEC_MAX_HIDDEN");
+  const int32_t raw_flags = raw_enum(flags);
+  require(raw_flags == FLASHSPEC_LM_HEAD_COPY || raw_flags == FLASHSPEC_LM_HEAD_BORROW,
+          FLASHSPEC_ERR_INVALID_ARGUMENT, "flags", "unknown value " + std::to_string(raw_flags));
+  if (shard) {
+    require(ctx.backend->kind() == FLASHSPEC_BACKEND_CPU, FLASHSPEC_ERR_UNSUPPORTED, "ctx",
+            "the CUDA backend does not serve vocabulary shards in this version (the CPU backend does)");
+    require(vocab_size >= 1 && vocab_size <= FLASHSPEC_MAX_VOCAB, FLASHSPEC_ERR_OUT_OF_RANGE, "vocab_size",
+            "must be in [1, FLASHSPEC_MAX_VOCAB], got " + std::to_string(vocab_size));
+    require(vocab_begin >= 0 && vocab_begin + weight->rows <= vocab_size, FLASHSPEC_ERR_OUT_OF_RANGE,
+            "vocab_begin",
+            "the slice [" + std::to_string(vocab_begin) + ", " + std::to_string(vocab_begin + weight->rows) +
+                ") does not lie in [0, vocab_size " + std::to_string(vocab_size) + ")");
+  }
+  auto head = std::make_unique<flashspec_lm_head>();
+  head->storage = naming_fields(lm_head_names(), [&] { return ctx.backend->create_lm_head(*weight, flags); });
+  head->storage->vocab_begin = vocab_begin;
+  head->storage->vocab_size = vocab_size;
+  *out = head.release();
+}
+
+}  // namespace
+
 flashspec_status flashspec_lm_head_create(flashspec_context* ctx, const flashspec_tensor* weight,
                                           flashspec_lm_head_flags flags, flashspec_lm_head** out) {
   if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
+  return guarded(ctx, [&] { create_head(*ctx, weight, flags, 0, weight ? weight->rows : 0, false, out); });
+}
+
+flashspec_status flashspec_lm_head_create_shard(flashspec_context* ctx, const flashspec_tensor* weight,
+                                                flashspec_lm_head_flags flags, int64_t vocab_begin,
+                                                int64_t vocab_size, flashspec_lm_head** out) {
+  if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
+  return guarded(ctx, [&] { create_head(*ctx, weight, flags, vocab_begin, vocab_size, true, out); });
+}
+
+int64_t flashspec_lm_head_vocab_begin(const flashspec_lm_head* head) { return head ? head->storage->vocab_begin : 0; }
+
+int64_t flashspec_lm_head_global_vocab_size(const flashspec_lm_head* head) {
+  return head ? head->storage->vocab_size : 0;
+}
+
+flashspec_status flashspec_verify_shard(flashspec_context* ctx, const flashspec_lm_head* head,
+                                        const flashspec_verify_batch* batch, void* records) {
+  if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
   return guarded(ctx, [&] {
-    require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
-    validate_tensor(weight, "weight");
-    require(weight->rows <= FLASHSPEC_MAX_VOCAB, FLASHSPEC_ERR_OUT_OF_RANGE, "weight",
-            "rows (vocabulary) " + std::to_string(weight->rows) + " exceed FLASHSPEC_MAX_VOCAB");
-    require(weight->cols <= FLASHSPEC_MAX_HIDDEN, FLASHSPEC_ERR_OUT_OF_RANGE, "weight",
-            "cols (hidden size) " + std::to_string(weight->cols) + " exceed FLASHSPEC_MAX_HIDDEN");
-    const int32_t raw_flags = raw_enum(flags);
-    require(raw_flags == FLASHSPEC_LM_HEAD_COPY || raw_flags == FLASHSPEC_LM_HEAD_BORROW,
-            FLASHSPEC_ERR_INVALID_ARGUMENT, "flags", "unknown value " + std::to_string(raw_flags));
-    auto head = std::make_unique<flashspec_lm_head>();
-    head->storage = naming_fields(lm_head_names(), [&] { return ctx->backend->create_lm_head(*weight, flags); });
-    *out = head.release();
+    const LmHeadStorage& storage = validate_head(*ctx, head, "head", true);
+    const VerifyArgs args = validate_verify_shard(*ctx, storage, load_batch(batch), records);
+    naming_fields(verify_names(),
+                  [&] { ctx->backend->verify_records(storage, args, static_cast<ShardRecord*>(records)); });
+  });
+}
+
+flashspec_status flashspec_finalize_shards(flashspec_context* ctx, const flashspec_verify_batch* batch,
+                                           const void* records, int32_t num_shards,
+                                           const flashspec_verify_result* result) {
+  if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
+  return guarded(ctx, [&] {
+    const VerifyArgs args = validate_finalize_shards(*ctx, load_batch(batch), records, num_shards);
+    const ResultArgs out = validate_result(*ctx, result);
+    validate_result_requests(out, false, 0, "batch");
+    validate_result_disjoint(args, out, records, num_shards);
+    naming_fields(verify_names(), [&] {
+      ctx->backend->finalize_records(args, static_cast<const ShardRecord*>(records), num_shards, out);
+    });
+  });
+}
+
+flashspec_status flashspec_draft_shard(flashspec_context* ctx, const flashspec_lm_head* head,
+                                       const flashspec_tensor* hidden, const flashspec_draft_params* params,
+                                       void* records) {
+  if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
+  return guarded(ctx, [&] {
+    const LmHeadStorage& storage = validate_head(*ctx, head, "head", true);
+    const DraftArgs args = validate_draft_shard(*ctx, storage, hidden, params, records);
+    naming_fields(draft_names(),
+                  [&] { ctx->backend->draft_records(storage, args, static_cast<ShardRecord*>(records)); });
+  });
+}
+
+flashspec_status flashspec_draft_from_shards(flashspec_context* ctx, const flashspec_draft_params* params,
+                                             const void* records, int32_t num_shards, int32_t rows,
+                                             int32_t* tokens_out, float* scores_out) {
+  if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
+  return guarded(ctx, [&] {
+    const DraftArgs args = validate_draft_from_shards(*ctx, params, records, num_shards, rows, tokens_out, scores_out);
+    naming_fields(draft_names(), [&] {
+      ctx->backend->draft_from_records(args, static_cast<const ShardRecord*>(records), num_shards);
+    });
   });
 }
 
@@ -229,7 +312,7 @@ flashspec_status flashspec_verify(flashspec_context* ctx, const flashspec_lm_hea
     SummaryStore& store = checked_summaries(*ctx, summaries);
     const LmHeadStorage& storage = validate_head(*ctx, head, "head");
     const flashspec_verify_batch b = load_batch(batch);
-    const VerifyArgs args = validate_batch(*ctx, storage, b, store, "summaries");
+    const VerifyArgs args = validate_batch(*ctx, storage, b, &store, "summaries");
     const VerifiedBatch described = describe_batch(storage, b, args);
     naming_fields(verify_names(), [&] { ctx->backend->verify(storage, args, store); });
     summaries->verified = described;
@@ -258,7 +341,7 @@ flashspec_status flashspec_verify_and_finalize(flashspec_context* ctx, const fla
     // summaries then describe exactly this batch.
     const ResultArgs out = validate_result(*ctx, result);
     const LmHeadStorage& storage = validate_head(*ctx, head, "head");
-    const VerifyArgs args = validate_batch(*ctx, storage, load_batch(batch), *ctx->own_summaries, "context workspace");
+    const VerifyArgs args = validate_batch(*ctx, storage, load_batch(batch), ctx->own_summaries.get(), "context workspace");
     validate_result_requests(out, args.logprobs, args.top_logprobs, "batch");
     validate_result_disjoint(args, out);
     naming_fields(verify_names(), [&] {

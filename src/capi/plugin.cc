@@ -58,6 +58,13 @@ const flashspec_api* flashspec_get_api(unsigned abi_version) {
       flashspec_draft_params_init_sized,
       flashspec_verify_batch_init_sized,
       flashspec_verify_result_init_sized,
+      flashspec_lm_head_create_shard,
+      flashspec_lm_head_vocab_begin,
+      flashspec_lm_head_global_vocab_size,
+      flashspec_verify_shard,
+      flashspec_finalize_shards,
+      flashspec_draft_shard,
+      flashspec_draft_from_shards,
   };
   return abi_version == FLASHSPEC_ABI_VERSION ? &table : nullptr;
 }

@@ -349,11 +349,14 @@ VerifyArgs validate_batch_common(const flashspec_context& ctx, const flashspec_v
 
 }  // namespace
 
-const LmHeadStorage& validate_head(const flashspec_context& ctx, const flashspec_lm_head* head, const char* argument) {
+const LmHeadStorage& validate_head(const flashspec_context& ctx, const flashspec_lm_head* head, const char* argument,
+                                   bool shard_call) {
   require(head != nullptr, FLASHSPEC_ERR_NULL_POINTER, argument, "is NULL");
   const LmHeadStorage& storage = *head->storage;
   require(storage.backend == ctx.backend->kind() && storage.device == ctx.backend->device(),
           FLASHSPEC_ERR_DEVICE_MISMATCH, argument, "was created for another backend or device than this context's");
+  require(shard_call || !storage.sharded(), FLASHSPEC_ERR_INVALID_ARGUMENT, argument,
+          "is a vocabulary shard: it serves flashspec_verify_shard and flashspec_draft_shard");
   return storage;
 }
 
@@ -382,21 +385,20 @@ void validate_tensor(const flashspec_tensor* t, const char* argument) {
           "rows x row_stride overflows");
 }
 
-DraftArgs validate_draft(const flashspec_context& ctx, const LmHeadStorage& head, const flashspec_tensor* hidden,
-                         const flashspec_draft_params* params, int32_t* tokens_out, float* scores_out) {
-  const flashspec_draft_params p = load_struct_or_defaults(params, [](flashspec_draft_params* d) { flashspec_draft_params_init(d); }, "params");
+namespace {
+
+// The params of a draft-like call over `rows` rows (defaults resolved, host
+// values checked) as DraftArgs without hidden rows or outputs; `inputs`
+// receives the spans of its arrays.
+DraftArgs validate_draft_params(const flashspec_context& ctx, const flashspec_draft_params* params, int32_t rows,
+                                int64_t vocab, std::vector<Span>& inputs) {
+  const flashspec_draft_params p =
+      load_struct_or_defaults(params, [](flashspec_draft_params* d) { flashspec_draft_params_init(d); }, "params");
   const Backend& backend = *ctx.backend;
-  validate_tensor(hidden, "hidden");
-  validate_memory(hidden->memory, backend, "hidden->memory");
-  require(hidden->cols == head.hidden, FLASHSPEC_ERR_OUT_OF_RANGE, "hidden",
-          "has " + str(hidden->cols) + " columns, the LM head's hidden size is " + str(head.hidden));
-  require(hidden->rows <= ctx.max_rows, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, "hidden",
-          str(hidden->rows) + " rows exceed the context's max_rows " + str(ctx.max_rows));
-  require(tokens_out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "tokens_out", "is NULL");
   validate_memory(p.memory, backend, "params->memory");
   validate_temperature(p.temperature, "params->temperature");
-  const int32_t rows = int32_t(hidden->rows);
-  if (p.memory == FLASHSPEC_MEMORY_HOST) {
+  const bool host = p.memory == FLASHSPEC_MEMORY_HOST;
+  if (host) {
     check_temperatures(p.temperatures, rows, false, "params->temperatures");
     if (p.positions)
       for (int32_t r = 0; r < rows; ++r)
@@ -404,25 +406,17 @@ DraftArgs validate_draft(const flashspec_context& ctx, const LmHeadStorage& head
                 "params->positions",
                 "entry " + str(r) + " is " + str(p.positions[r]) + ", outside [0, " + str(FLASHSPEC_MAX_DRAFT_LEN) + "]");
   }
-  const bool host = p.memory == FLASHSPEC_MEMORY_HOST;
   ControlsArgs controls = load_controls(ctx, p.controls, rows, host, false, "params->controls");
-  check_controls_for_vocab(controls, rows, rows, head.vocab, host, "params->controls");
-  const Span tokens = array_span("tokens_out", tokens_out, rows, sizeof(int32_t));
-  const Span scores = array_span("scores_out", scores_out, rows, sizeof(float));
-  std::vector<Span> inputs = {
-      tensor_span("hidden", hidden),
-      array_span("params->temperatures", p.temperatures, rows, sizeof(float)),
-      array_span("params->seeds", p.seeds, rows, sizeof(uint64_t)),
-      array_span("params->request_ids", p.request_ids, rows, sizeof(uint64_t)),
-      array_span("params->steps", p.steps, rows, sizeof(uint64_t)),
-      array_span("params->positions", p.positions, rows, sizeof(int32_t))};
+  if (vocab > 0) check_controls_for_vocab(controls, rows, rows, vocab, host, "params->controls");
+  inputs.push_back(array_span("params->temperatures", p.temperatures, rows, sizeof(float)));
+  inputs.push_back(array_span("params->seeds", p.seeds, rows, sizeof(uint64_t)));
+  inputs.push_back(array_span("params->request_ids", p.request_ids, rows, sizeof(uint64_t)));
+  inputs.push_back(array_span("params->steps", p.steps, rows, sizeof(uint64_t)));
+  inputs.push_back(array_span("params->positions", p.positions, rows, sizeof(int32_t)));
   add_controls_spans(controls, "params->controls", rows, rows, host, inputs);
-  require_disjoint(tokens, inputs);
-  require_disjoint(tokens, {scores});
-  require_disjoint(scores, inputs);
 
   DraftArgs args;
-  args.hidden = hidden;
+  args.hidden = nullptr;
   args.rows = rows;
   args.temperature = p.temperature;
   args.temperatures = p.temperatures;
@@ -431,9 +425,108 @@ DraftArgs validate_draft(const flashspec_context& ctx, const LmHeadStorage& head
   args.steps = p.steps;
   args.positions = p.positions;
   args.default_seed = ctx.seed;
+  args.tokens_out = nullptr;
+  args.scores_out = nullptr;
+  args.controls = controls;
+  return args;
+}
+
+// Hidden rows of a draft-like call for `head`.
+void validate_draft_hidden(const flashspec_context& ctx, const LmHeadStorage& head, const flashspec_tensor* hidden) {
+  validate_tensor(hidden, "hidden");
+  validate_memory(hidden->memory, *ctx.backend, "hidden->memory");
+  require(hidden->cols == head.hidden, FLASHSPEC_ERR_OUT_OF_RANGE, "hidden",
+          "has " + str(hidden->cols) + " columns, the LM head's hidden size is " + str(head.hidden));
+  require(hidden->rows <= ctx.max_rows, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, "hidden",
+          str(hidden->rows) + " rows exceed the context's max_rows " + str(ctx.max_rows));
+}
+
+// Gathered host records [shards][rows]: each of the documented version, and
+// each row's slices tiling [0, V) in rank order. Returns V.
+int64_t check_records(const ShardRecord* records, int32_t shards, int32_t rows) {
+  const int32_t vocab = records[0].vocab_size;
+  for (int32_t row = 0; row < rows; ++row) {
+    int32_t next = 0;
+    for (int32_t k = 0; k < shards; ++k) {
+      const ShardRecord& r = records[int64_t(k) * rows + row];
+      require(r.version == FLASHSPEC_SHARD_RECORD_VERSION, FLASHSPEC_ERR_INVALID_ARGUMENT, "records",
+              "record " + str(k) + " of row " + str(row) + " has version " + str(r.version) + ", this library reads " +
+                  str(FLASHSPEC_SHARD_RECORD_VERSION));
+      require(r.vocab_size == vocab && r.vocab_begin == next && r.vocab_end > r.vocab_begin &&
+                  r.vocab_end <= vocab,
+              FLASHSPEC_ERR_INVALID_ARGUMENT, "records",
+              "row " + str(row) + ": the slice [" + str(r.vocab_begin) + ", " + str(r.vocab_end) + ") of V " +
+                  str(r.vocab_size) + " from rank " + str(k) + " does not continue [0, " + str(next) + ") of V " +
+                  str(vocab) + " (records are [num_shards][rows], ranks in vocabulary order)");
+      next = r.vocab_end;
+    }
+    require(next == vocab, FLASHSPEC_ERR_INVALID_ARGUMENT, "records",
+            "row " + str(row) + ": the slices cover [0, " + str(next) + "), not the vocabulary of " + str(vocab));
+  }
+  return vocab;
+}
+
+void require_records(const void* records, int32_t shards) {
+  require(records != nullptr, FLASHSPEC_ERR_NULL_POINTER, "records", "is NULL");
+  require(reinterpret_cast<uintptr_t>(records) % alignof(ShardRecord) == 0, FLASHSPEC_ERR_UNSUPPORTED, "records",
+          "is not aligned to 4 bytes");
+  require(shards >= 1, FLASHSPEC_ERR_OUT_OF_RANGE, "num_shards", "must be >= 1, got " + str(shards));
+}
+
+}  // namespace
+
+DraftArgs validate_draft(const flashspec_context& ctx, const LmHeadStorage& head, const flashspec_tensor* hidden,
+                         const flashspec_draft_params* params, int32_t* tokens_out, float* scores_out) {
+  validate_draft_hidden(ctx, head, hidden);
+  require(tokens_out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "tokens_out", "is NULL");
+  const int32_t rows = int32_t(hidden->rows);
+  std::vector<Span> inputs = {tensor_span("hidden", hidden)};
+  DraftArgs args = validate_draft_params(ctx, params, rows, head.vocab_size, inputs);
+  const Span tokens = array_span("tokens_out", tokens_out, rows, sizeof(int32_t));
+  const Span scores = array_span("scores_out", scores_out, rows, sizeof(float));
+  require_disjoint(tokens, inputs);
+  require_disjoint(tokens, {scores});
+  require_disjoint(scores, inputs);
+  args.hidden = hidden;
   args.tokens_out = tokens_out;
   args.scores_out = scores_out;
-  args.controls = controls;
+  return args;
+}
+
+DraftArgs validate_draft_shard(const flashspec_context& ctx, const LmHeadStorage& head,
+                               const flashspec_tensor* hidden, const flashspec_draft_params* params,
+                               const void* records) {
+  validate_draft_hidden(ctx, head, hidden);
+  require_records(records, 1);
+  const int32_t rows = int32_t(hidden->rows);
+  std::vector<Span> inputs = {tensor_span("hidden", hidden)};
+  DraftArgs args = validate_draft_params(ctx, params, rows, head.vocab_size, inputs);
+  require(!args.controls.present, FLASHSPEC_ERR_UNSUPPORTED, "params->controls",
+          "sampling controls need the global ranking: shard calls do not take them");
+  require_disjoint(array_span("records", records, rows, sizeof(ShardRecord)), inputs);
+  args.hidden = hidden;
+  return args;
+}
+
+DraftArgs validate_draft_from_shards(const flashspec_context& ctx, const flashspec_draft_params* params,
+                                     const void* records, int32_t shards, int32_t rows, int32_t* tokens_out,
+                                     float* scores_out) {
+  require_records(records, shards);
+  require(rows >= 1 && rows <= ctx.max_rows, FLASHSPEC_ERR_OUT_OF_RANGE, "rows",
+          "must be in [1, the context's max_rows " + str(ctx.max_rows) + "], got " + str(rows));
+  require(tokens_out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "tokens_out", "is NULL");
+  std::vector<Span> inputs = {array_span("records", records, int64_t(shards) * rows, sizeof(ShardRecord))};
+  DraftArgs args = validate_draft_params(ctx, params, rows, 0, inputs);
+  require(!args.controls.present, FLASHSPEC_ERR_UNSUPPORTED, "params->controls",
+          "sampling controls need the global ranking: shard calls do not take them");
+  if (ctx.backend->kind() == FLASHSPEC_BACKEND_CPU) check_records(static_cast<const ShardRecord*>(records), shards, rows);
+  const Span tokens = array_span("tokens_out", tokens_out, rows, sizeof(int32_t));
+  const Span scores = array_span("scores_out", scores_out, rows, sizeof(float));
+  require_disjoint(tokens, inputs);
+  require_disjoint(tokens, {scores});
+  require_disjoint(scores, inputs);
+  args.tokens_out = tokens_out;
+  args.scores_out = scores_out;
   return args;
 }
 
@@ -442,25 +535,28 @@ flashspec_verify_batch load_batch(const flashspec_verify_batch* batch) {
 }
 
 VerifyArgs validate_batch(const flashspec_context& ctx, const LmHeadStorage& head,
-                          const flashspec_verify_batch& b, const SummaryStore& summaries,
+                          const flashspec_verify_batch& b, const SummaryStore* summaries,
                           const char* summaries_name) {
   const flashspec_verify_batch* batch = &b;
   VerifyArgs args = validate_batch_common(ctx, b);
   require(batch->target_hidden->cols == head.hidden, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->target_hidden",
           "has " + str(batch->target_hidden->cols) + " columns, the LM head's hidden size is " + str(head.hidden));
+  const int64_t vocab = head.vocab_size;
   if (batch->draft_logits)
-    require(batch->draft_logits->cols == head.vocab, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_logits",
-            "has " + str(batch->draft_logits->cols) + " columns, the vocabulary has " + str(head.vocab));
-  if (batch->memory == FLASHSPEC_MEMORY_HOST) check_draft_tokens(batch->draft_tokens, args.total_drafts, head.vocab);
-  require(args.total_rows <= summaries.max_rows, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, summaries_name,
-          "hold " + str(summaries.max_rows) + " rows, the batch has " + str(args.total_rows));
-  require(args.num_requests <= summaries.max_requests, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, summaries_name,
-          "hold " + str(summaries.max_requests) + " requests, the batch has " + str(args.num_requests));
+    require(batch->draft_logits->cols == vocab, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_logits",
+            "has " + str(batch->draft_logits->cols) + " columns, the vocabulary has " + str(vocab));
+  if (batch->memory == FLASHSPEC_MEMORY_HOST) check_draft_tokens(batch->draft_tokens, args.total_drafts, vocab);
+  if (summaries) {
+    require(args.total_rows <= summaries->max_rows, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, summaries_name,
+            "hold " + str(summaries->max_rows) + " rows, the batch has " + str(args.total_rows));
+    require(args.num_requests <= summaries->max_requests, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, summaries_name,
+            "hold " + str(summaries->max_requests) + " requests, the batch has " + str(args.num_requests));
+  }
   require(args.total_rows <= ctx.max_rows, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, "batch->target_hidden",
           "has " + str(args.total_rows) + " rows, more than the context's max_rows " + str(ctx.max_rows));
   const bool host = batch->memory == FLASHSPEC_MEMORY_HOST;
-  check_controls_for_vocab(args.controls, args.num_requests, args.total_rows, head.vocab, host, "batch->controls");
-  check_controls_for_vocab(args.draft_controls, args.num_requests, args.total_drafts, head.vocab, host,
+  check_controls_for_vocab(args.controls, args.num_requests, args.total_rows, vocab, host, "batch->controls");
+  check_controls_for_vocab(args.draft_controls, args.num_requests, args.total_drafts, vocab, host,
                            "batch->draft_controls");
   return args;
 }
@@ -470,7 +566,7 @@ VerifyArgs validate_batch(const flashspec_context& ctx, const LmHeadStorage& hea
 // do not describe (their rows would be scored against the wrong tokens).
 VerifiedBatch describe_batch(const LmHeadStorage& head, const flashspec_verify_batch& batch, const VerifyArgs& args) {
   VerifiedBatch v;
-  v.vocab = head.vocab;
+  v.vocab = head.vocab_size;
   v.rows = args.total_rows;
   v.requests = args.num_requests;
   v.logprobs = args.logprobs;
@@ -503,7 +599,26 @@ VerifyArgs validate_batch_for_finalize(const flashspec_context& ctx, const flash
   return args;
 }
 
-void validate_result_disjoint(const VerifyArgs& a, const ResultArgs& out) {
+namespace {
+// The arrays a verify batch reads but its steps (which next_steps may be).
+void batch_input_spans(const VerifyArgs& a, std::vector<Span>& inputs) {
+  const int64_t R = a.num_requests;
+  for (Span span : {array_span("batch->draft_offsets", a.draft_offsets, R + 1, sizeof(int32_t)),
+                    array_span("batch->draft_tokens", a.draft_tokens, a.total_drafts, sizeof(int32_t)),
+                    tensor_span("batch->target_hidden", a.target_hidden),
+                    tensor_span("batch->draft_logits", a.draft_logits),
+                    array_span("batch->temperatures", a.temperatures, R, sizeof(float)),
+                    array_span("batch->draft_temperatures", a.draft_temperatures, R, sizeof(float)),
+                    array_span("batch->seeds", a.seeds, R, sizeof(uint64_t)),
+                    array_span("batch->request_ids", a.request_ids, R, sizeof(uint64_t)),
+                    array_span("batch->accept_uniforms", a.accept_uniforms, a.total_drafts, sizeof(float))})
+    inputs.push_back(span);
+  add_controls_spans(a.controls, "batch->controls", a.num_requests, a.total_rows, true, inputs);
+  add_controls_spans(a.draft_controls, "batch->draft_controls", a.num_requests, a.total_drafts, true, inputs);
+}
+}  // namespace
+
+void validate_result_disjoint(const VerifyArgs& a, const ResultArgs& out, const void* records, int32_t shards) {
   const int64_t R = a.num_requests;
   const int64_t rows = a.total_rows;
   const int64_t top = int64_t(a.top_logprobs) * rows;
@@ -515,18 +630,9 @@ void validate_result_disjoint(const VerifyArgs& a, const ResultArgs& out) {
       array_span("result->raw_logprobs", out.raw_logprobs, rows, sizeof(float)),
       array_span("result->top_tokens", out.top_tokens, top, sizeof(int32_t)),
       array_span("result->top_logprobs", out.top_logprobs, top, sizeof(float))};
-  std::vector<Span> inputs = {
-      array_span("batch->draft_offsets", a.draft_offsets, R + 1, sizeof(int32_t)),
-      array_span("batch->draft_tokens", a.draft_tokens, a.total_drafts, sizeof(int32_t)),
-      tensor_span("batch->target_hidden", a.target_hidden),
-      tensor_span("batch->draft_logits", a.draft_logits),
-      array_span("batch->temperatures", a.temperatures, R, sizeof(float)),
-      array_span("batch->draft_temperatures", a.draft_temperatures, R, sizeof(float)),
-      array_span("batch->seeds", a.seeds, R, sizeof(uint64_t)),
-      array_span("batch->request_ids", a.request_ids, R, sizeof(uint64_t)),
-      array_span("batch->accept_uniforms", a.accept_uniforms, a.total_drafts, sizeof(float))};
-  add_controls_spans(a.controls, "batch->controls", a.num_requests, rows, true, inputs);
-  add_controls_spans(a.draft_controls, "batch->draft_controls", a.num_requests, a.total_drafts, true, inputs);
+  std::vector<Span> inputs;
+  batch_input_spans(a, inputs);
+  if (records) inputs.push_back(array_span("records", records, int64_t(shards) * rows, sizeof(ShardRecord)));
   const Span steps = array_span("batch->steps", a.steps, R, sizeof(uint64_t));
   for (size_t i = 0; i < outputs.size(); ++i) {
     require_disjoint(outputs[i], inputs);
@@ -551,6 +657,42 @@ void validate_result_requests(const ResultArgs& out, bool logprobs_kept, int32_t
           std::string("needs a verify that kept top logprobs (") + source + "->top_logprobs > 0)");
   require(top_logprobs_kept > 0 || !out.top_logprobs, FLASHSPEC_ERR_INVALID_ARGUMENT, "result->top_logprobs",
           std::string("needs a verify that kept top logprobs (") + source + "->top_logprobs > 0)");
+}
+
+namespace {
+// What a shard verify or finalize refuses: the calls that need a second
+// exchange.
+void require_shardable(const VerifyArgs& args) {
+  require(!args.draft_logits, FLASHSPEC_ERR_UNSUPPORTED, "batch->draft_logits",
+          "stochastic drafts need the global log-sum-exp of p before the residual: shard calls take point-mass drafts");
+  require(!args.controls.present && !args.draft_controls.present, FLASHSPEC_ERR_UNSUPPORTED, "batch->controls",
+          "sampling controls need the global ranking: shard calls do not take them");
+  require(!args.logprobs && args.top_logprobs == 0, FLASHSPEC_ERR_UNSUPPORTED, "batch->logprobs",
+          "logprobs need the raw log-sum-exp: shard calls do not return them");
+}
+}  // namespace
+
+VerifyArgs validate_verify_shard(const flashspec_context& ctx, const LmHeadStorage& head,
+                                 const flashspec_verify_batch& batch, const void* records) {
+  VerifyArgs args = validate_batch(ctx, head, batch, nullptr, "");
+  require_shardable(args);
+  require_records(records, 1);
+  std::vector<Span> inputs;
+  batch_input_spans(args, inputs);
+  require_disjoint(array_span("records", records, args.total_rows, sizeof(ShardRecord)), inputs);
+  return args;
+}
+
+VerifyArgs validate_finalize_shards(const flashspec_context& ctx, const flashspec_verify_batch& batch,
+                                    const void* records, int32_t shards) {
+  VerifyArgs args = validate_batch_common(ctx, batch);
+  require_shardable(args);
+  require_records(records, shards);
+  if (batch.memory == FLASHSPEC_MEMORY_HOST) {
+    const int64_t vocab = check_records(static_cast<const ShardRecord*>(records), shards, args.total_rows);
+    check_draft_tokens(batch.draft_tokens, args.total_drafts, vocab);
+  }
+  return args;
 }
 
 ResultArgs validate_result(const flashspec_context& ctx, const flashspec_verify_result* given) {

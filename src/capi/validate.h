@@ -11,8 +11,10 @@
 
 namespace flashspec {
 
-// A head of this context's backend and device.
-const LmHeadStorage& validate_head(const flashspec_context& ctx, const flashspec_lm_head* head, const char* argument);
+// A head of this context's backend and device; a vocabulary shard only
+// where `shard_call`.
+const LmHeadStorage& validate_head(const flashspec_context& ctx, const flashspec_lm_head* head, const char* argument,
+                                   bool shard_call = false);
 
 // A view that can be read: data non-NULL, known dtype and memory, sizes
 // positive, row_stride ≥ cols, byte size without overflow.
@@ -31,8 +33,22 @@ flashspec_verify_batch load_batch(const flashspec_verify_batch* batch);
 // the context's max_rows; total sizes are read from the offsets when they
 // are host memory (CPU backend). `summaries_name` names the store in errors.
 VerifyArgs validate_batch(const flashspec_context& ctx, const LmHeadStorage& head,
-                          const flashspec_verify_batch& batch, const SummaryStore& summaries,
+                          const flashspec_verify_batch& batch, const SummaryStore* summaries,
                           const char* summaries_name);
+
+// Vocabulary shards (flashspec.h): a shard's verify or draft writing
+// `records`; finalize and draft from the gathered records of `shards` ranks
+// (host records are checked: version, slices tiling the vocabulary).
+VerifyArgs validate_verify_shard(const flashspec_context& ctx, const LmHeadStorage& head,
+                                 const flashspec_verify_batch& batch, const void* records);
+VerifyArgs validate_finalize_shards(const flashspec_context& ctx, const flashspec_verify_batch& batch,
+                                    const void* records, int32_t shards);
+DraftArgs validate_draft_shard(const flashspec_context& ctx, const LmHeadStorage& head,
+                               const flashspec_tensor* hidden, const flashspec_draft_params* params,
+                               const void* records);
+DraftArgs validate_draft_from_shards(const flashspec_context& ctx, const flashspec_draft_params* params,
+                                     const void* records, int32_t shards, int32_t rows, int32_t* tokens_out,
+                                     float* scores_out);
 
 // What a verify of `batch` (validated as `args`) leaves for finalize to check.
 VerifiedBatch describe_batch(const LmHeadStorage& head, const flashspec_verify_batch& batch, const VerifyArgs& args);
@@ -50,7 +66,9 @@ void validate_result_requests(const ResultArgs& result, bool logprobs_kept, int3
                               const char* source);
 
 // The aliasing rule of flashspec_finalize: no output shares memory with an
-// input or another output, except next_steps == batch->steps exactly.
-void validate_result_disjoint(const VerifyArgs& args, const ResultArgs& result);
+// input (the batch's arrays and, for finalize_shards, the `shards` ranks'
+// records) or another output, except next_steps == batch->steps exactly.
+void validate_result_disjoint(const VerifyArgs& args, const ResultArgs& result, const void* records = nullptr,
+                              int32_t shards = 0);
 
 }  // namespace flashspec

@@ -10,6 +10,7 @@
 
 #include "flashspec.h"
 #include "kernels/args.h"
+#include "sampling/shard_record.h"
 
 namespace flashspec {
 
@@ -24,6 +25,12 @@ class LmHeadStorage {
   int64_t hidden = 0;
   int64_t row_stride = 0;
   const void* data = nullptr;  // in the backend's memory
+  // A vocabulary shard holds global tokens [vocab_begin, vocab_begin +
+  // vocab) of vocab_size; an unsharded head has vocab_begin 0 and
+  // vocab_size == vocab.
+  int64_t vocab_begin = 0;
+  int64_t vocab_size = 0;
+  bool sharded() const { return vocab_begin != 0 || vocab_size != vocab; }
 };
 
 // Summaries of up to max_rows target rows, in the backend's memory.
@@ -54,6 +61,16 @@ class Backend {
   virtual void verify(const LmHeadStorage& head, const VerifyArgs& args, SummaryStore& summaries) = 0;
   virtual void finalize(const VerifyArgs& args, const SummaryStore& summaries, const ResultArgs& result) = 0;
   virtual void synchronize() = 0;
+
+  // Vocabulary shards (flashspec.h): the pass over the head's slice writes
+  // one record per row; finalize and draft merge the gathered records of
+  // `shards` ranks ([shards][rows], in the backend's memory). The default
+  // refuses with UNSUPPORTED.
+  virtual void verify_records(const LmHeadStorage& head, const VerifyArgs& args, ShardRecord* records);
+  virtual void draft_records(const LmHeadStorage& head, const DraftArgs& args, ShardRecord* records);
+  virtual void finalize_records(const VerifyArgs& args, const ShardRecord* records, int32_t shards,
+                                const ResultArgs& result);
+  virtual void draft_from_records(const DraftArgs& args, const ShardRecord* records, int32_t shards);
   virtual int last_cuda_error() const { return 0; }
 
   // Memory in the backend's own space, for callers that hold their index

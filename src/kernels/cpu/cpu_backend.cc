@@ -417,9 +417,63 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void verify_records(const LmHeadStorage& head, const VerifyArgs& args, ShardRecord* records) override {
+    std::vector<float> hidden = load_rows(*args.target_hidden, Field::kHidden);
+    std::vector<RowPlan> plans(static_cast<size_t>(args.total_rows));
+    for (int32_t r = 0; r < args.num_requests; ++r) {
+      const RequestView req = request_view(args, r);
+      for (int32_t j = 0; j <= req.num_drafts; ++j)
+        plans[size_t(req.first_row + j)] = verify_row_plan(req, j, args.draft_tokens, false);
+    }
+    write_records(head, scan(head, hidden, plans, {}), records);
+  }
+
+  void draft_records(const LmHeadStorage& head, const DraftArgs& args, ShardRecord* records) override {
+    std::vector<float> hidden = load_rows(*args.hidden, Field::kHidden);
+    std::vector<RowPlan> plans(static_cast<size_t>(args.rows));
+    for (int32_t r = 0; r < args.rows; ++r) plans[size_t(r)] = draft_row_plan(draft_row_view(args, r));
+    write_records(head, scan(head, hidden, plans, {}), records);
+  }
+
+  void finalize_records(const VerifyArgs& args, const ShardRecord* records, int32_t shards,
+                        const ResultArgs& result) override {
+    CpuSummaries summaries;
+    summaries.rows.resize(size_t(args.total_rows));
+    for (int32_t r = 0; r < args.num_requests; ++r) {
+      const RequestView req = request_view(args, r);
+      for (int32_t j = 0; j <= req.num_drafts; ++j) {
+        const int32_t row = req.first_row + j;
+        const RowPlan plan = verify_row_plan(req, j, args.draft_tokens, false);
+        const Partial all = merge_records(records, shards, args.total_rows, row);
+        summaries.rows[size_t(row)] = verify_summary(plan, all, row_status(plan, all, 0));
+      }
+    }
+    finalize(args, summaries, result);
+  }
+
+  void draft_from_records(const DraftArgs& args, const ShardRecord* records, int32_t shards) override {
+    std::vector<int32_t> tokens(static_cast<size_t>(args.rows));
+    std::vector<float> scores(static_cast<size_t>(args.rows));
+    for (int32_t r = 0; r < args.rows; ++r) {
+      const RowPlan plan = draft_row_plan(draft_row_view(args, r));
+      const Partial all = merge_records(records, shards, args.rows, r);
+      require_finite_row(all, r);
+      draft_outputs(plan, all, FLASHSPEC_OK, &tokens[size_t(r)], &scores[size_t(r)]);
+    }
+    std::copy(tokens.begin(), tokens.end(), args.tokens_out);
+    if (args.scores_out) std::copy(scores.begin(), scores.end(), args.scores_out);
+  }
+
   void synchronize() override {}
 
  private:
+  // A shard's rows, checked as verify and draft check them, as records.
+  static void write_records(const LmHeadStorage& head, const std::vector<Partial>& rows, ShardRecord* records) {
+    for (size_t r = 0; r < rows.size(); ++r) require_finite_row(rows[r], int64_t(r));
+    for (size_t r = 0; r < rows.size(); ++r)
+      records[r] = shard_record(rows[r], head.vocab_begin, head.vocab_begin + head.vocab, head.vocab_size);
+  }
+
   // A row verifying a stochastic draft: q = softmax(z / T_d) from the
   // caller's draft logits row, log q of the drafted token and, when the row
   // kept its logits (T > 0), the residual Gumbel-max over the tokens with
@@ -533,10 +587,10 @@ class CpuBackend final : public Backend {
         float* kept = kept_rows.empty() ? nullptr : kept_rows[size_t(r)];
         Partial part = empty_partial();
         for (int64_t k = 0; k < count; ++k) {
-          const int32_t token = int32_t(begin + k);
+          const int32_t token = int32_t(head.vocab_begin + begin + k);
           const float l = logits[size_t(r * count + k)];
           fold_logit(part, plan, l, token, greedy ? 0u : row_word(plan.key, token));
-          if (kept) kept[token] = l;
+          if (kept) kept[begin + k] = l;
         }
         partials[size_t(tile * rows + r)] = part;
       }

@@ -16,6 +16,11 @@ pub const FLASHSPEC_ABI_VERSION: c_uint = 0;
 pub const FLASHSPEC_MAX_VOCAB: i32 = 1 << 20;
 pub const FLASHSPEC_MAX_DRAFT_LEN: i32 = 1023;
 pub const FLASHSPEC_MAX_HIDDEN: i32 = 65536;
+pub const FLASHSPEC_MAX_TOP_K: i32 = 1024;
+pub const FLASHSPEC_TOP_K_ALL: i32 = 0x7fffffff;
+pub const FLASHSPEC_MAX_TOP_LOGPROBS: i32 = 20;
+pub const FLASHSPEC_SHARD_RECORD_VERSION: i32 = 1;
+pub const FLASHSPEC_SHARD_RECORD_BYTES: usize = 48;
 
 // ---- enumerations (C enums: 32-bit, fixed values) -------------------------
 pub type flashspec_status = c_uint;
@@ -379,6 +384,13 @@ pub struct flashspec_api {
     pub draft_params_init_sized: Option<unsafe extern "C" fn(*mut flashspec_draft_params, usize)>,
     pub verify_batch_init_sized: Option<unsafe extern "C" fn(*mut flashspec_verify_batch, usize)>,
     pub verify_result_init_sized: Option<unsafe extern "C" fn(*mut flashspec_verify_result, usize)>,
+    pub lm_head_create_shard: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_tensor, flashspec_lm_head_flags, i64, i64, *mut *mut flashspec_lm_head) -> flashspec_status>,
+    pub lm_head_vocab_begin: Option<unsafe extern "C" fn(*const flashspec_lm_head) -> i64>,
+    pub lm_head_global_vocab_size: Option<unsafe extern "C" fn(*const flashspec_lm_head) -> i64>,
+    pub verify_shard: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_lm_head, *const flashspec_verify_batch, *mut c_void) -> flashspec_status>,
+    pub finalize_shards: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_verify_batch, *const c_void, i32, *const flashspec_verify_result) -> flashspec_status>,
+    pub draft_shard: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_lm_head, *const flashspec_tensor, *const flashspec_draft_params, *mut c_void) -> flashspec_status>,
+    pub draft_from_shards: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_draft_params, *const c_void, i32, i32, *mut i32, *mut f32) -> flashspec_status>,
 }
 
 // ---- functions --------------------------------------------------------------
@@ -421,6 +433,13 @@ extern "C" {
     pub fn flashspec_draft_params_init_sized(params: *mut flashspec_draft_params, size: usize);
     pub fn flashspec_verify_batch_init_sized(batch: *mut flashspec_verify_batch, size: usize);
     pub fn flashspec_verify_result_init_sized(result: *mut flashspec_verify_result, size: usize);
+    pub fn flashspec_lm_head_create_shard(ctx: *mut flashspec_context, weight: *const flashspec_tensor, flags: flashspec_lm_head_flags, vocab_begin: i64, vocab_size: i64, out: *mut *mut flashspec_lm_head) -> flashspec_status;
+    pub fn flashspec_lm_head_vocab_begin(head: *const flashspec_lm_head) -> i64;
+    pub fn flashspec_lm_head_global_vocab_size(head: *const flashspec_lm_head) -> i64;
+    pub fn flashspec_verify_shard(ctx: *mut flashspec_context, head: *const flashspec_lm_head, batch: *const flashspec_verify_batch, records: *mut c_void) -> flashspec_status;
+    pub fn flashspec_finalize_shards(ctx: *mut flashspec_context, batch: *const flashspec_verify_batch, records: *const c_void, num_shards: i32, result: *const flashspec_verify_result) -> flashspec_status;
+    pub fn flashspec_draft_shard(ctx: *mut flashspec_context, head: *const flashspec_lm_head, hidden: *const flashspec_tensor, params: *const flashspec_draft_params, records: *mut c_void) -> flashspec_status;
+    pub fn flashspec_draft_from_shards(ctx: *mut flashspec_context, params: *const flashspec_draft_params, records: *const c_void, num_shards: i32, rows: i32, tokens_out: *mut i32, scores_out: *mut f32) -> flashspec_status;
     pub fn flashspec_ngram_params_init(params: *mut flashspec_ngram_params);
     pub fn flashspec_drafter_create_ngram(ctx: *mut flashspec_context, params: *const flashspec_ngram_params, out: *mut *mut flashspec_drafter) -> flashspec_status;
     pub fn flashspec_callback_drafter_params_init(params: *mut flashspec_callback_drafter_params);
