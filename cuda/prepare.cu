@@ -2,6 +2,7 @@
 // checks the host cannot do on device memory) and the staging of hidden rows.
 #include "launch.cuh"
 #include "prepare.h"
+#include "sampling/algorithm1.h"
 #include "tuning.h"
 #include "util/dtype.h"
 
@@ -56,9 +57,10 @@ __global__ void __launch_bounds__(kPlanThreads) verify_plans_kernel(const Verify
         if (!(u > 0.0f && u < 1.0f)) status = FLASHSPEC_ERR_INVALID_ARGUMENT;
       }
     }
+    if (a.batch.draft_parents && !valid_tree(a.batch.draft_parents + v.first_draft, v.num_drafts))
+      status = FLASHSPEC_ERR_OUT_OF_RANGE;
     for (int32_t j = 0; j <= v.num_drafts; ++j)
-      a.plans[v.first_row + j] =
-          status == FLASHSPEC_OK ? verify_row_plan(v, j, a.batch.draft_tokens, stochastic) : inert_plan(status);
+      a.plans[v.first_row + j] = status == FLASHSPEC_OK ? batch_row_plan(a.batch, v, j) : inert_plan(status);
   }
 }
 

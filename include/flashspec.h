@@ -452,7 +452,31 @@ typedef struct flashspec_verify_batch {
                                         emitted tokens' logprobs; 0 (default): not asked */
   int32_t top_logprobs;              /* n ∈ [0, FLASHSPEC_MAX_TOP_LOGPROBS]: verify keeps each
                                         row's n tokens of largest raw logit for finalize */
+  const int32_t* draft_parents;      /* [draft_offsets[R]] NULL: each request's drafts are a
+                                        chain. Else a tree (see Tree verify below) */
 } flashspec_verify_batch;
+
+/* Tree verify. With draft_parents, request r's n_r drafts are the nodes of
+ * a tree: node k (0 ≤ k < n_r, its token draft_tokens[draft_offsets[r] + k])
+ * has parent draft_parents[draft_offsets[r] + k], a node index in [−1, k)
+ * (−1: a child of the root; parents come before their children). The
+ * request's target rows are the root's (row 0) and one per node (row k + 1:
+ * the target after the path to node k), so target_hidden still has
+ * draft_offsets[R] + R rows. The rule, exact for point-mass drafts whatever
+ * the tree (Algorithm 1 when the tree is a chain): at the current node (the
+ * root first) draw y from p of its row; if a child has token y (the first
+ * such child when siblings repeat a token), accept that child and continue
+ * there; otherwise emit y and stop (at a leaf y is the bonus token). T = 0:
+ * y is the argmax, so the path follows greedy decoding. Each row's draw uses
+ * BONUS_NOISE at position = its row index, so a chain verified as a tree
+ * takes other random numbers than Algorithm 1 (both are exact). finalize
+ * writes the accepted path's tokens and the final token to emitted_tokens,
+ * the path's node indices to result->accepted_nodes (optional), and the
+ * path's depth to accepted_counts; logprobs and top logprobs are those of
+ * the rows that drew each emitted token. Trees take point-mass drafts only
+ * (draft_logits with draft_parents is UNSUPPORTED) and no typical
+ * acceptance; bad parents are OUT_OF_RANGE (host) or a request error
+ * (device: accepted_counts[r] = −1). */
 
 /* [thread-safe] Defaults: host memory, all pointers NULL, num_requests 0.
  * Writes min(size, sizeof(flashspec_verify_batch)) bytes and sets struct_size
@@ -515,6 +539,9 @@ typedef struct flashspec_verify_result {
   float* raw_logprobs;               /* [draft_offsets[R] + R] */
   int32_t* top_tokens;               /* [draft_offsets[R] + R, n] */
   float* top_logprobs;               /* [draft_offsets[R] + R, n] */
+  int32_t* accepted_nodes;           /* [draft_offsets[R] + R] tree verify: slot k < accepted
+                                        holds the node index of the k-th accepted node, −1 the
+                                        rest; a chain's accepted draft k is node k */
 } flashspec_verify_result;
 
 /* [thread-safe] Defaults: host memory, all pointers NULL.
@@ -619,7 +646,8 @@ FLASHSPEC_API flashspec_status flashspec_verify_and_finalize(flashspec_context* 
  * residual max(p − q, 0) needs the global log-sum-exp of p before any token
  * can be scored, sampling controls (top-k/top-p/min-p need the global
  * ranking) and logprobs would need a second exchange: shard calls refuse
- * them with FLASHSPEC_ERR_UNSUPPORTED. The CPU backend serves shards; the
+ * them with FLASHSPEC_ERR_UNSUPPORTED. Trees (draft_parents) shard like
+ * chains. The CPU backend serves shards; the
  * CUDA backend refuses shard calls with FLASHSPEC_ERR_UNSUPPORTED in this
  * version. */
 #define FLASHSPEC_SHARD_RECORD_VERSION 1

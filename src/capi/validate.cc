@@ -233,6 +233,9 @@ uint64_t fingerprint(const VerifyArgs& args) {
   mix(&args.num_requests, sizeof args.num_requests);
   mix(args.draft_offsets, sizeof(int32_t) * size_t(args.num_requests + 1));
   if (args.total_drafts > 0) mix(args.draft_tokens, sizeof(int32_t) * size_t(args.total_drafts));
+  const int32_t tree = args.draft_parents != nullptr;
+  mix(&tree, sizeof tree);
+  if (tree && args.total_drafts > 0) mix(args.draft_parents, sizeof(int32_t) * size_t(args.total_drafts));
   for (int32_t r = 0; r < args.num_requests; ++r) {
     const RequestView v = request_view(args, r);
     const float t = v.temperature == 0.0f ? 0.0f : v.temperature;  // −0 and +0 are the same greedy request
@@ -327,6 +330,23 @@ VerifyArgs validate_batch_common(const flashspec_context& ctx, const flashspec_v
   args.draft_controls = load_controls(ctx, batch->draft_controls, requests, host, false, "batch->draft_controls");
   require(!args.draft_controls.present || batch->draft_logits, FLASHSPEC_ERR_INVALID_ARGUMENT,
           "batch->draft_controls", "apply to stochastic drafts' q: give draft_logits too");
+  if (batch->draft_parents) {
+    require(!batch->draft_logits, FLASHSPEC_ERR_UNSUPPORTED, "batch->draft_parents",
+            "tree verify takes point-mass drafts (draft_logits must be NULL)");
+    require(!args.controls.typical_epsilon, FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->controls->typical_epsilon",
+            "typical acceptance does not apply to tree verify");
+    if (host)
+      for (int32_t r = 0; r < requests; ++r) {
+        const int32_t first = batch->draft_offsets[r], n = batch->draft_offsets[r + 1] - first;
+        for (int32_t k = 0; k < n; ++k) {
+          const int32_t parent = batch->draft_parents[first + k];
+          require(parent >= -1 && parent < k, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_parents",
+                  "entry " + str(first + k) + " (node " + str(k) + " of request " + str(r) + ") is " + str(parent) +
+                      ", outside [-1, " + str(k) + ")");
+        }
+      }
+  }
+  args.draft_parents = batch->draft_parents;
   args.logprobs = batch->logprobs != 0;
   args.top_logprobs = batch->top_logprobs;
   args.num_requests = requests;
@@ -611,7 +631,8 @@ void batch_input_spans(const VerifyArgs& a, std::vector<Span>& inputs) {
                     array_span("batch->draft_temperatures", a.draft_temperatures, R, sizeof(float)),
                     array_span("batch->seeds", a.seeds, R, sizeof(uint64_t)),
                     array_span("batch->request_ids", a.request_ids, R, sizeof(uint64_t)),
-                    array_span("batch->accept_uniforms", a.accept_uniforms, a.total_drafts, sizeof(float))})
+                    array_span("batch->accept_uniforms", a.accept_uniforms, a.total_drafts, sizeof(float)),
+                    array_span("batch->draft_parents", a.draft_parents, a.total_drafts, sizeof(int32_t))})
     inputs.push_back(span);
   add_controls_spans(a.controls, "batch->controls", a.num_requests, a.total_rows, true, inputs);
   add_controls_spans(a.draft_controls, "batch->draft_controls", a.num_requests, a.total_drafts, true, inputs);
@@ -629,7 +650,8 @@ void validate_result_disjoint(const VerifyArgs& a, const ResultArgs& out, const 
       array_span("result->logprobs", out.logprobs, rows, sizeof(float)),
       array_span("result->raw_logprobs", out.raw_logprobs, rows, sizeof(float)),
       array_span("result->top_tokens", out.top_tokens, top, sizeof(int32_t)),
-      array_span("result->top_logprobs", out.top_logprobs, top, sizeof(float))};
+      array_span("result->top_logprobs", out.top_logprobs, top, sizeof(float)),
+      array_span("result->accepted_nodes", out.accepted_nodes, rows, sizeof(int32_t))};
   std::vector<Span> inputs;
   batch_input_spans(a, inputs);
   if (records) inputs.push_back(array_span("records", records, int64_t(shards) * rows, sizeof(ShardRecord)));
@@ -705,6 +727,7 @@ ResultArgs validate_result(const flashspec_context& ctx, const flashspec_verify_
   out.raw_logprobs = result.raw_logprobs;
   out.top_tokens = result.top_tokens;
   out.top_logprobs = result.top_logprobs;
+  out.accepted_nodes = result.accepted_nodes;
   return out;
 }
 

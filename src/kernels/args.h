@@ -92,7 +92,14 @@ struct VerifyArgs {
   ControlsArgs draft_controls;       // q of stochastic drafts; mask rows = draft rows
   bool logprobs = false;             // keep what finalize needs for the emitted logprobs
   int32_t top_logprobs = 0;          // keep each row's n tokens of largest raw logit
+  const int32_t* draft_parents = nullptr;  // [total_drafts] a tree per request, or NULL: chains
 };
+
+// The plan of row j of request v: a tree row, or a chain's (Algorithm 1).
+FS_HOST_DEVICE RowPlan batch_row_plan(const VerifyArgs& args, const RequestView& v, int32_t j, bool typical = false) {
+  return args.draft_parents ? tree_row_plan(v, j)
+                            : verify_row_plan(v, j, args.draft_tokens, args.draft_logits != nullptr, typical);
+}
 
 struct ResultArgs {
   int32_t* accepted_counts;  // [R]
@@ -102,6 +109,7 @@ struct ResultArgs {
   float* raw_logprobs = nullptr;    // [total_rows] or NULL
   int32_t* top_tokens = nullptr;    // [total_rows, top_logprobs] or NULL
   float* top_logprobs = nullptr;    // [total_rows, top_logprobs] or NULL
+  int32_t* accepted_nodes = nullptr;  // [total_rows] or NULL
 };
 
 // Request r of a verify batch whose offsets are valid.

@@ -60,6 +60,58 @@ FS_HOST_DEVICE int32_t finalize_request(const RequestView& r, const int32_t* dra
   return accepted;
 }
 
+// Whether node parents p[0 .. n) describe a tree: each in [−1, k).
+FS_HOST_DEVICE bool valid_tree(const int32_t* parents, int32_t n) {
+  for (int32_t k = 0; k < n; ++k)
+    if (parents[k] < -1 || parents[k] >= k) return false;
+  return true;
+}
+
+// The tree walk of a request whose drafts form a tree (flashspec.h, "Tree
+// verify"): from the root, take the draw of the current node's row; if a
+// child (the first, by index) has that token move there, else emit it and
+// stop. Writes the path's tokens and the final token to emitted[0 ..
+// depth], −1 to the rest of the n + 1 slots, and (each optional) the path's
+// node indices, the emitted tokens' logprobs (under the row's p, 0 at T = 0)
+// and raw logprobs, the row index that drew each slot (−1 past the end).
+// Returns the depth, −1 if a row carries an error.
+FS_HOST_DEVICE int32_t finalize_tree_request(const RequestView& r, const int32_t* draft_tokens, const int32_t* parents,
+                                             const RowSummary* rows, int32_t* emitted, int32_t* accepted_nodes,
+                                             float* logprobs, float* raw_logprobs, int32_t* drawing_rows) {
+  bool bad = false;
+  for (int32_t j = 0; j <= r.num_drafts; ++j) bad = bad || rows[r.first_row + j].status != 0;
+  int32_t depth = -1;
+  if (!bad) {
+    int32_t node = -1;  // the root
+    depth = 0;
+    for (;;) {
+      const int32_t row = node + 1;
+      const RowSummary& s = rows[r.first_row + row];
+      const int32_t y = s.candidate;
+      emitted[depth] = y;
+      if (logprobs) logprobs[depth] = r.temperature == 0.0f ? 0.0f : s.candidate_logit - s.lse;
+      if (raw_logprobs) raw_logprobs[depth] = s.candidate_raw_logit - s.raw_lse;
+      if (drawing_rows) drawing_rows[depth] = row;
+      int32_t next = -1;
+      for (int32_t k = node + 1; k < r.num_drafts && next < 0; ++k)
+        if (parents[r.first_draft + k] == node && draft_tokens[r.first_draft + k] == y) next = k;
+      if (next < 0) break;
+      if (accepted_nodes) accepted_nodes[depth] = next;
+      ++depth;
+      node = next;
+    }
+  }
+  for (int32_t k = depth + 1; k <= r.num_drafts; ++k) {
+    emitted[k] = -1;
+    if (logprobs) logprobs[k] = NAN;
+    if (raw_logprobs) raw_logprobs[k] = NAN;
+    if (drawing_rows) drawing_rows[k] = -1;
+  }
+  if (accepted_nodes)
+    for (int32_t k = depth < 0 ? 0 : depth; k <= r.num_drafts; ++k) accepted_nodes[k] = -1;
+  return depth;
+}
+
 // The log probabilities of the tokens finalize_request emitted for request
 // r (`accepted` as it returned), written to slots 0 .. n of `logprobs`
 // (under the row's controlled p; 0 at T = 0) and `raw_logprobs` (under the

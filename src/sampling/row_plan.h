@@ -82,6 +82,18 @@ FS_HOST_DEVICE RowPlan verify_row_plan(const RequestView& v, int32_t j, const in
   return plan;
 }
 
+// Row j of a request whose drafts form a tree: a draw from p itself (the
+// argmax at T = 0) with BONUS_NOISE at position j; nothing tracked or
+// excluded (the walk compares the draw with the node's children).
+FS_HOST_DEVICE RowPlan tree_row_plan(const RequestView& v, int32_t j) {
+  const bool greedy = v.temperature == 0.0f;
+  RowPlan plan = inert_plan(FLASHSPEC_OK);
+  plan.flags = greedy ? kPlanGreedy : 0;
+  plan.inv_t = greedy ? 1.0f : 1.0f / v.temperature;
+  if (!greedy) plan.key = make_row_key(v.seed, v.request_id, v.step, j, FLASHSPEC_RNG_BONUS_NOISE);
+  return plan;
+}
+
 // A draft row: argmax (T = 0) or Gumbel-max with DRAFT_NOISE at its position.
 FS_HOST_DEVICE RowPlan draft_row_plan(const DraftRowView& v) {
   const bool greedy = v.temperature == 0.0f;

@@ -112,12 +112,13 @@ struct VerifyCase {
   int vocab, d, requests, max_n;
   bool stochastic;
   float temperature;  // every third request uses 0
+  bool tree = false;  // drafts form trees (draft_parents)
 };
 
 void run_verify_parity(const VerifyCase& c) {
   Rng rng(5000 + c.vocab + c.d + c.requests * 31 + (c.stochastic ? 17 : 0));
   Matrix w = random_matrix(c.w, c.vocab, c.d, rng, 3.0 / std::sqrt(double(c.d)));
-  std::vector<int32_t> offsets(1, 0), tokens;
+  std::vector<int32_t> offsets(1, 0), tokens, parents;
   std::vector<float> temps, dtemps;
   std::vector<uint64_t> seeds, ids, steps;
   for (int r = 0; r < c.requests; ++r) {
@@ -134,7 +135,11 @@ void run_verify_parity(const VerifyCase& c) {
   Matrix q(FLASHSPEC_DTYPE_F32, std::max(1, total_drafts), c.vocab);
   for (int r = 0; r < c.requests; ++r) {
     for (int j = 0; j < offsets[size_t(r + 1)] - offsets[size_t(r)]; ++j) {
-      const int row = offsets[size_t(r)] + r + j, k = offsets[size_t(r)] + j;
+      // A tree node's token is drawn by its parent's row (row parent + 1);
+      // a chain's draft j by row j.
+      const int parent = c.tree ? rng.below(j + 1) - 1 : j - 1;
+      if (c.tree) parents.push_back(parent);
+      const int row = offsets[size_t(r)] + r + parent + 1, k = offsets[size_t(r)] + j;
       // Draft logits near the target's, the drafted token either the
       // target's argmax, a sample of q, or any token.
       std::vector<double> logits(size_t(c.vocab));
@@ -159,6 +164,7 @@ void run_verify_parity(const VerifyCase& c) {
     }
   }
   if (tokens.empty()) tokens.push_back(0);
+  if (parents.empty()) parents.push_back(-1);
 
   auto cpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CPU).seed(99));
   auto gpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(99));
@@ -181,16 +187,20 @@ void run_verify_parity(const VerifyCase& c) {
   hb.seeds = seeds.data();
   hb.request_ids = ids.data();
   hb.steps = steps.data();
-  std::vector<int32_t> cpu_acc(size_t(c.requests)), cpu_emit(static_cast<size_t>(rows));
+  hb.draft_parents = c.tree ? parents.data() : nullptr;
+  std::vector<int32_t> cpu_acc(size_t(c.requests)), cpu_emit(static_cast<size_t>(rows)),
+      cpu_nodes(static_cast<size_t>(rows));
   flashspec_verify_result hr;
   flashspec_verify_result_init(&hr);
   hr.accepted_counts = cpu_acc.data();
   hr.emitted_tokens = cpu_emit.data();
+  hr.accepted_nodes = cpu_nodes.data();
   FSGPU_OK(cpu.get(), flashspec_verify_and_finalize(cpu.get(), cpu_head.get(), &hb, &hr));
 
   DevMatrix hd(h), qd(q);
   flashspec_tensor hdv = hd.view(), qdv = qd.view();
-  Dev<int32_t> d_off(offsets), d_tok(tokens), d_acc(size_t(c.requests)), d_emit(static_cast<size_t>(rows));
+  Dev<int32_t> d_off(offsets), d_tok(tokens), d_acc(size_t(c.requests)), d_emit(static_cast<size_t>(rows)),
+      d_parents(parents), d_nodes(static_cast<size_t>(rows));
   Dev<float> d_temps(temps), d_dtemps(dtemps);
   Dev<uint64_t> d_seeds(seeds), d_ids(ids), d_steps(steps), d_next(size_t(c.requests));
   flashspec_verify_batch db = hb;
@@ -204,19 +214,21 @@ void run_verify_parity(const VerifyCase& c) {
   db.seeds = d_seeds.ptr();
   db.request_ids = d_ids.ptr();
   db.steps = d_steps.ptr();
+  db.draft_parents = c.tree ? d_parents.ptr() : nullptr;
   flashspec_verify_result dr;
   flashspec_verify_result_init(&dr);
   dr.memory = FLASHSPEC_MEMORY_CUDA;
   dr.accepted_counts = d_acc.ptr();
   dr.emitted_tokens = d_emit.ptr();
   dr.next_steps = d_next.ptr();
+  dr.accepted_nodes = d_nodes.ptr();
   flashspec_summaries* sums_raw = nullptr;
   FSGPU_OK(gpu.get(), flashspec_summaries_create(gpu.get(), rows, c.requests, &sums_raw));
   SummariesPtr sums(sums_raw);
   FSGPU_OK(gpu.get(), flashspec_verify(gpu.get(), gpu_head.get(), &db, sums.get()));
   FSGPU_OK(gpu.get(), flashspec_finalize(gpu.get(), &db, sums.get(), &dr));
   FSGPU_OK(gpu.get(), flashspec_context_synchronize(gpu.get()));
-  std::vector<int32_t> gpu_acc = d_acc.get(), gpu_emit = d_emit.get();
+  std::vector<int32_t> gpu_acc = d_acc.get(), gpu_emit = d_emit.get(), gpu_nodes = d_nodes.get();
   std::vector<uint64_t> next = d_next.get();
   std::vector<flashspec::RowSummary> rs(static_cast<size_t>(rows));
   ASSERT_TRUE(flashspec::cuda::read_summaries(*sums->store, rows, rs.data()));
@@ -230,8 +242,17 @@ void run_verify_parity(const VerifyCase& c) {
     accepted_total += gpu_acc[size_t(r)];
     if (gpu_acc[size_t(r)] < n) ++rejections;
     bool same = cpu_acc[size_t(r)] == gpu_acc[size_t(r)];
-    for (int k = 0; k <= n && same; ++k) same = cpu_emit[size_t(row0 + k)] == gpu_emit[size_t(row0 + k)];
+    for (int k = 0; k <= n && same; ++k)
+      same = cpu_emit[size_t(row0 + k)] == gpu_emit[size_t(row0 + k)] &&
+             cpu_nodes[size_t(row0 + k)] == gpu_nodes[size_t(row0 + k)];
     if (same) continue;
+    if (c.tree) {  // the walks part where some row's draw is a near-tie
+      double margin = 1e300;
+      for (int j = 0; j <= n; ++j) margin = std::min(margin, double(rs[size_t(row0 + j)].candidate_gap));
+      EXPECT_LT(margin, kNearTie) << "tree request " << r << " differs without a near-tie";
+      ++near_ties;
+      continue;
+    }
     // Find the first position where the walks part and the number that
     // decided it: an acceptance margin or a candidate gap.
     const int stop = std::min(cpu_acc[size_t(r)], gpu_acc[size_t(r)]);
@@ -253,8 +274,8 @@ void run_verify_parity(const VerifyCase& c) {
     ++near_ties;
   }
   std::printf("[ parity ] verify V=%d d=%d requests=%d rows=%d %s: %d accepted, %d rejections, %d near-tie(s)\n",
-              c.vocab, c.d, c.requests, rows, c.stochastic ? "stochastic" : "greedy-draft", accepted_total, rejections,
-              near_ties);
+              c.vocab, c.d, c.requests, rows, c.tree ? "tree" : c.stochastic ? "stochastic" : "greedy-draft",
+              accepted_total, rejections, near_ties);
   EXPECT_LE(near_ties, std::max(1, c.requests / 50));
   EXPECT_GT(accepted_total, 0);
   EXPECT_GT(rejections, 0);
@@ -304,6 +325,12 @@ TEST_F(Gpu, VerifyParityGreedyDrafts) {
   run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2503, 128, 40, 4, false, 0.9f});    // 64/128-row tiles
   run_verify_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 1500, 72, 12, 3, false, 1.1f});
   run_verify_parity({FLASHSPEC_DTYPE_F32, FLASHSPEC_DTYPE_F32, 1500, 72, 10, 3, false, 1.0f});       // CUDA cores
+}
+
+TEST_F(Gpu, VerifyParityTrees) {
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2503, 128, 4, 6, false, 1.0f, true});   // ≤ 16 rows
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2503, 128, 40, 5, false, 0.9f, true});  // many rows
+  run_verify_parity({FLASHSPEC_DTYPE_F32, FLASHSPEC_DTYPE_F32, 1500, 72, 10, 4, false, 1.0f, true});     // CUDA cores
 }
 
 TEST_F(Gpu, VerifyParityStochasticDrafts) {

@@ -62,6 +62,7 @@ const std::vector<std::vector<int64_t>> kCuts = {
 TEST_F(Shards, ShardedVerifyEmitsTheUnshardedTokens) {
   std::mt19937_64 rng(2);
   std::normal_distribution<float> normal(0.0f, 0.6f);
+  for (const bool tree : {false, true})
   for (float temperature : {0.0f, 0.7f, 1.3f}) {
     // A ragged batch of 60 requests with 0..4 drafts each; half of the
     // drafts are the target's argmax (accepted often), half random.
@@ -81,9 +82,13 @@ TEST_F(Shards, ShardedVerifyEmitsTheUnshardedTokens) {
       }
       return best;
     };
+    std::vector<int32_t> parents;  // trees: node j's token is drawn by its parent's row
     for (int r = 0; r < R; ++r)
-      for (int j = 0; j < offsets[size_t(r) + 1] - offsets[size_t(r)]; ++j)
-        drafts.push_back(rng() % 4 ? int32_t(argmax(offsets[size_t(r)] + r + j)) : int32_t(rng() % kVocab));
+      for (int j = 0; j < offsets[size_t(r) + 1] - offsets[size_t(r)]; ++j) {
+        const int parent = tree ? int(rng() % uint64_t(j + 1)) - 1 : j - 1;
+        parents.push_back(parent);
+        drafts.push_back(rng() % 4 ? int32_t(argmax(offsets[size_t(r)] + r + parent + 1)) : int32_t(rng() % kVocab));
+      }
     std::vector<float> temperatures(size_t(R), temperature);
     std::vector<uint64_t> steps(size_t(R), 3);
     flashspec_tensor target = flashspec_tensor_make(hidden.data(), FLASHSPEC_DTYPE_F32, FLASHSPEC_MEMORY_HOST, rows, kHidden);
@@ -95,6 +100,7 @@ TEST_F(Shards, ShardedVerifyEmitsTheUnshardedTokens) {
     batch.target_hidden = &target;
     batch.temperatures = temperatures.data();
     batch.steps = steps.data();
+    batch.draft_parents = tree ? parents.data() : nullptr;
 
     std::vector<int32_t> accepted(static_cast<size_t>(R)), emitted(static_cast<size_t>(rows));
     flashspec_verify_result result;
@@ -108,7 +114,8 @@ TEST_F(Shards, ShardedVerifyEmitsTheUnshardedTokens) {
     EXPECT_GT(accepted_total, 0) << "no draft was accepted: the comparison would miss the acceptance test";
 
     for (const auto& bounds : kCuts) {
-      SCOPED_TRACE("T " + std::to_string(temperature) + ", " + std::to_string(bounds.size() - 1) + " shards");
+      SCOPED_TRACE(std::string(tree ? "tree, " : "chain, ") + "T " + std::to_string(temperature) + ", " +
+                   std::to_string(bounds.size() - 1) + " shards");
       std::vector<Shard> shards = cut(bounds);
       // Each rank writes its records; the "all-gather" concatenates them.
       std::vector<unsigned char> gathered(shards.size() * size_t(rows) * FLASHSPEC_SHARD_RECORD_BYTES);

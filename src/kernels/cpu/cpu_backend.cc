@@ -358,7 +358,7 @@ class CpuBackend final : public Backend {
       for (int32_t j = 0; j <= req.num_drafts; ++j) {
         const int32_t row = req.first_row + j;
         const bool typical = analysed && j < req.num_drafts && typical_acceptance(row_controls(args.controls, r, row));
-        const RowPlan plan = verify_row_plan(req, j, args.draft_tokens, stochastic, typical);
+        const RowPlan plan = batch_row_plan(args, req, j, typical);
         plans[size_t(row)] = plan;
         request_of[size_t(row)] = r;
         if (analysed)
@@ -395,23 +395,38 @@ class CpuBackend final : public Backend {
 
   void finalize(const VerifyArgs& args, const SummaryStore& store, const ResultArgs& result) override {
     const auto& summaries = static_cast<const CpuSummaries&>(store);
+    std::vector<int32_t> drawing_rows;
     for (int32_t r = 0; r < args.num_requests; ++r) {
       const RequestView req = request_view(args, r);
-      int32_t accepted = finalize_request(req, args.draft_tokens, summaries.rows.data(), args.accept_uniforms,
-                                          result.emitted_tokens + req.first_row);
+      const size_t first = size_t(req.first_row);
+      auto at = [first](auto* out) { return out ? out + first : nullptr; };
+      int32_t accepted;
+      drawing_rows.assign(size_t(req.num_drafts) + 1, -1);
+      if (args.draft_parents) {
+        accepted = finalize_tree_request(req, args.draft_tokens, args.draft_parents, summaries.rows.data(),
+                                         result.emitted_tokens + first, at(result.accepted_nodes),
+                                         at(result.logprobs), at(result.raw_logprobs), drawing_rows.data());
+      } else {
+        accepted = finalize_request(req, args.draft_tokens, summaries.rows.data(), args.accept_uniforms,
+                                    result.emitted_tokens + first);
+        if (result.logprobs || result.raw_logprobs)
+          emitted_logprobs(req, summaries.rows.data(), accepted, at(result.logprobs), at(result.raw_logprobs));
+        for (int32_t k = 0; k <= req.num_drafts; ++k) {
+          const bool emitted = accepted >= 0 && k <= accepted;
+          drawing_rows[size_t(k)] = emitted ? k : -1;
+          if (result.accepted_nodes) result.accepted_nodes[first + size_t(k)] = emitted && k < accepted ? k : -1;
+        }
+      }
       result.accepted_counts[r] = accepted;
       if (result.next_steps) result.next_steps[r] = req.step + 1;
-      if (result.logprobs || result.raw_logprobs)
-        emitted_logprobs(req, summaries.rows.data(), accepted,
-                         result.logprobs ? result.logprobs + req.first_row : nullptr,
-                         result.raw_logprobs ? result.raw_logprobs + req.first_row : nullptr);
-      const int32_t n = summaries.top_n;
+      // Slot k's top logprobs are those of the row that drew its token.
+      const size_t n = size_t(summaries.top_n);
       for (int32_t k = 0; k <= req.num_drafts && n > 0; ++k) {
-        const size_t slot = size_t(req.first_row + k) * size_t(n);
-        for (int32_t i = 0; i < n; ++i) {
-          const bool emitted = accepted >= 0 && k <= accepted;
-          if (result.top_tokens) result.top_tokens[slot + size_t(i)] = emitted ? summaries.top_tokens[slot + size_t(i)] : -1;
-          if (result.top_logprobs) result.top_logprobs[slot + size_t(i)] = emitted ? summaries.top_logprobs[slot + size_t(i)] : NAN;
+        const int32_t row = drawing_rows[size_t(k)];
+        const size_t slot = (first + size_t(k)) * n, source = (first + size_t(row)) * n;
+        for (size_t i = 0; i < n; ++i) {
+          if (result.top_tokens) result.top_tokens[slot + i] = row >= 0 ? summaries.top_tokens[source + i] : -1;
+          if (result.top_logprobs) result.top_logprobs[slot + i] = row >= 0 ? summaries.top_logprobs[source + i] : NAN;
         }
       }
     }
@@ -422,8 +437,7 @@ class CpuBackend final : public Backend {
     std::vector<RowPlan> plans(static_cast<size_t>(args.total_rows));
     for (int32_t r = 0; r < args.num_requests; ++r) {
       const RequestView req = request_view(args, r);
-      for (int32_t j = 0; j <= req.num_drafts; ++j)
-        plans[size_t(req.first_row + j)] = verify_row_plan(req, j, args.draft_tokens, false);
+      for (int32_t j = 0; j <= req.num_drafts; ++j) plans[size_t(req.first_row + j)] = batch_row_plan(args, req, j);
     }
     write_records(head, scan(head, hidden, plans, {}), records);
   }
@@ -443,7 +457,7 @@ class CpuBackend final : public Backend {
       const RequestView req = request_view(args, r);
       for (int32_t j = 0; j <= req.num_drafts; ++j) {
         const int32_t row = req.first_row + j;
-        const RowPlan plan = verify_row_plan(req, j, args.draft_tokens, false);
+        const RowPlan plan = batch_row_plan(args, req, j);
         const Partial all = merge_records(records, shards, args.total_rows, row);
         summaries.rows[size_t(row)] = verify_summary(plan, all, row_status(plan, all, 0));
       }

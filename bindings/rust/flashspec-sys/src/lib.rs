@@ -176,6 +176,7 @@ pub struct flashspec_verify_batch {
     pub draft_controls: *const flashspec_sampling_controls,
     pub logprobs: i32,
     pub top_logprobs: i32,
+    pub draft_parents: *const i32,
 }
 
 #[repr(C)]
@@ -191,6 +192,7 @@ pub struct flashspec_verify_result {
     pub raw_logprobs: *mut f32,
     pub top_tokens: *mut i32,
     pub top_logprobs: *mut f32,
+    pub accepted_nodes: *mut i32,
 }
 
 #[repr(C)]
