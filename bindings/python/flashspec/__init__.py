@@ -34,7 +34,7 @@ __all__ = [
     "FlashSpecError", "error_class",
     "version", "version_number", "abi_version", "ABI_VERSION", "status_string", "status_name",
     "cuda_device_count", "philox4x32_10", "rng_uniform", "RNG_PURPOSES", "get_api",
-] + [name for name in _errors.__all__ if name != "FlashSpecError"]
+] + [name for name in _errors.__all__ if name not in ("FlashSpecError", "error_class")]
 
 
 def version():

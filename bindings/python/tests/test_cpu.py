@@ -453,3 +453,4 @@ def test_all_names_the_public_api():
                  "FlashSpecError", "InvalidArgumentError", "rng_uniform", "version"):
         assert name in flashspec.__all__, name
     assert "capi" not in flashspec.__all__
+    assert len(flashspec.__all__) == len(set(flashspec.__all__)), "a name listed twice"
