@@ -1,8 +1,8 @@
 #!/bin/sh
 # `pip install .` from a clean virtual environment builds the library and
 # the Python binding (pyproject.toml, meson-python) and the package imports
-# and runs. The sources are copied first, so the check leaves the tree as it
-# was. Needs python3 with venv and access to PyPI (for meson-python, meson,
+# and runs, with its type stubs and py.typed installed beside it. The
+# sources are copied first, so the check leaves the tree as it was. Needs python3 with venv and access to PyPI (for meson-python, meson,
 # ninja and numpy), as CI has.
 #   check_pip_install.sh SOURCE_ROOT [PYTHON]   (default: python3 on PATH)
 set -eu
@@ -31,5 +31,11 @@ with flashspec.Context("cpu", seed=1) as ctx:
     head = ctx.lm_head(w)
     tokens, _ = ctx.draft(head, w[:3])
     assert list(tokens) == [int(np.argmax(w @ w[r])) for r in range(3)], tokens
+# The type information (PEP 561) comes with the package.
+import pathlib
+package = pathlib.Path(flashspec.__file__).parent
+missing = [n for n in ("py.typed", "__init__.pyi", "_core.pyi", "_engine.pyi", "errors.pyi", "capi.pyi")
+           if not (package / n).is_file()]
+assert not missing, f"not installed in {package}: {missing}"
 print(f"pip install .: flashspec {flashspec.version()} imported from {flashspec.__file__}")
 PY

@@ -1,0 +1,107 @@
+# Type information for flashspec._core (Context, LMHead, Summaries,
+# VerifyBatch, VerifyResult). Checked against the module by stubtest and
+# used by a mypy --strict test (bindings/python/tests/typing/).
+from types import TracebackType
+from typing import Any, Literal, Protocol, TypeVar, Union
+
+from numpy.typing import ArrayLike
+
+__all__ = ["Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "stream_handle"]
+
+class _DLPackArray(Protocol):
+    """A DLPack producer (torch, cupy, ...): viewed in place, never copied."""
+    def __dlpack__(self) -> Any: ...
+    def __dlpack_device__(self) -> Any: ...
+
+class _CudaArray(Protocol):
+    """A __cuda_array_interface__ producer (numba, cupy, ...)."""
+    @property
+    def __cuda_array_interface__(self) -> Any: ...
+
+# An array the library reads: anything numpy can view on the host (arrays,
+# lists, buffers) or a device array (DLPack or the CUDA array interface).
+_ArrayInput = Union[ArrayLike, _DLPackArray, _CudaArray]
+# An array the library writes in place (a numpy array of the exact dtype or
+# a device array), or one it returns: numpy for host memory, the producer's
+# type (torch, cupy) for device memory.
+_Array = Any
+
+_Backend = Literal["auto", "cpu", "cuda"]
+_H = TypeVar("_H", bound=_Handle)
+
+def stream_handle(stream: object) -> int: ...
+
+class _Handle:
+    def __init__(self, raw: object) -> None: ...
+    @property
+    def raw(self) -> Any: ...
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None: ...
+    def __enter__(self: _H) -> _H: ...
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None: ...
+    def __del__(self) -> None: ...
+
+class Context(_Handle):
+    stream: int
+    seed: int
+    def __init__(self, backend: _Backend = "auto", *, device: int = 0, cuda_stream: object = None, seed: int = 0,
+                 cpu_threads: int = 0, max_rows: int = 512, max_requests: int = 512) -> None: ...
+    @property
+    def backend(self) -> Literal["cpu", "cuda"]: ...
+    @property
+    def last_error(self) -> str: ...
+    def synchronize(self) -> None: ...
+    def lm_head(self, weight: _ArrayInput, *, borrow: bool = False) -> LMHead: ...
+    def summaries(self, max_rows: int, max_requests: int) -> Summaries: ...
+    def draft(self, head: LMHead, hidden: _ArrayInput, *, temperature: float = 0.0,
+              temperatures: _ArrayInput | None = None, seeds: _ArrayInput | None = None,
+              request_ids: _ArrayInput | None = None, steps: _ArrayInput | None = None,
+              positions: _ArrayInput | None = None, tokens_out: _Array | None = None,
+              scores_out: _Array | None = None) -> tuple[_Array, _Array]: ...
+    def verify(self, head: LMHead, batch: VerifyBatch, summaries: Summaries) -> None: ...
+    def finalize(self, batch: VerifyBatch, summaries: Summaries, *, out: VerifyResult | None = None) -> VerifyResult: ...
+    def verify_and_finalize(self, head: LMHead, batch: VerifyBatch, *,
+                            out: VerifyResult | None = None) -> VerifyResult: ...
+
+class LMHead(_Handle):
+    context: Context
+    def __init__(self, context: Context, weight: _ArrayInput, *, borrow: bool = False) -> None: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+
+class Summaries(_Handle):
+    context: Context
+    def __init__(self, context: Context, max_rows: int, max_requests: int) -> None: ...
+
+class VerifyBatch:
+    target_hidden: _ArrayInput
+    draft_logits: _ArrayInput | None
+    max_draft_len: int
+    # Set once the batch has been built for a call (c_batch):
+    memory: int
+    num_requests: int
+    total_rows: int
+    def __init__(self, draft_offsets: _ArrayInput, draft_tokens: _ArrayInput, target_hidden: _ArrayInput, *,
+                 draft_logits: _ArrayInput | None = None, temperatures: _ArrayInput | None = None,
+                 draft_temperatures: _ArrayInput | None = None, seeds: _ArrayInput | None = None,
+                 request_ids: _ArrayInput | None = None, steps: _ArrayInput | None = None,
+                 accept_uniforms: _ArrayInput | None = None, max_draft_len: int = 0) -> None: ...
+    def c_batch(self, stream: int) -> Any: ...
+    @property
+    def draft_offsets(self) -> _ArrayInput: ...
+
+class VerifyResult:
+    accepted_counts: _Array
+    emitted_tokens: _Array
+    next_steps: _Array | None
+    memory: int | None
+    def __init__(self, accepted_counts: _Array, emitted_tokens: _Array, next_steps: _Array | None = None, *,
+                 draft_offsets: _ArrayInput | None = None) -> None: ...
+    @classmethod
+    def like(cls, batch: VerifyBatch, stream: int = 0) -> VerifyResult: ...
+    def c_result(self, stream: int, batch: VerifyBatch | None = None) -> Any: ...
+    def tokens(self, request: int) -> list[int]: ...

@@ -1,0 +1,102 @@
+"""A small program over the public API of flashspec, fully annotated. The
+typing test checks it with mypy --strict against the package's stubs (so a
+stub that drifts from the module fails) and also runs it, so what it asserts
+about the values is true at run time."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+from numpy.typing import NDArray
+
+import flashspec
+
+
+def greedy_tokens(w: NDArray[np.float32], rows: NDArray[np.float32]) -> list[int]:
+    return [int(np.argmax(w @ row)) for row in rows]
+
+
+def main() -> None:
+    w = np.array([[1, 0], [0, 1], [-1, 0], [0, -1]], dtype=np.float32)  # [V=4, d=2]
+    version: str = flashspec.version()
+    assert version == flashspec.__version__ and flashspec.version_number() > 0
+    assert flashspec.abi_version() == flashspec.ABI_VERSION
+    assert flashspec.status_name(0) == "FLASHSPEC_OK" and isinstance(flashspec.status_string(0), str)
+    assert flashspec.cuda_device_count() >= 0
+    words: tuple[int, int, int, int] = flashspec.philox4x32_10((0, 0, 0, 0), (0, 0))
+    assert len(words) == 4
+    u: float = flashspec.rng_uniform(1, 0, 0, 0, "accept_uniform", 0)
+    assert 0.0 < u < 1.0 and set(flashspec.RNG_PURPOSES) >= {"draft_noise", "bonus_noise"}
+    assert flashspec.get_api(flashspec.ABI_VERSION) is not None
+    assert flashspec.error_class(4) is flashspec.OutOfRangeError
+
+    with flashspec.Context("cpu", seed=1) as ctx:
+        backend: str = ctx.backend
+        assert backend == "cpu"
+        head: flashspec.LMHead = ctx.lm_head(w)
+        assert (head.vocab_size, head.hidden_size) == (4, 2)
+        tokens, scores = ctx.draft(head, np.array([[0, 3]], np.float32), temperature=0.0)
+        assert tokens.tolist() == [1] and float(scores[0]) == 3.0
+
+        batch = flashspec.VerifyBatch([0, 1], tokens, np.array([[0, 3], [-2, 0]], np.float32), temperatures=[0.0])
+        result: flashspec.VerifyResult = ctx.verify_and_finalize(head, batch)
+        emitted: list[int] = result.tokens(0)
+        assert emitted == [1, 2]
+
+        with ctx.summaries(max_rows=2, max_requests=1) as summaries:
+            ctx.verify(head, batch, summaries)
+            again = ctx.finalize(batch, summaries, out=flashspec.VerifyResult.like(batch))
+            assert again.tokens(0) == emitted
+
+        try:
+            ctx.verify_and_finalize(head, flashspec.VerifyBatch([0, 1], [7], np.zeros((2, 2), np.float32)))
+        except flashspec.OutOfRangeError as e:
+            status: int = e.status
+            assert status == 4 and e.status_name == "FLASHSPEC_ERR_OUT_OF_RANGE" and "draft_tokens" in e.message
+        else:
+            raise AssertionError("token 7 is outside the vocabulary of 4")
+
+        e_rows = np.array([[0, 1], [-1, 0], [0, -1], [1, 0]], dtype=np.float32)  # hidden row = e_rows[last token]
+        cache: list[int] = []
+
+        def forward(new: NDArray[np.int32], num_past: int, num_rows: int) -> NDArray[np.float32]:
+            cache[num_past:] = [int(t) for t in new]
+            return e_rows[cache[len(cache) - num_rows:]]
+
+        def rollback(num_keep: int) -> None:
+            del cache[num_keep:]
+
+        ngram = flashspec.NgramDrafter(ctx, max_n=3)
+        last_token: Callable[[NDArray[np.int32], int], list[int]] = lambda seq, k: [int(seq[-1])] * min(k, 1)
+        repeat = flashspec.CallbackDrafter(ctx, last_token)
+        streamed: list[int] = []
+        with flashspec.Engine(ctx, head, forward, target_rollback=rollback, drafters=[ngram, repeat],
+                              arms=[(ngram, 2), (repeat, 1), (None, 0)], policy="ucb1") as engine:
+            generation: flashspec.Generation = engine.generate([0], temperature=0, max_tokens=8,
+                                                               on_token=streamed.append)
+            out, reason, steps = generation
+            # Greedy decoding of this model cycles 0 -> 1 -> 2 -> 3 -> 0.
+            assert out == [1, 2, 3, 0, 1, 2, 3, 0] == streamed and reason is flashspec.FinishReason.LENGTH
+            m: flashspec.EngineMetrics = engine.metrics()
+            assert m.emitted_tokens == 8 and m.steps == steps
+            rates: tuple[float, ...] = m.position_acceptance
+            assert all(0.0 <= r <= 1.0 for r in rates)
+            arm: flashspec.ArmMetrics = m.arms[0]
+            assert arm.pulls >= 0 and isinstance(m.as_dict()["arms"], tuple)
+            engine.reset_metrics()
+
+        def broken(new: NDArray[np.int32], num_past: int, num_rows: int) -> NDArray[np.float32]:
+            raise KeyError("no KV cache")
+
+        with flashspec.Engine(ctx, head, broken) as failing:
+            try:
+                failing.generate([0], max_tokens=4)
+            except flashspec.CallbackError as e:
+                assert isinstance(e.__cause__, KeyError) and e.tokens == []
+            else:
+                raise AssertionError("the failing target forward did not fail the call")
+    print("typed example: ok")
+
+
+if __name__ == "__main__":
+    main()

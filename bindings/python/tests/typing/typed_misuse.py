@@ -1,0 +1,29 @@
+"""Misuses of the flashspec API that the stubs must make mypy reject: each
+line marked "expect-error" must get an error from mypy --strict, and no
+other line may. (Never run: only type-checked.)"""
+from __future__ import annotations
+
+import numpy as np
+
+import flashspec
+
+w = np.zeros((4, 2), np.float32)
+ctx = flashspec.Context("gpu")  # expect-error: not a backend name
+ctx = flashspec.Context("cpu", 1)  # expect-error: seed is keyword-only
+head = ctx.lm_head(w, borow=True)  # expect-error: misspelt keyword
+head = ctx.lm_head(w)
+tokens, scores, extra = ctx.draft(head, w)  # expect-error: draft returns two arrays
+size: str = head.vocab_size  # expect-error: an int
+batch = flashspec.VerifyBatch([0, 1], [1])  # expect-error: target_hidden is missing
+result = ctx.verify_and_finalize(head, flashspec.VerifyBatch([0, 1], [1], w[:2]))
+first: int = result.tokens(0)  # expect-error: a list of tokens
+engine = flashspec.Engine(ctx, head, lambda tokens, num_past: w)  # expect-error: forward takes three arguments
+engine = flashspec.Engine(ctx, head, lambda tokens, past, rows: w, policy="greedy")  # expect-error: no such policy
+generation = engine.generate([1], temperture=0.0)  # expect-error: misspelt keyword
+text: str = generation.steps  # expect-error: an int
+rate: int = engine.metrics().acceptance_rate  # expect-error: a float
+reason: flashspec.FinishReason = flashspec.FinishReason.DONE  # expect-error: no such member
+drafter = flashspec.CallbackDrafter(ctx, lambda seq, k: ([1], None), logits=True)  # expect-error: logits rows missing
+status: str = flashspec.FlashSpecError(4).status  # expect-error: an int
+version: int = flashspec.version()  # expect-error: a string
+flashspec.no_such_function()  # expect-error: not in the package
