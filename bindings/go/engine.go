@@ -36,7 +36,7 @@ import (
 	"sync"
 	"unsafe"
 
-	"flashspec/internal/capi"
+	"github.com/flashspec/flashspec/bindings/go/internal/capi"
 )
 
 // ---- callback failures ----------------------------------------------------

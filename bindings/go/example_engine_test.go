@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"math/rand"
 
-	"flashspec"
+	flashspec "github.com/flashspec/flashspec/bindings/go"
 )
 
 // The engine snippet of bindings/README.md (Go section): the n-gram drafter

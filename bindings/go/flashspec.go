@@ -19,7 +19,7 @@ import (
 	"sync"
 	"unsafe"
 
-	"flashspec/internal/capi"
+	"github.com/flashspec/flashspec/bindings/go/internal/capi"
 )
 
 // Status is a flashspec_status. Statuses other than OK are errors, so

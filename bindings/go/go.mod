@@ -1,3 +1,3 @@
-module flashspec
+module github.com/flashspec/flashspec/bindings/go
 
 go 1.19
