@@ -5,10 +5,12 @@ runs. Usage: check_readme_tour.py SOURCE_ROOT BUILD_ROOT"""
 import os
 import pathlib
 import re
-import shlex
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import check_readme_commands  # noqa: E402
 
 
 def section(readme, title):
@@ -32,18 +34,24 @@ def main(source, build):
             print(f"README's API tour line not in examples/api_tour.c (in order): {line}")
             return 1
     command = re.search(r"```sh\n(.*?)\n```", tour, re.S).group(1)
-    # The command as written runs from the repository root with the build in
-    # build/: run it so, with this build's directory in its place.
-    command = command.replace('"$PWD/build/src"', shlex.quote(str(build / "src"))).replace("build/src", str(build / "src"))
+    # The command runs as written, from a repository root "after ./.ci/test"
+    # (which builds into build/): a scratch root whose examples/ and
+    # include/ are the sources' and whose build/ is this build.
     with tempfile.TemporaryDirectory() as scratch:
-        os.symlink(source / "examples", pathlib.Path(scratch) / "examples")
-        os.symlink(source / "include", pathlib.Path(scratch) / "include")
-        run = subprocess.run(command, shell=True, cwd=scratch, capture_output=True, text=True)
+        for name, target in (("examples", source / "examples"), ("include", source / "include"), ("build", build)):
+            os.symlink(target, pathlib.Path(scratch) / name)
+        # Without the variables Meson sets for a test (LD_LIBRARY_PATH): the
+        # command's rpath alone must find the library.
+        run = subprocess.run(["bash", "-c", command], cwd=scratch, capture_output=True, text=True,
+                             env=check_readme_commands.fresh_environment())
     print(run.stdout, run.stderr, sep="")
     if run.returncode != 0:
         print(f"the README's build command failed ({run.returncode}): {command}")
         return 1
-    print("README API tour: code matches examples/api_tour.c; build command builds and runs it")
+    if "request 0: accepted" not in run.stdout:
+        print("the program the README's command builds did not print its results")
+        return 1
+    print(f"README API tour: code matches examples/api_tour.c; `{command}` ran as written")
     return 0
 
 
