@@ -1,6 +1,6 @@
 # Type information for the flashspec package (PEP 561: py.typed beside it).
 # Checked against the module by stubtest and by a name-for-name comparison
-# of __all__ (bindings/python/tests/typing/check_stubs.py), and used by a
+# of __all__ (bindings/python/tests/typing/check_typing.py), and used by a
 # mypy --strict test over a typed example.
 from typing import Any, Literal, Union
 
