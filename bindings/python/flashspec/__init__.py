@@ -7,6 +7,11 @@
         batch = flashspec.VerifyBatch(offsets, drafts, target_hidden)
         result = ctx.verify_and_finalize(head, batch)
 
+        controls = flashspec.SamplingControls(top_k=40, top_p=0.95, logit_bias={7: -2.0})
+        batch = flashspec.VerifyBatch(offsets, drafts, target_hidden, controls=controls,
+                                      logprobs=True, top_logprobs=5)
+        result = ctx.verify_and_finalize(head, batch)   # result.logprobs, .top_tokens, ...
+
         engine = flashspec.Engine(ctx, head, target_forward,
                                   drafters=[flashspec.NgramDrafter(ctx)])
         tokens, finish_reason, steps = engine.generate(prompt, temperature=0)
@@ -14,6 +19,7 @@
 The raw SWIG layer is flashspec.capi (every C function and struct as is).
 """
 from . import capi
+from ._controls import MAX_TOP_K, MAX_TOP_LOGPROBS, TOP_K_ALL, SamplingControls
 from ._core import Context, LMHead, Summaries, VerifyBatch, VerifyResult, stream_handle
 from .errors import FlashSpecError, error_class
 from .errors import *  # noqa: F401,F403  (one exception class per status)
@@ -29,6 +35,7 @@ ABI_VERSION = capi.FLASHSPEC_ABI_VERSION
 # flashspec.capi).
 __all__ = [
     "Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "stream_handle",
+    "SamplingControls", "MAX_TOP_K", "TOP_K_ALL", "MAX_TOP_LOGPROBS",
     "Engine", "Drafter", "NgramDrafter", "CallbackDrafter", "Generation", "FinishReason", "EngineMetrics",
     "ArmMetrics",
     "FlashSpecError", "error_class",

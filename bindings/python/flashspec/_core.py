@@ -8,9 +8,10 @@ import numpy as np
 
 from . import _arrays
 from . import capi as _capi
+from ._controls import SamplingControls
 from .errors import check
 
-__all__ = ["Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "stream_handle"]
+__all__ = ["Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "SamplingControls", "stream_handle"]
 
 _BACKENDS = {"auto": _capi.FLASHSPEC_BACKEND_AUTO, "cpu": _capi.FLASHSPEC_BACKEND_CPU,
              "cuda": _capi.FLASHSPEC_BACKEND_CUDA}
@@ -142,11 +143,15 @@ class Context(_Handle):
 
     # ---- draft -------------------------------------------------------------
     def draft(self, head, hidden, *, temperature=0.0, temperatures=None, seeds=None,
-              request_ids=None, steps=None, positions=None, tokens_out=None, scores_out=None):
+              request_ids=None, steps=None, positions=None, controls=None, tokens_out=None, scores_out=None):
         """Draft one token per hidden row. Returns (tokens, scores): int32
         token ids and, per row, the token's logit (T = 0) or log q(x) (T > 0).
         Outputs (unless given) live with the per-row arrays, else with
-        ``hidden``: numpy on the host, torch or cupy arrays on the device."""
+        ``hidden``: numpy on the host, torch or cupy arrays on the device.
+        ``controls`` (a SamplingControls) apply per row: its per-request
+        values have one entry per hidden row, its mask one row per hidden
+        row; then T = 0 is the argmax over the controlled set and T > 0
+        samples the controlled q (scores are log q(x))."""
         hv = _arrays.tensor(hidden, "hidden", stream=self.stream)
         rows = hv.shape[0]
         arrays = {name: (value, dtype) for name, value, dtype in (
@@ -170,6 +175,14 @@ class Context(_Handle):
         for name, v in views.items():
             _require_rows(name, v, rows)
         tv, sv = views.pop("tokens_out"), views.pop("scores_out")
+        c_controls = None
+        if controls is not None:
+            if memory != _arrays.HOST:
+                raise ValueError("controls: sampling controls need host arrays and host hidden rows "
+                                 "(only the CPU backend applies them)")
+            controls.check_vocab(head.vocab_size, "controls")
+            c_controls, _keep = controls.c_controls(rows, rows, "controls", per="rows",
+                                                    mask_source=f"the {rows} rows")
 
         params = _capi.flashspec_draft_params()
         _capi.flashspec_draft_params_init(params)
@@ -177,6 +190,7 @@ class Context(_Handle):
         params.temperature = temperature
         for name, v in views.items():
             setattr(params, name, v.address)
+        params.controls = c_controls
         self._call(_capi.flashspec_draft, head.raw, _arrays.c_tensor(hv), params, tv.address, sv.address)
         self._sync_host_outputs(memory)
         return tv.source, sv.source
@@ -184,7 +198,9 @@ class Context(_Handle):
     # ---- verify / finalize -------------------------------------------------
     def verify(self, head, batch, summaries):
         """One pass over W for the batch, writing only the per-row summaries."""
-        self._call(_capi.flashspec_verify, head.raw, batch.c_batch(self.stream), summaries.raw)
+        c_batch = batch.c_batch(self.stream)
+        batch.check_vocab(head.vocab_size)
+        self._call(_capi.flashspec_verify, head.raw, c_batch, summaries.raw)
 
     def finalize(self, batch, summaries, *, out=None):
         """Algorithm 1 on the summaries of the last verify of this batch.
@@ -198,6 +214,7 @@ class Context(_Handle):
     def verify_and_finalize(self, head, batch, *, out=None):
         """verify then finalize with summaries the context keeps."""
         c_batch, result, c_result = self._batch_and_result(batch, out)
+        batch.check_vocab(head.vocab_size)
         self._call(_capi.flashspec_verify_and_finalize, head.raw, c_batch, c_result)
         self._sync_host_outputs(batch.memory, result.memory)
         return result
@@ -294,6 +311,16 @@ class VerifyBatch:
     cannot be read without a sync, so there offsets[R] is taken as
     target_hidden's rows − R, and the library checks the offsets themselves
     on the device. Empty arrays (no drafts) are passed as NULL.
+
+    ``controls`` (a SamplingControls) define the target distribution p of
+    each request (per-request values: R entries; mask: one row per target
+    row, offsets[R] + R); ``draft_controls`` the controls a stochastic
+    draft's q was sampled under (mask: one row per draft_logits row,
+    offsets[R]). ``logprobs=True`` returns the emitted tokens' logprobs
+    (VerifyResult.logprobs, .raw_logprobs); ``top_logprobs=n`` (at most
+    MAX_TOP_LOGPROBS) each slot's n tokens of largest raw logit
+    (.top_tokens, .top_logprobs). Controls need host index arrays: only the
+    CPU backend applies them.
     """
 
     _ARRAYS = (("draft_offsets", "int32"), ("draft_tokens", "int32"), ("temperatures", "float32"),
@@ -302,7 +329,8 @@ class VerifyBatch:
 
     def __init__(self, draft_offsets, draft_tokens, target_hidden, *, draft_logits=None,
                  temperatures=None, draft_temperatures=None, seeds=None, request_ids=None,
-                 steps=None, accept_uniforms=None, max_draft_len=0):
+                 steps=None, accept_uniforms=None, max_draft_len=0, controls=None, draft_controls=None,
+                 logprobs=False, top_logprobs=0):
         given = dict(draft_offsets=draft_offsets, draft_tokens=draft_tokens, temperatures=temperatures,
                      draft_temperatures=draft_temperatures, seeds=seeds, request_ids=request_ids,
                      steps=steps, accept_uniforms=accept_uniforms)
@@ -310,6 +338,13 @@ class VerifyBatch:
         self.target_hidden = target_hidden
         self.draft_logits = draft_logits
         self.max_draft_len = max_draft_len
+        for name, value in (("controls", controls), ("draft_controls", draft_controls)):
+            if value is not None and not isinstance(value, SamplingControls):
+                raise TypeError(f"{name}: expected a SamplingControls, got {type(value).__name__}")
+        self.controls = controls
+        self.draft_controls = draft_controls
+        self.logprobs = bool(logprobs)
+        self.top_logprobs = int(top_logprobs)
         self._stream = None
         self._built = None
 
@@ -324,7 +359,19 @@ class VerifyBatch:
         logits = (_arrays.tensor(self.draft_logits, "draft_logits", stream=stream)
                   if self.draft_logits is not None else None)
         offsets = views["draft_offsets"]
-        _check_batch_sizes(views, hidden, logits)
+        drafts = _check_batch_sizes(views, hidden, logits)
+        controls = {}
+        if (self.controls is not None or self.draft_controls is not None) and drafts is not None:
+            if memory != _arrays.HOST:
+                raise ValueError("controls: sampling controls need host index arrays "
+                                 "(only the CPU backend applies them)")
+            requests = offsets.shape[0] - 1
+            if self.controls is not None:
+                controls["controls"] = self.controls.c_controls(
+                    requests, hidden.shape[0], "controls", mask_source=f"draft_offsets[R] + R = {hidden.shape[0]}")
+            if self.draft_controls is not None:
+                controls["draft_controls"] = self.draft_controls.c_controls(
+                    requests, drafts, "draft_controls", mask_source=f"draft_offsets[R] = {drafts}")
         if logits is not None and logits.shape[0] == 0:
             logits = None  # no drafts: nothing to score against
         batch = _capi.flashspec_verify_batch()
@@ -338,17 +385,28 @@ class VerifyBatch:
         logits_c = _arrays.c_tensor(logits) if logits is not None else None
         batch.draft_logits = logits_c
         batch.max_draft_len = self.max_draft_len
+        for name, (c_controls, _keep) in controls.items():
+            setattr(batch, name, c_controls)
+        batch.logprobs = 1 if self.logprobs else 0
+        batch.top_logprobs = self.top_logprobs
         self.memory = memory
         self._proto = offsets
         self.num_requests = batch.num_requests
         self.total_rows = hidden.shape[0]
-        self._built = (batch, views, hidden, logits, hidden_c, logits_c)
+        self._built = (batch, views, hidden, logits, hidden_c, logits_c, controls)
         self._stream = stream
         return batch
 
     @property
     def draft_offsets(self):
         return self._inputs["draft_offsets"]
+
+    def check_vocab(self, vocab):
+        """ValueError unless a bool token mask has one column per token."""
+        for name in ("controls", "draft_controls"):
+            controls = getattr(self, name)
+            if controls is not None:
+                controls.check_vocab(vocab, name)
 
 
 def _read_int32(v, index):
@@ -359,11 +417,12 @@ def _read_int32(v, index):
 def _check_batch_sizes(views, hidden, logits):
     """Raise ValueError unless every array of the batch is as long as the C
     library will read. R comes from draft_offsets' length; offsets[R] from
-    its last entry (host) or from target_hidden's rows (device)."""
+    its last entry (host) or from target_hidden's rows (device). Returns
+    offsets[R] (None when R < 1, which the library refuses unread)."""
     offsets = views["draft_offsets"]
     requests = offsets.shape[0] - 1
     if requests < 1:
-        return  # the library refuses num_requests < 1 before reading any array
+        return None  # the library refuses num_requests < 1 before reading any array
     rows = hidden.shape[0]
     if offsets.memory == _arrays.HOST:
         drafts = _read_int32(offsets, requests)
@@ -384,6 +443,7 @@ def _check_batch_sizes(views, hidden, logits):
             _require_entries(name, views[name], requests, f"the {requests} requests")
     if logits is not None and logits.shape[0] != drafts:
         raise ValueError(f"draft_logits has {logits.shape[0]} rows, expected {source}")
+    return drafts
 
 
 class _Empty:
@@ -398,23 +458,53 @@ class VerifyResult:
     (optional), by default in the memory of the batch's index arrays. Given
     arrays (``out=``) are written in place: each must be at least that long,
     contiguous, writable and of its dtype (int32, int32, uint64 or int64);
-    nothing is copied or converted."""
+    nothing is copied or converted.
 
-    def __init__(self, accepted_counts, emitted_tokens, next_steps=None, *, draft_offsets=None):
+    For a batch with ``logprobs=True``: ``logprobs`` (float32 [offsets[R] +
+    R], log p of each emitted token under the controlled target
+    distribution it was verified against; 0 for a T = 0 row) and
+    ``raw_logprobs`` (log softmax of the raw logits). For ``top_logprobs=n``:
+    ``top_tokens`` (int32) and ``top_logprobs`` (float32), [offsets[R] + R,
+    n], each slot's n tokens of largest raw logit (ties: smaller id) and
+    their raw logprobs. Slots are indexed as emitted_tokens; a slot past a
+    request's emitted tokens holds NaN (logprobs) and -1 (tokens). Given as
+    ``out=``, the top arrays are [rows, n] or flat with rows * n entries.
+    Each is None when not asked for.
+    """
+
+    _OUTPUTS = (("logprobs", "float32"), ("raw_logprobs", "float32"), ("top_tokens", "int32"),
+                ("top_logprobs", "float32"))
+
+    def __init__(self, accepted_counts, emitted_tokens, next_steps=None, *, logprobs=None, raw_logprobs=None,
+                 top_tokens=None, top_logprobs=None, draft_offsets=None):
         self.accepted_counts = accepted_counts
         self.emitted_tokens = emitted_tokens
         self.next_steps = next_steps
+        self.logprobs = logprobs
+        self.raw_logprobs = raw_logprobs
+        self.top_tokens = top_tokens
+        self.top_logprobs = top_logprobs
         self._draft_offsets = draft_offsets
+        self._top_n = None
         self.memory = None
 
     @classmethod
     def like(cls, batch, stream=0):
-        """Outputs sized for batch, in the memory of its draft_offsets."""
+        """Outputs sized for batch, in the memory of its draft_offsets
+        (with the logprob arrays the batch asks for)."""
         batch.c_batch(stream)
-        count, total = batch.num_requests, batch.total_rows
+        count, total = max(batch.num_requests, 0), max(batch.total_rows, 0)
         make = lambda shape, dtype: _arrays.empty_like_memory(batch._proto, shape, dtype)  # noqa: E731
-        return cls(make((max(count, 0),), "int32"), make((max(total, 0),), "int32"),
-                   make((max(count, 0),), "uint64"), draft_offsets=batch.draft_offsets)
+        extra = {}
+        if batch.logprobs:
+            extra["logprobs"] = make((total,), "float32")
+            extra["raw_logprobs"] = make((total,), "float32")
+        n = batch.top_logprobs
+        if 0 < n <= _capi.FLASHSPEC_MAX_TOP_LOGPROBS:  # else the library refuses the batch
+            extra["top_tokens"] = make((total, n), "int32")
+            extra["top_logprobs"] = make((total, n), "float32")
+        return cls(make((count,), "int32"), make((total,), "int32"), make((count,), "uint64"),
+                   draft_offsets=batch.draft_offsets, **extra)
 
     def c_result(self, stream, batch=None):
         """The flashspec_verify_result; with ``batch``, each array is first
@@ -425,7 +515,9 @@ class VerifyResult:
                  _arrays.vector(self.emitted_tokens, "emitted_tokens", "int32", stream=stream, output=True)]
         if self.next_steps is not None:
             views.append(_arrays.vector(self.next_steps, "next_steps", "uint64", stream=stream, output=True))
-        _require_memory([("result arrays", v) for v in views[1:]], views[0].memory)
+        extra = {name: _output_array(getattr(self, name), name, dtype, stream)
+                 for name, dtype in self._OUTPUTS if getattr(self, name) is not None}
+        _require_memory([("result arrays", v) for v in views[1:] + list(extra.values())], views[0].memory)
         if batch is not None:
             batch.c_batch(stream)
             requests, rows = batch.num_requests, batch.total_rows
@@ -434,18 +526,73 @@ class VerifyResult:
                     _require_entries(name, v, rows, f"draft_offsets[R] + R = {rows}")
                 else:
                     _require_entries(name, v, requests, f"the {requests} requests")
+            # n outside [0, MAX_TOP_LOGPROBS]: the library refuses the batch
+            # before writing anything.
+            n = batch.top_logprobs if 0 <= batch.top_logprobs <= _capi.FLASHSPEC_MAX_TOP_LOGPROBS else 0
+            self._top_n = n
+            for name, v in extra.items():
+                if name in ("logprobs", "raw_logprobs"):
+                    _require_entries(name, v, rows, f"draft_offsets[R] + R = {rows}")
+                    continue
+                if len(v.shape) == 2 and v.shape[1] != n:
+                    raise ValueError(f"{name} has {v.shape[1]} columns, the batch asks for top_logprobs = {n}")
+                if v.size < rows * n:
+                    raise ValueError(f"{name} has {v.size} entries, fewer than (draft_offsets[R] + R) * "
+                                     f"top_logprobs = {rows} * {n}")
         self.memory = views[0].memory
         result.memory = views[0].memory
         result.accepted_counts = views[0].address
         result.emitted_tokens = views[1].address
         result.next_steps = views[2].address if len(views) > 2 else None
-        self._views = views
+        for name, _ in self._OUTPUTS:
+            setattr(result, name, extra[name].address if name in extra else None)
+        self._views = views + list(extra.values())
         return result
+
+    def _slots(self, request):
+        offsets = np.asarray(self._draft_offsets)
+        counts = np.asarray(self.accepted_counts)
+        start = int(offsets[request]) + request
+        return start, int(counts[request]) + 1
 
     def tokens(self, request):
         """The emitted tokens of one request (host results): the accepted
         drafts, then the recovered or bonus token."""
-        offsets = np.asarray(self._draft_offsets)
-        counts = np.asarray(self.accepted_counts)
-        start = int(offsets[request]) + request
-        return [int(t) for t in np.asarray(self.emitted_tokens)[start:start + int(counts[request]) + 1]]
+        start, count = self._slots(request)
+        return [int(t) for t in np.asarray(self.emitted_tokens)[start:start + count]]
+
+    def token_logprobs(self, request, *, raw=False):
+        """The logprobs of one request's emitted tokens (host results): under
+        the controlled target distribution, or with raw=True under the raw
+        logits. Needs a batch with logprobs=True."""
+        array = self.raw_logprobs if raw else self.logprobs
+        if array is None:
+            raise ValueError("no logprobs: verify a batch with logprobs=True")
+        start, count = self._slots(request)
+        return [float(x) for x in np.asarray(array)[start:start + count]]
+
+    def top(self, request):
+        """For each emitted token of one request (host results), its row's
+        top tokens as [(token, raw logprob), ...], largest first. Needs a
+        batch with top_logprobs=n."""
+        if self.top_tokens is None or self.top_logprobs is None:
+            raise ValueError("no top logprobs: verify a batch with top_logprobs=n")
+        start, count = self._slots(request)
+        tokens, logprobs = np.asarray(self.top_tokens), np.asarray(self.top_logprobs)
+        n = tokens.shape[1] if tokens.ndim == 2 else self._top_n
+        if not n:
+            return [[] for _ in range(count)]
+        tokens = tokens.reshape(-1)[:(start + count) * n].reshape(-1, n)
+        logprobs = logprobs.reshape(-1)[:(start + count) * n].reshape(-1, n)
+        return [[(int(t), float(p)) for t, p in zip(tokens[slot], logprobs[slot])]
+                for slot in range(start, start + count)]
+
+
+def _output_array(obj, name, dtype, stream):
+    """A contiguous output View of any shape (written in place)."""
+    v = _arrays.view(obj, name, stream=stream, dtype=dtype, output=True)
+    if len(v.shape) not in (1, 2):
+        raise ValueError(f"{name}: expected a 1-D or 2-D array, got shape {v.shape}")
+    if not v.is_contiguous():
+        raise ValueError(f"{name}: outputs must be contiguous (they are written in place)")
+    return v

@@ -44,6 +44,7 @@ FLASHSPEC_ADDRESS(const uint64_t*)
 FLASHSPEC_ADDRESS(float*)
 FLASHSPEC_ADDRESS(const float*)
 FLASHSPEC_ADDRESS(const double*)
+FLASHSPEC_ADDRESS(const uint32_t*)
 
 /* ---- handle outputs: status, handle = f(..) ------------------------------ */
 %define FLASHSPEC_OUT_HANDLE(TYPE)

@@ -449,7 +449,8 @@ def test_all_names_the_public_api():
     # classes and functions of the package are in it.
     for name in flashspec.__all__:
         assert hasattr(flashspec, name), name
-    for name in ("Context", "LMHead", "VerifyBatch", "VerifyResult", "Engine", "NgramDrafter", "CallbackDrafter",
+    for name in ("Context", "LMHead", "VerifyBatch", "VerifyResult", "SamplingControls", "Engine", "NgramDrafter",
+                 "CallbackDrafter",
                  "FlashSpecError", "InvalidArgumentError", "rng_uniform", "version"):
         assert name in flashspec.__all__, name
     assert "capi" not in flashspec.__all__
