@@ -312,7 +312,9 @@ func (h *LMHead) handle() (capi.Struct_SS_flashspec_lm_head, error) {
 // ---- Draft ----------------------------------------------------------------
 
 // DraftOptions are the per-call randomness and temperature of Draft; nil
-// slices take the library defaults (see flashspec_draft_params).
+// slices take the library defaults (see flashspec_draft_params). Controls
+// apply per row: their per-request slices have one entry per hidden row,
+// their mask one row per hidden row.
 type DraftOptions struct {
 	Temperature  float32 // 0: greedy
 	Temperatures []float32
@@ -320,6 +322,7 @@ type DraftOptions struct {
 	RequestIDs   []uint64
 	Steps        []uint64
 	Positions    []int32
+	Controls     *SamplingControls
 }
 
 // Draft drafts one token per row of hidden ([rows, d] row-major). scores
@@ -349,6 +352,12 @@ func (c *Context) Draft(head *LMHead, hidden []float32, o *DraftOptions) (tokens
 			return nil, nil, &Error{Status: ErrOutOfRange, Message: fmt.Sprintf("%s: %d entries for %d rows", s.name, s.n, rows)}
 		}
 	}
+	words := 0
+	if o.Controls != nil {
+		if words, err = o.Controls.check("Controls", rows, rows, head.vocab, "rows"); err != nil {
+			return nil, nil, err
+		}
+	}
 	var a arena
 	defer a.free()
 	t := capi.Flashspec_tensor_make(in(&a, hidden), capi.FLASHSPEC_DTYPE_F32, capi.FLASHSPEC_MEMORY_HOST, int64(rows), int64(head.hidden))
@@ -362,6 +371,11 @@ func (c *Context) Draft(head *LMHead, hidden []float32, o *DraftOptions) (tokens
 	p.SetRequest_ids(in(&a, o.RequestIDs))
 	p.SetSteps(in(&a, o.Steps))
 	p.SetPositions(in(&a, o.Positions))
+	if o.Controls != nil {
+		controls := o.Controls.cControls(&a, words)
+		defer capi.DeleteFlashspec_sampling_controls(controls)
+		p.SetControls(controls)
+	}
 	tp, sp := out[int32](&a, rows), out[float32](&a, rows)
 	err = c.call(func(raw capi.Struct_SS_flashspec_context) capi.Enum_SS_flashspec_status {
 		return capi.Flashspec_draft(raw, hr, t, p, uintptr(tp), uintptr(sp))
@@ -390,6 +404,13 @@ func rowsOf(values []float32, cols int, name string) (int, error) {
 // DraftTokens and AcceptUniforms need DraftOffsets[R] entries, the
 // per-request slices R, TargetHidden DraftOffsets[R] + R rows and
 // DraftLogits DraftOffsets[R] rows (a short one is an ErrOutOfRange error).
+//
+// Controls define each request's target distribution (mask rows: the
+// DraftOffsets[R] + R target rows), DraftControls the controls stochastic
+// drafts were sampled under (mask rows: the DraftOffsets[R] DraftLogits
+// rows); see SamplingControls. Logprobs asks for the emitted tokens'
+// logprobs and TopLogprobs (0..MaxTopLogprobs) for each slot's tokens of
+// largest raw logit, in the VerifyResult.
 type VerifyBatch struct {
 	DraftOffsets      []int32
 	DraftTokens       []int32
@@ -402,21 +423,68 @@ type VerifyBatch struct {
 	Steps             []uint64
 	AcceptUniforms    []float32
 	MaxDraftLen       int
+	Controls          *SamplingControls
+	DraftControls     *SamplingControls
+	Logprobs          bool
+	TopLogprobs       int
 }
 
-// VerifyResult is what finalize wrote.
+// VerifyResult is what finalize wrote. The logprob slices are indexed as
+// EmittedTokens (slot k of request r at DraftOffsets[r] + r + k); a slot
+// past a request's tokens holds NaN and -1. They are nil unless the batch
+// asked for them.
 type VerifyResult struct {
 	AcceptedCounts []int32  // [R]
 	EmittedTokens  []int32  // [DraftOffsets[R] + R]; unused entries are -1
 	NextSteps      []uint64 // [R]: Steps + 1
-	offsets        []int32
+	// Logprobs: log p(token) under the controlled target distribution the
+	// token was verified against (0 for a T = 0 row); RawLogprobs: under the
+	// raw logits. [DraftOffsets[R] + R] each (VerifyBatch.Logprobs).
+	Logprobs    []float32
+	RawLogprobs []float32
+	// TopTokens[slot*TopN+i]: the TopN tokens of largest raw logit of the
+	// slot's row (ties: smaller id), TopLogprobs their raw logprobs
+	// (VerifyBatch.TopLogprobs).
+	TopTokens   []int32
+	TopLogprobs []float32
+	TopN        int
+	offsets     []int32
+}
+
+func (r *VerifyResult) slots(request int) (start, count int) {
+	return int(r.offsets[request]) + request, int(r.AcceptedCounts[request]) + 1
 }
 
 // Tokens are request r's emitted tokens: the accepted drafts, then the
 // recovered or bonus token.
 func (r *VerifyResult) Tokens(request int) []int32 {
-	start := int(r.offsets[request]) + request
-	return r.EmittedTokens[start : start+int(r.AcceptedCounts[request])+1]
+	start, count := r.slots(request)
+	return r.EmittedTokens[start : start+count]
+}
+
+// TokenLogprobs are the logprobs of request r's emitted tokens (raw: under
+// the raw logits); nil unless the batch asked for logprobs.
+func (r *VerifyResult) TokenLogprobs(request int, raw bool) []float32 {
+	values := r.Logprobs
+	if raw {
+		values = r.RawLogprobs
+	}
+	if values == nil {
+		return nil
+	}
+	start, count := r.slots(request)
+	return values[start : start+count]
+}
+
+// Top is the top tokens and their raw logprobs of the row of request r's
+// emitted token k (0 ≤ k ≤ AcceptedCounts[r]), largest first.
+func (r *VerifyResult) Top(request, k int) ([]int32, []float32) {
+	if r.TopN == 0 {
+		return nil, nil
+	}
+	start, _ := r.slots(request)
+	slot := (start + k) * r.TopN
+	return r.TopTokens[slot : slot+r.TopN], r.TopLogprobs[slot : slot+r.TopN]
 }
 
 // checkSizes makes sure the library reads no slice past its end: it reads
@@ -464,6 +532,19 @@ func (b *VerifyBatch) checkSizes(head *LMHead) (int, error) {
 			return 0, &Error{Status: ErrOutOfRange, Message: fmt.Sprintf("DraftLogits: %d rows, expected DraftOffsets[R] = %d", lrows, drafts)}
 		}
 	}
+	if b.TopLogprobs < 0 || b.TopLogprobs > MaxTopLogprobs {
+		return 0, &Error{Status: ErrOutOfRange, Message: fmt.Sprintf("TopLogprobs: %d, outside [0, %d]", b.TopLogprobs, MaxTopLogprobs)}
+	}
+	if b.Controls != nil {
+		if _, err := b.Controls.check("Controls", requests, rows, head.vocab, "requests"); err != nil {
+			return 0, err
+		}
+	}
+	if b.DraftControls != nil {
+		if _, err := b.DraftControls.check("DraftControls", requests, drafts, head.vocab, "requests"); err != nil {
+			return 0, err
+		}
+	}
 	return rows, nil
 }
 
@@ -496,6 +577,28 @@ func (b *VerifyBatch) cBatch(a *arena, head *LMHead) (capi.Flashspec_verify_batc
 	batch.SetSteps(in(a, b.Steps))
 	batch.SetAccept_uniforms(in(a, b.AcceptUniforms))
 	batch.SetMax_draft_len(b.MaxDraftLen)
+	for _, c := range []struct {
+		controls *SamplingControls
+		name     string
+		rows     int
+		set      func(capi.Flashspec_sampling_controls)
+	}{
+		{b.Controls, "Controls", rows, batch.SetControls},
+		{b.DraftControls, "DraftControls", rows - (len(b.DraftOffsets) - 1), batch.SetDraft_controls},
+	} {
+		if c.controls == nil {
+			continue
+		}
+		// checkSizes has checked them; this gives the words per mask row.
+		words, _ := c.controls.check(c.name, len(b.DraftOffsets)-1, c.rows, head.vocab, "requests")
+		controls := c.controls.cControls(a, words)
+		cleanup = append(cleanup, func() { capi.DeleteFlashspec_sampling_controls(controls) })
+		c.set(controls)
+	}
+	if b.Logprobs {
+		batch.SetLogprobs(1)
+	}
+	batch.SetTop_logprobs(b.TopLogprobs)
 	return batch, func() {
 		for i := len(cleanup) - 1; i >= 0; i-- {
 			cleanup[i]()
@@ -522,14 +625,34 @@ func (c *Context) finalizeWith(b *VerifyBatch, head *LMHead, fn func(raw capi.St
 	result.SetAccepted_counts(uintptr(ap))
 	result.SetEmitted_tokens(uintptr(ep))
 	result.SetNext_steps(uintptr(np))
+	// checkSizes bounded TopLogprobs by MaxTopLogprobs.
+	var lp, rp, ttp, tlp unsafe.Pointer
+	if b.Logprobs {
+		lp, rp = out[float32](&a, emitted), out[float32](&a, emitted)
+		result.SetLogprobs(uintptr(lp))
+		result.SetRaw_logprobs(uintptr(rp))
+	}
+	top := emitted * b.TopLogprobs
+	if top > 0 {
+		ttp, tlp = out[int32](&a, top), out[float32](&a, top)
+		result.SetTop_tokens(uintptr(ttp))
+		result.SetTop_logprobs(uintptr(tlp))
+	}
 	if err := c.call(func(raw capi.Struct_SS_flashspec_context) capi.Enum_SS_flashspec_status {
 		return fn(raw, batch, result)
 	}); err != nil {
 		return nil, err
 	}
 	offsets := append([]int32(nil), b.DraftOffsets...)
-	return &VerifyResult{AcceptedCounts: back[int32](ap, requests), EmittedTokens: back[int32](ep, emitted),
-		NextSteps: back[uint64](np, requests), offsets: offsets}, nil
+	res := &VerifyResult{AcceptedCounts: back[int32](ap, requests), EmittedTokens: back[int32](ep, emitted),
+		NextSteps: back[uint64](np, requests), offsets: offsets}
+	if b.Logprobs {
+		res.Logprobs, res.RawLogprobs = back[float32](lp, emitted), back[float32](rp, emitted)
+	}
+	if top > 0 {
+		res.TopTokens, res.TopLogprobs, res.TopN = back[int32](ttp, top), back[float32](tlp, top), b.TopLogprobs
+	}
+	return res, nil
 }
 
 // VerifyAndFinalize verifies the batch and runs Algorithm 1 on it.
