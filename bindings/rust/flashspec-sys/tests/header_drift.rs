@@ -271,6 +271,42 @@ fn every_enum_value_matches_the_header() {
     }
 }
 
+/// The value of a constant expression of the forms the limits use:
+/// `1024`, `0x7fffffff`, `(1 << 20)`.
+fn constant_value(expression: &str) -> i64 {
+    let e: String = expression.chars().filter(|c| !c.is_whitespace() && *c != '(' && *c != ')').collect();
+    let number = |s: &str| match s.strip_prefix("0x") {
+        Some(hex) => i64::from_str_radix(hex, 16).expect(expression),
+        None => s.parse::<i64>().expect(expression),
+    };
+    match e.split_once("<<") {
+        Some((a, b)) => number(a) << number(b),
+        None => number(&e),
+    }
+}
+
+#[test]
+fn every_limit_matches_the_header() {
+    let text = std::fs::read_to_string(header_path()).unwrap();
+    let mut header = BTreeMap::new();
+    for line in text.lines().filter_map(|l| l.trim_start().strip_prefix("#define ")) {
+        let line = line.split("/*").next().unwrap();
+        let Some((name, value)) = line.trim().split_once(char::is_whitespace) else { continue };
+        if name.starts_with("FLASHSPEC_MAX_") || name == "FLASHSPEC_TOP_K_ALL" {
+            header.insert(name.to_string(), constant_value(value));
+        }
+    }
+    assert!(header.len() >= 6, "{header:?}");
+    let mut declared = BTreeMap::new();
+    for line in LIB_RS.lines().filter_map(|l| l.strip_prefix("pub const ")) {
+        let (name, rest) = line.split_once(':').unwrap();
+        if header.contains_key(name.trim()) {
+            declared.insert(name.trim().to_string(), constant_value(rest.split('=').nth(1).unwrap().trim().trim_end_matches(';')));
+        }
+    }
+    assert_eq!(declared, header);
+}
+
 // ---- layout, measured by the C compiler ------------------------------------
 macro_rules! layouts {
     ($($name:ident { $($field:ident),* $(,)? })*) => {

@@ -22,6 +22,8 @@ use std::ptr;
 
 pub use flashspec_sys as sys;
 
+mod controls;
+pub use controls::{pack_token_mask, LogitBias, LogitBiasBuf, SamplingControls, TokenMask, MAX_TOP_K, MAX_TOP_LOGPROBS, TOP_K_ALL};
 mod engine;
 pub use engine::{Arm, ArmMetrics, BoxError, CallbackDrafterOptions, CallbackPanic, CallbackResult, Canceller, Drafter, Engine, EngineMetrics, EngineOptions, FinishReason, GenerateError, GenerateOptions, Generation, NgramOptions, Policy};
 
@@ -243,7 +245,10 @@ impl Context {
     }
 
     /// Draft one token per row of `hidden` (`[rows, d]` row-major): the
-    /// tokens and their logits (T = 0) or log q(x) (T > 0).
+    /// tokens and their logits (T = 0) or log q(x) (T > 0). With
+    /// `options.controls` (per row: per-request slices and mask rows have
+    /// one entry per hidden row), T = 0 is the argmax over the controlled
+    /// set and T > 0 samples the controlled q.
     pub fn draft(&self, head: &LmHead<'_>, hidden: &[f32], options: &DraftOptions<'_>) -> Result<(Vec<i32>, Vec<f32>)> {
         let rows = rows_of(hidden, head.hidden, "hidden")?;
         for (name, len) in [("temperatures", options.temperatures.map(<[f32]>::len)), ("seeds", options.seeds.map(<[u64]>::len)), ("request_ids", options.request_ids.map(<[u64]>::len)), ("steps", options.steps.map(<[u64]>::len)), ("positions", options.positions.map(<[i32]>::len))] {
@@ -251,6 +256,7 @@ impl Context {
                 return Err(Error { status: sys::FLASHSPEC_ERR_OUT_OF_RANGE, message: format!("{name}: {n} entries for {rows} rows") });
             }
         }
+        let controls = options.controls.as_ref().map(|c| c.raw("controls", rows, rows, head.vocab, "rows")).transpose()?;
         let t = host_tensor(hidden, rows, head.hidden);
         let mut p = std::mem::MaybeUninit::<sys::flashspec_draft_params>::zeroed();
         let mut p = unsafe {
@@ -263,6 +269,7 @@ impl Context {
         p.request_ids = opt_ptr(options.request_ids);
         p.steps = opt_ptr(options.steps);
         p.positions = opt_ptr(options.positions);
+        p.controls = controls.as_ref().map_or(ptr::null(), |c| c as *const _);
         let mut tokens = vec![0i32; rows];
         let mut scores = vec![0f32; rows];
         let status = unsafe { sys::flashspec_draft(self.raw, head.raw, &t, &p, tokens.as_mut_ptr(), scores.as_mut_ptr()) };
@@ -365,11 +372,20 @@ pub struct DraftOptions<'a> {
     pub request_ids: Option<&'a [u64]>,
     pub steps: Option<&'a [u64]>,
     pub positions: Option<&'a [i32]>,
+    /// Per row (typical acceptance is a verify's only).
+    pub controls: Option<SamplingControls<'a>>,
 }
 
 /// A ragged batch (flashspec_verify_batch): request r drafted
 /// `draft_tokens[draft_offsets[r]..draft_offsets[r+1]]`; its n_r + 1 target
 /// rows start at row `draft_offsets[r] + r` of `target_hidden`.
+///
+/// `controls` define each request's target distribution (mask: one row per
+/// target row, `draft_offsets[R] + R`), `draft_controls` the controls
+/// stochastic drafts were sampled under (mask: one row per `draft_logits`
+/// row, `draft_offsets[R]`). `logprobs` asks for the emitted tokens'
+/// logprobs, `top_logprobs` (≤ [`MAX_TOP_LOGPROBS`]) for each slot's tokens
+/// of largest raw logit, in the [`VerifyResult`].
 #[derive(Debug, Clone, Default)]
 pub struct VerifyBatch<'a> {
     pub draft_offsets: &'a [i32],
@@ -384,6 +400,10 @@ pub struct VerifyBatch<'a> {
     pub steps: Option<&'a [u64]>,
     pub accept_uniforms: Option<&'a [f32]>,
     pub max_draft_len: i32,
+    pub controls: Option<SamplingControls<'a>>,
+    pub draft_controls: Option<SamplingControls<'a>>,
+    pub logprobs: bool,
+    pub top_logprobs: usize,
 }
 
 struct RawBatch {
@@ -391,6 +411,8 @@ struct RawBatch {
     // The batch points at these.
     _hidden: Box<sys::flashspec_tensor>,
     _logits: Option<Box<sys::flashspec_tensor>>,
+    _controls: Option<Box<sys::flashspec_sampling_controls>>,
+    _draft_controls: Option<Box<sys::flashspec_sampling_controls>>,
 }
 
 impl VerifyBatch<'_> {
@@ -426,12 +448,25 @@ impl VerifyBatch<'_> {
         if drafts < 0 || self.draft_tokens.len() < drafts as usize || self.accept_uniforms.map_or(false, |u| u.len() < drafts as usize) {
             return Err(Error { status: sys::FLASHSPEC_ERR_OUT_OF_RANGE, message: format!("draft_tokens/accept_uniforms: fewer than draft_offsets[R] = {drafts} entries") });
         }
-        Ok(RawBatch { batch: b, _hidden: hidden, _logits: logits })
+        if self.top_logprobs > MAX_TOP_LOGPROBS {
+            return Err(Error { status: sys::FLASHSPEC_ERR_OUT_OF_RANGE, message: format!("top_logprobs: {}, at most {MAX_TOP_LOGPROBS}", self.top_logprobs) });
+        }
+        let drafts = drafts as usize;
+        let controls = self.controls.as_ref().map(|c| c.raw("controls", requests, drafts + requests, head.vocab, "requests").map(Box::new)).transpose()?;
+        let draft_controls = self.draft_controls.as_ref().map(|c| c.raw("draft_controls", requests, drafts, head.vocab, "requests").map(Box::new)).transpose()?;
+        b.controls = controls.as_deref().map_or(ptr::null(), |c| c as *const _);
+        b.draft_controls = draft_controls.as_deref().map_or(ptr::null(), |c| c as *const _);
+        b.logprobs = i32::from(self.logprobs);
+        b.top_logprobs = self.top_logprobs as i32;
+        Ok(RawBatch { batch: b, _hidden: hidden, _logits: logits, _controls: controls, _draft_controls: draft_controls })
     }
 }
 
-/// What finalize wrote.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What finalize wrote. The logprob vectors are indexed as `emitted_tokens`
+/// (slot k of request r at `draft_offsets[r] + r + k`); a slot past a
+/// request's tokens holds NaN and -1. Each is empty unless the batch asked
+/// for it.
+#[derive(Debug, Clone, PartialEq)]
 pub struct VerifyResult {
     /// `[R]`.
     pub accepted_counts: Vec<i32>,
@@ -439,14 +474,39 @@ pub struct VerifyResult {
     pub emitted_tokens: Vec<i32>,
     /// `[R]`: steps + 1.
     pub next_steps: Vec<u64>,
+    /// `[draft_offsets[R] + R]` ([`VerifyBatch::logprobs`]): log p(token)
+    /// under the controlled target distribution the token was verified
+    /// against (0 for a T = 0 row).
+    pub logprobs: Vec<f32>,
+    /// `[draft_offsets[R] + R]`: log softmax of the raw logits at the token.
+    pub raw_logprobs: Vec<f32>,
+    /// `[draft_offsets[R] + R, top_n]` ([`VerifyBatch::top_logprobs`]): each
+    /// slot's `top_n` tokens of largest raw logit, ties by smaller id.
+    pub top_tokens: Vec<i32>,
+    /// Their raw logprobs, alike.
+    pub top_logprobs: Vec<f32>,
+    pub top_n: usize,
     offsets: Vec<i32>,
 }
 
 impl VerifyResult {
+    /// Outputs for a batch that `VerifyBatch::raw` accepted.
     fn sized(batch: &VerifyBatch<'_>) -> VerifyResult {
         let requests = batch.draft_offsets.len().saturating_sub(1);
         let emitted = batch.draft_offsets.last().map_or(0, |&d| d.max(0) as usize + requests);
-        VerifyResult { accepted_counts: vec![0; requests], emitted_tokens: vec![0; emitted], next_steps: vec![0; requests], offsets: batch.draft_offsets.to_vec() }
+        let lp = if batch.logprobs { emitted } else { 0 };
+        let top = emitted * batch.top_logprobs;
+        VerifyResult {
+            accepted_counts: vec![0; requests],
+            emitted_tokens: vec![0; emitted],
+            next_steps: vec![0; requests],
+            logprobs: vec![0.0; lp],
+            raw_logprobs: vec![0.0; lp],
+            top_tokens: vec![0; top],
+            top_logprobs: vec![0.0; top],
+            top_n: batch.top_logprobs,
+            offsets: batch.draft_offsets.to_vec(),
+        }
     }
 
     fn raw(&mut self) -> sys::flashspec_verify_result {
@@ -458,12 +518,37 @@ impl VerifyResult {
         r.accepted_counts = self.accepted_counts.as_mut_ptr();
         r.emitted_tokens = self.emitted_tokens.as_mut_ptr();
         r.next_steps = self.next_steps.as_mut_ptr();
+        let or_null = |v: &mut Vec<f32>| if v.is_empty() { ptr::null_mut() } else { v.as_mut_ptr() };
+        r.logprobs = or_null(&mut self.logprobs);
+        r.raw_logprobs = or_null(&mut self.raw_logprobs);
+        r.top_logprobs = or_null(&mut self.top_logprobs);
+        r.top_tokens = if self.top_tokens.is_empty() { ptr::null_mut() } else { self.top_tokens.as_mut_ptr() };
         r
+    }
+
+    fn slots(&self, request: usize) -> std::ops::Range<usize> {
+        let start = self.offsets[request] as usize + request;
+        start..start + self.accepted_counts[request] as usize + 1
     }
 
     /// Request r's emitted tokens: accepted drafts, then the recovered or bonus token.
     pub fn tokens(&self, request: usize) -> &[i32] {
-        let start = self.offsets[request] as usize + request;
-        &self.emitted_tokens[start..start + self.accepted_counts[request] as usize + 1]
+        &self.emitted_tokens[self.slots(request)]
+    }
+
+    /// The logprobs of request r's emitted tokens, under the controlled
+    /// target distribution or (`raw`) the raw logits; `None` unless the
+    /// batch asked for logprobs.
+    pub fn token_logprobs(&self, request: usize, raw: bool) -> Option<&[f32]> {
+        let values = if raw { &self.raw_logprobs } else { &self.logprobs };
+        (!values.is_empty()).then(|| &values[self.slots(request)])
+    }
+
+    /// The top tokens and their raw logprobs of the row of request r's
+    /// emitted token k (k ≤ accepted_counts[r]), largest first; empty
+    /// unless the batch asked for top logprobs.
+    pub fn top(&self, request: usize, k: usize) -> (&[i32], &[f32]) {
+        let slot = (self.slots(request).start + k) * self.top_n;
+        (&self.top_tokens[slot..slot + self.top_n], &self.top_logprobs[slot..slot + self.top_n])
     }
 }
