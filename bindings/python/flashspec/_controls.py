@@ -1,5 +1,6 @@
 """Sampling controls (flashspec_sampling_controls): per-request top-k, top-p,
-min-p, logit bias, allowed-token masks and typical acceptance."""
+min-p, logit bias with a repetition penalty, allowed-token masks and typical
+acceptance."""
 import ctypes
 from collections.abc import Mapping
 
@@ -19,18 +20,22 @@ _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 class SamplingControls:
     """What turns a row's logits into the distribution a draft samples and a
-    verify verifies against (see "Sampling controls" in flashspec.h): logit
-    bias, token mask, temperature, top-k, top-p, min-p, in that order.
+    verify verifies against (see "Sampling controls" in flashspec.h):
+    penalties and logit bias, token mask, temperature, top-k, top-p, min-p,
+    in that order.
 
-    Per-request values (``top_k``, ``top_p``, ``min_p``, ``typical_epsilon``,
-    ``typical_delta``) are a scalar, the same for every request, or one entry
-    per request (per hidden row in ``Context.draft``). None leaves the step
-    out.
+    Per-request values (``top_k``, ``top_p``, ``min_p``,
+    ``repetition_penalty``, ``typical_epsilon``, ``typical_delta``) are a
+    scalar, the same for every request, or one entry per request (per hidden
+    row in ``Context.draft``). None leaves the step out.
 
     Logit bias: ``logit_bias`` is a dict ``{token: bias}`` for every request
     or a sequence of such dicts (or None) per request; or give the C API's
     CSR arrays ``bias_offsets`` [R + 1], ``bias_tokens`` and ``bias_values``
-    [bias_offsets[R]] instead. Entries naming one token add up.
+    [bias_offsets[R]] instead. Entries naming one token add up. The
+    ``repetition_penalty`` r applies to the tokens the bias names (a value
+    of 0 names a token for the penalty alone): l becomes l / r if l > 0,
+    else l * r, before the bias is added.
 
     ``token_mask``: one row per row the controls apply to (each target row of
     a verify, each draft-logits row for ``draft_controls``, each hidden row
@@ -48,23 +53,25 @@ class SamplingControls:
     """
 
     _PER_REQUEST = (("top_k", "int32"), ("top_p", "float32"), ("min_p", "float32"),
-                    ("typical_epsilon", "float32"), ("typical_delta", "float32"))
+                    ("repetition_penalty", "float32"), ("typical_epsilon", "float32"),
+                    ("typical_delta", "float32"))
 
     def __init__(self, *, top_k=None, top_p=None, min_p=None, logit_bias=None, bias_offsets=None,
-                 bias_tokens=None, bias_values=None, token_mask=None, typical_epsilon=None,
-                 typical_delta=None):
+                 bias_tokens=None, bias_values=None, repetition_penalty=None, token_mask=None,
+                 typical_epsilon=None, typical_delta=None):
         csr = (bias_offsets, bias_tokens, bias_values)
         if logit_bias is not None and any(a is not None for a in csr):
             raise ValueError("give logit_bias or bias_offsets/bias_tokens/bias_values, not both")
         self.top_k, self.top_p, self.min_p = top_k, top_p, min_p
+        self.repetition_penalty = repetition_penalty
         self.typical_epsilon, self.typical_delta = typical_epsilon, typical_delta
         self.logit_bias = logit_bias
         self.bias_offsets, self.bias_tokens, self.bias_values = csr
         self.token_mask, self.mask_columns = _pack_mask(token_mask) if token_mask is not None else (None, None)
 
     def __repr__(self):
-        given = [name for name in ("top_k", "top_p", "min_p", "logit_bias", "bias_offsets", "token_mask",
-                                   "typical_epsilon", "typical_delta") if getattr(self, name) is not None]
+        given = [name for name in ("top_k", "top_p", "min_p", "logit_bias", "bias_offsets", "repetition_penalty",
+                                   "token_mask", "typical_epsilon", "typical_delta") if getattr(self, name) is not None]
         return f"SamplingControls({', '.join(given)})"
 
     def check_vocab(self, vocab, prefix):

@@ -223,6 +223,28 @@ def test_typical_acceptance_with_a_zero_threshold_accepts_every_draft(ctx, weigh
     assert list(result.accepted_counts) == [n] * R
 
 
+def test_repetition_penalty_scales_the_logits_of_the_named_tokens(ctx, weights):
+    # Each row's raw argmax, named with a bias of 0 and penalised: l / r for
+    # l > 0, l * r otherwise. T = 0 gives the argmax of the penalised logits.
+    rng = np.random.default_rng(10)
+    rows = 12
+    hidden = rng.standard_normal((rows, D)).astype(np.float32)
+    logits = logits_of(weights, hidden)
+    named = [[int(np.argmax(logits[r])), int(np.argmin(logits[r]))] for r in range(rows)]
+    penalty = np.linspace(1.5, 40.0, rows).astype(np.float32)
+    controls = flashspec.SamplingControls(logit_bias=[{t: 0.0 for t in tokens} for tokens in named],
+                                          repetition_penalty=penalty)
+    tokens, _ = ctx.draft(ctx.lm_head(weights), hidden, controls=controls)
+    changed = 0
+    for r in range(rows):
+        penalised = logits[r].copy()
+        for t in named[r]:
+            penalised[t] = penalised[t] / penalty[r] if penalised[t] > 0 else penalised[t] * penalty[r]
+        assert tokens[r] == np.argmax(penalised), f"row {r}"
+        changed += tokens[r] != named[r][0]
+    assert changed > rows // 2  # the penalty moved most argmaxes
+
+
 def test_bias_as_csr_arrays_equals_bias_as_dicts(ctx, weights):
     rng = np.random.default_rng(9)
     hidden = rng.standard_normal((4, D)).astype(np.float32)
@@ -292,6 +314,8 @@ ALL = np.ones((5, V), bool)
     (dict(top_p=[0.5]), "controls.top_p has 1 entries, fewer than the 2 requests"),
     (dict(min_p=np.zeros(0, np.float32)), "controls.min_p has 0 entries, fewer than the 2 requests"),
     (dict(typical_epsilon=[0.1]), "controls.typical_epsilon has 1 entries"),
+    (dict(repetition_penalty=np.ones(3, np.float32)[:1], logit_bias={1: 0.0}),
+     "controls.repetition_penalty has 1 entries, fewer than the 2 requests"),
     (dict(typical_epsilon=[0.1, 0.1], typical_delta=[0.3]), "controls.typical_delta has 1 entries"),
     (dict(logit_bias=[{1: 1.0}]), "controls.logit_bias has 1 entries, fewer than the 2 requests"),
     (dict(bias_offsets=np.array([0, 1, 2, 2], np.int32)[:2], bias_tokens=[1, 2], bias_values=[1.0, 1.0]),
