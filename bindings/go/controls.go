@@ -16,14 +16,17 @@ const (
 
 // SamplingControls turn a row's logits into the distribution a draft
 // samples and a verify verifies against (see "Sampling controls" in
-// flashspec.h): logit bias, token mask, temperature, top-k, top-p, min-p,
-// in that order. Only the CPU backend applies them (the CUDA backend
+// flashspec.h): penalties and logit bias, token mask, temperature, top-k,
+// top-p, min-p, in that order. Only the CPU backend applies them (the CUDA backend
 // refuses them with ErrUnsupported).
 //
 // Per-request slices have one entry per request of a verify (per hidden
 // row of a Draft); nil leaves the step out. The logit bias is in CSR form:
 // request r's entries are BiasTokens/BiasValues[BiasOffsets[r]:
-// BiasOffsets[r+1]] (SetLogitBias builds them from maps). TokenMask has
+// BiasOffsets[r+1]] (SetLogitBias builds them from maps);
+// RepetitionPenalty r applies to the tokens the bias names (l / r for
+// l > 0, else l * r, before the bias; a value of 0 names a token for the
+// penalty alone). TokenMask has
 // MaskWords words per row (0: ceil(V / 32)), one row per row the controls
 // apply to: each target row of a verify (DraftOffsets[R] + R), each
 // DraftLogits row for DraftControls (DraftOffsets[R]), each hidden row of
@@ -36,16 +39,17 @@ const (
 // needs R entries, BiasOffsets R + 1, BiasTokens and BiasValues
 // BiasOffsets[R], TokenMask rows × words (a short one is ErrOutOfRange).
 type SamplingControls struct {
-	TopK           []int32   // 1..MaxTopK, or ≥ V / TopKAll (no truncation)
-	TopP           []float32 // (0, 1]
-	MinP           []float32 // [0, 1]
-	BiasOffsets    []int32   // [R + 1], non-decreasing from 0
-	BiasTokens     []int32   // [BiasOffsets[R]] token ids; repeats add up
-	BiasValues     []float32 // [BiasOffsets[R]] finite biases
-	TokenMask      []uint32  // [rows * MaskWords] packed bits
-	MaskWords      int       // words per mask row; 0: ceil(V / 32)
-	TypicalEpsilon []float32 // ε ∈ (0, 1]; 0 leaves Algorithm 1
-	TypicalDelta   []float32 // δ ≥ 0
+	TopK              []int32   // 1..MaxTopK, or ≥ V / TopKAll (no truncation)
+	TopP              []float32 // (0, 1]
+	MinP              []float32 // [0, 1]
+	BiasOffsets       []int32   // [R + 1], non-decreasing from 0
+	BiasTokens        []int32   // [BiasOffsets[R]] token ids; repeats add up
+	BiasValues        []float32 // [BiasOffsets[R]] finite biases
+	RepetitionPenalty []float32 // r > 0, for the tokens of the bias entries
+	TokenMask         []uint32  // [rows * MaskWords] packed bits
+	MaskWords         int       // words per mask row; 0: ceil(V / 32)
+	TypicalEpsilon    []float32 // ε ∈ (0, 1]; 0 leaves Algorithm 1
+	TypicalDelta      []float32 // δ ≥ 0
 }
 
 // SetLogitBias sets the CSR bias arrays from one map {token: bias} per
@@ -104,6 +108,7 @@ func (c *SamplingControls) check(name string, requests, maskRows, vocab int, per
 		n     int
 	}{
 		{"TopK", c.TopK != nil, len(c.TopK)}, {"TopP", c.TopP != nil, len(c.TopP)}, {"MinP", c.MinP != nil, len(c.MinP)},
+		{"RepetitionPenalty", c.RepetitionPenalty != nil, len(c.RepetitionPenalty)},
 		{"TypicalEpsilon", c.TypicalEpsilon != nil, len(c.TypicalEpsilon)},
 		{"TypicalDelta", c.TypicalDelta != nil, len(c.TypicalDelta)},
 	} {
@@ -150,6 +155,7 @@ func (c *SamplingControls) cControls(a *arena, words int) capi.Flashspec_samplin
 	s.SetBias_offsets(in(a, c.BiasOffsets))
 	s.SetBias_tokens(in(a, c.BiasTokens))
 	s.SetBias_values(in(a, c.BiasValues))
+	s.SetRepetition_penalty(in(a, c.RepetitionPenalty))
 	if c.TokenMask != nil {
 		s.SetToken_mask(in(a, c.TokenMask))
 		s.SetMask_words(words)

@@ -215,6 +215,55 @@ func TestLogprobsAreThoseOfTheControlledDistribution(t *testing.T) {
 	}
 }
 
+func TestRepetitionPenaltyScalesTheLogitsOfTheNamedTokens(t *testing.T) {
+	// Each row's raw argmax and argmin, named with a bias of 0 and
+	// penalised: l / r for l > 0, l * r otherwise. T = 0 gives the argmax of
+	// the penalised logits.
+	ctx, head, w := newFixture(t)
+	const rows = 12
+	h := randomRows(rand.New(rand.NewSource(27)), rows, testD)
+	bias := make([]map[int32]float32, rows)
+	penalty := make([]float32, rows)
+	for r := range bias {
+		l := logits(w, h, r)
+		lowest := 0
+		for i := range l {
+			if l[i] < l[lowest] {
+				lowest = i
+			}
+		}
+		bias[r] = map[int32]float32{int32(argmax(l)): 0, int32(lowest): 0}
+		penalty[r] = 1.5 + float32(r)*3.5
+	}
+	controls := &SamplingControls{RepetitionPenalty: penalty}
+	controls.SetLogitBias(bias)
+	tokens, _, err := ctx.Draft(head, h, &DraftOptions{Controls: controls})
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := 0
+	for r, token := range tokens {
+		l := logits(w, h, r)
+		raw := argmax(l)
+		for named := range bias[r] {
+			if l[named] > 0 {
+				l[named] /= float64(penalty[r])
+			} else {
+				l[named] *= float64(penalty[r])
+			}
+		}
+		if int(token) != argmax(l) {
+			t.Fatalf("row %d: %d, the penalised argmax is %d", r, token, argmax(l))
+		}
+		if int(token) != raw {
+			changed++
+		}
+	}
+	if changed <= rows/2 {
+		t.Fatalf("the penalty moved %d of %d argmaxes", changed, rows)
+	}
+}
+
 func TestControlSlicesAreCheckedAgainstTheBatch(t *testing.T) {
 	all, _ := PackTokenMask(randomAllowed(rand.New(rand.NewSource(23)), 5), testV) // 5 rows of 2 words
 	for _, c := range []struct {
@@ -226,6 +275,7 @@ func TestControlSlicesAreCheckedAgainstTheBatch(t *testing.T) {
 		{"Controls.TopK: 1 entries for 2 requests", func(b *VerifyBatch) { b.Controls.TopK = []int32{5, 5, 5}[:1] }},
 		{"Controls.TopP: 0 entries for 2 requests", func(b *VerifyBatch) { b.Controls.TopP = []float32{} }},
 		{"Controls.MinP: 1 entries for 2 requests", func(b *VerifyBatch) { b.Controls.MinP = []float32{0.1} }},
+		{"Controls.RepetitionPenalty: 1 entries for 2 requests", func(b *VerifyBatch) { b.Controls.RepetitionPenalty = []float32{2, 2}[:1] }},
 		{"Controls.TypicalEpsilon: 1 entries for 2 requests", func(b *VerifyBatch) { b.Controls.TypicalEpsilon = []float32{0.1} }},
 		{"Controls.TypicalDelta: 1 entries for 2 requests", func(b *VerifyBatch) {
 			b.Controls.TypicalEpsilon, b.Controls.TypicalDelta = []float32{0.1, 0.1}, []float32{0.1}
