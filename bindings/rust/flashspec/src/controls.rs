@@ -1,5 +1,6 @@
 //! Sampling controls (flashspec_sampling_controls): per-request top-k,
-//! top-p, min-p, logit bias, allowed-token masks and typical acceptance.
+//! top-p, min-p, logit bias with a repetition penalty, allowed-token masks
+//! and typical acceptance.
 use std::ptr;
 
 use crate::{opt_ptr, sys, Error, Result};
@@ -13,8 +14,8 @@ pub const MAX_TOP_LOGPROBS: usize = sys::FLASHSPEC_MAX_TOP_LOGPROBS as usize;
 
 /// What turns a row's logits into the distribution a draft samples and a
 /// verify verifies against (see "Sampling controls" in `flashspec.h`):
-/// logit bias, token mask, temperature, top-k, top-p, min-p, in that
-/// order. Only the CPU backend applies them (the CUDA backend refuses them
+/// penalties and logit bias, token mask, temperature, top-k, top-p, min-p,
+/// in that order. Only the CPU backend applies them (the CUDA backend refuses them
 /// with `FLASHSPEC_ERR_UNSUPPORTED`).
 ///
 /// Per-request slices have one entry per request of a verify (per hidden
@@ -32,6 +33,10 @@ pub struct SamplingControls<'a> {
     pub min_p: Option<&'a [f32]>,
     /// Additive logit bias per request.
     pub logit_bias: Option<LogitBias<'a>>,
+    /// r > 0 per request, for the tokens its bias entries name (a value of
+    /// 0 names a token for the penalty alone): l becomes l / r if l > 0,
+    /// else l · r, before the bias is added. `None`: 1.
+    pub repetition_penalty: Option<&'a [f32]>,
     /// Allowed tokens, one row per row the controls apply to: each target
     /// row of a verify (`draft_offsets[R] + R`), each draft-logits row for
     /// `draft_controls` (`draft_offsets[R]`), each hidden row of a draft.
@@ -133,7 +138,7 @@ impl SamplingControls<'_> {
     /// and `mask_rows` mask rows over `vocab` tokens, after checking that
     /// the library reads no slice past its end. It points into `self`.
     pub(crate) fn raw(&self, name: &str, requests: usize, mask_rows: usize, vocab: usize, per: &str) -> Result<sys::flashspec_sampling_controls> {
-        for (field, len) in [("top_k", self.top_k.map(<[i32]>::len)), ("top_p", self.top_p.map(<[f32]>::len)), ("min_p", self.min_p.map(<[f32]>::len)), ("typical_epsilon", self.typical_epsilon.map(<[f32]>::len)), ("typical_delta", self.typical_delta.map(<[f32]>::len))] {
+        for (field, len) in [("top_k", self.top_k.map(<[i32]>::len)), ("top_p", self.top_p.map(<[f32]>::len)), ("min_p", self.min_p.map(<[f32]>::len)), ("repetition_penalty", self.repetition_penalty.map(<[f32]>::len)), ("typical_epsilon", self.typical_epsilon.map(<[f32]>::len)), ("typical_delta", self.typical_delta.map(<[f32]>::len))] {
             if let Some(n) = len.filter(|&n| n < requests) {
                 return Err(out_of_range(format!("{name}.{field}: {n} entries for {requests} {per}")));
             }
@@ -147,6 +152,7 @@ impl SamplingControls<'_> {
         c.top_k = opt_ptr(self.top_k);
         c.top_p = opt_ptr(self.top_p);
         c.min_p = opt_ptr(self.min_p);
+        c.repetition_penalty = opt_ptr(self.repetition_penalty);
         c.typical_epsilon = opt_ptr(self.typical_epsilon);
         c.typical_delta = opt_ptr(self.typical_delta);
         if let Some(bias) = self.logit_bias {

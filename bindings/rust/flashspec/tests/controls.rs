@@ -181,6 +181,38 @@ fn b<'a>(hidden: &'a [f32], controls: SamplingControls<'a>) -> VerifyBatch<'a> {
     VerifyBatch { draft_offsets: &[0, 2, 3], draft_tokens: &[1, 2, 3], target_hidden: hidden, controls: Some(controls), logprobs: true, top_logprobs: 2, ..Default::default() }
 }
 
+#[test]
+fn repetition_penalty_scales_the_logits_of_the_named_tokens() {
+    // Each row's raw argmax and argmin, named with a bias of 0 and
+    // penalised: l / r for l > 0, l · r otherwise. T = 0 gives the argmax of
+    // the penalised logits.
+    let (ctx, w) = fixture(5);
+    let head = ctx.lm_head(&w, V, D).unwrap();
+    const ROWS: usize = 12;
+    let hidden = Rng(26).values(ROWS * D);
+    let named: Vec<[i32; 2]> = (0..ROWS)
+        .map(|r| {
+            let l = logits(&w, &hidden, r);
+            [argmax(&l) as i32, argmax(&l.iter().map(|v| -v).collect::<Vec<_>>()) as i32]
+        })
+        .collect();
+    let penalty: Vec<f32> = (0..ROWS).map(|r| 1.5 + 3.5 * r as f32).collect();
+    let bias = LogitBiasBuf::from_requests(named.iter().map(|n| n.map(|t| (t, 0.0))));
+    let controls = SamplingControls { logit_bias: Some(bias.as_bias()), repetition_penalty: Some(&penalty), ..Default::default() };
+    let (tokens, _) = ctx.draft(&head, &hidden, &DraftOptions { controls: Some(controls), ..Default::default() }).unwrap();
+    let mut changed = 0;
+    for r in 0..ROWS {
+        let mut l = logits(&w, &hidden, r);
+        for t in named[r] {
+            let v = &mut l[t as usize];
+            *v = if *v > 0.0 { *v / penalty[r] as f64 } else { *v * penalty[r] as f64 };
+        }
+        assert_eq!(tokens[r] as usize, argmax(&l), "row {r}");
+        changed += usize::from(tokens[r] != named[r][0]);
+    }
+    assert!(changed > ROWS / 2, "the penalty moved {changed} of {ROWS} argmaxes");
+}
+
 fn refused_before_the_call(ctx: &Context, err: flashspec::Error, want: &str) {
     assert_eq!(err.status, sys::FLASHSPEC_ERR_OUT_OF_RANGE, "{err}");
     assert!(err.message.contains(want), "{err}, want {want}");
@@ -204,6 +236,7 @@ fn control_slices_are_checked_against_the_batch() {
         ("controls.top_k: 1 entries for 2 requests", b(&hidden, SamplingControls { top_k: Some(&top_k[..1]), ..base })),
         ("controls.top_p: 0 entries for 2 requests", b(&hidden, SamplingControls { top_p: Some(&[]), ..base })),
         ("controls.min_p: 1 entries for 2 requests", b(&hidden, SamplingControls { min_p: Some(&[0.1]), ..base })),
+        ("controls.repetition_penalty: 1 entries for 2 requests", b(&hidden, SamplingControls { repetition_penalty: Some(&eps[..1]), ..base })),
         ("controls.typical_epsilon: 1 entries for 2 requests", b(&hidden, SamplingControls { typical_epsilon: Some(&eps[..1]), ..base })),
         ("controls.typical_delta: 1 entries for 2 requests", b(&hidden, SamplingControls { typical_epsilon: Some(&eps), typical_delta: Some(&eps[..1]), ..base })),
         ("controls.logit_bias.offsets: 2 entries for R + 1 = 3", b(&hidden, SamplingControls { logit_bias: Some(LogitBias { offsets: &bias.offsets[..2], ..bias.as_bias() }), ..base })),
