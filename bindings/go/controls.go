@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"sort"
 
-	"flashspec/internal/capi"
+	"github.com/flashspec/flashspec/bindings/go/internal/capi"
 )
 
 // Limits of the sampling controls and logprobs.

@@ -3,7 +3,7 @@ package flashspec_test
 import (
 	"fmt"
 
-	"flashspec"
+	flashspec "github.com/flashspec/flashspec/bindings/go"
 )
 
 // The sampling-controls snippet of bindings/README.md (Go section): a token
