@@ -73,7 +73,7 @@ extern "C" {
 /* Version                                                                 */
 /* ---------------------------------------------------------------------- */
 #define FLASHSPEC_VERSION_MAJOR 0
-#define FLASHSPEC_VERSION_MINOR 1
+#define FLASHSPEC_VERSION_MINOR 2
 #define FLASHSPEC_VERSION_PATCH 0
 #define FLASHSPEC_VERSION_NUMBER \
   (FLASHSPEC_VERSION_MAJOR * 10000 + FLASHSPEC_VERSION_MINOR * 100 + FLASHSPEC_VERSION_PATCH)

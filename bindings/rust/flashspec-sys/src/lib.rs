@@ -8,7 +8,7 @@
 pub use core::ffi::{c_char, c_int, c_uint, c_void};
 
 pub const FLASHSPEC_VERSION_MAJOR: c_uint = 0;
-pub const FLASHSPEC_VERSION_MINOR: c_uint = 1;
+pub const FLASHSPEC_VERSION_MINOR: c_uint = 2;
 pub const FLASHSPEC_VERSION_PATCH: c_uint = 0;
 pub const FLASHSPEC_VERSION_NUMBER: c_uint =
     FLASHSPEC_VERSION_MAJOR * 10000 + FLASHSPEC_VERSION_MINOR * 100 + FLASHSPEC_VERSION_PATCH;
