@@ -3,7 +3,8 @@
 //   context create   fuzzed params (or NULL), out NULL;
 //   thread failure   context create while the fuzz input makes the k-th
 //                    thread start of the CPU pool fail (pthread_create is
-//                    interposed below; the library's pool must cope);
+//                    interposed below): OUT_OF_MEMORY naming
+//                    params->cpu_threads, and no thread left running;
 //   LM head create   fuzzed tensor (dtype, memory, sizes, stride, alignment,
 //                    values) and flags, NULL arguments;
 //   summaries create fuzzed sizes;
@@ -11,20 +12,23 @@
 //                    callback, draft temperature, head, costs);
 //   status strings   any status value;
 //   randomness       flashspec_rng_uniform against Philox of the documented
-//                    counter layout;
+//                    counter layout; NaN for a purpose outside the enum;
 //   NULL handling    every destroy(NULL), getters of NULL.
 //
 // Invariants: each status is the documented one for the planted argument
-// (expect.h), with a message; *out untouched on error and no write past it;
+// (expect.h; misaligned weights: UNSUPPORTED), with a message; *out
+// untouched on error and no write past it;
 // created objects work (a context drafts; a head has its sizes, drafts the
 // argmax, and keeps its own copy of W); create never hangs.
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -142,7 +146,35 @@ void op_context_create(Input& in) {
   check_context_works(ctx.p, "a new context");
 }
 
-// Context creation while thread starts fail from the k-th on.
+// The threads of this process (Linux: /proc/self/status), or −1.
+int thread_count() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  int threads = -1;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "Threads: %d", &threads) == 1) break;
+  std::fclose(f);
+  return threads;
+}
+
+// The thread count once it is at most `expected`, or what it is after 5 s:
+// a joined thread leaves the count a moment after pthread_join returns (the
+// kernel wakes the joiner before it releases the task), a thread left
+// running never does. (`expected` may itself count a thread of an earlier
+// context that was still on its way out.)
+int thread_count_settled(int expected) {
+  int now = thread_count();
+  for (int waited_ms = 0; now > expected && waited_ms < 5000; ++waited_ms) {
+    usleep(1000);
+    now = thread_count();
+  }
+  return now;
+}
+
+// Context creation while thread starts fail from the k-th on: at least one
+// worker cannot start, so create fails with OUT_OF_MEMORY naming
+// params->cpu_threads and stops the workers that did start.
 void op_thread_failure(Input& in) {
   flashspec_context_params p;
   flashspec_context_params_init(&p);
@@ -153,22 +185,26 @@ void op_thread_failure(Input& in) {
   const int fail_from = int(in.u8() % uint8_t(p.cpu_threads - 1));
   Guarded<flashspec_context*> out(1);
   out.poison();
+  const int threads_before = thread_count();
   g_started.store(0);
   g_fail_from.store(fail_from);
   const flashspec_status s = flashspec_context_create(&p, out.data());
   g_fail_from.store(-1);
+  const int threads_after = thread_count_settled(threads_before);
   check_error_message(nullptr, s, "flashspec_context_create (thread start failure)");
   FS_CHECK(out.guards_intact(), "flashspec_context_create wrote past *out");
-  if (s != FLASHSPEC_OK) {
-    FS_CHECK(out.untouched(), "flashspec_context_create failed with %s but wrote *out", name(s));
-    FS_CHECK(s == FLASHSPEC_ERR_OUT_OF_MEMORY || s == FLASHSPEC_ERR_UNSUPPORTED,
-             "context create with %d of %d worker threads failing to start: %s is not a documented status (%s)",
-             p.cpu_threads - 1 - fail_from, p.cpu_threads - 1, name(s), flashspec_context_last_error(nullptr));
-    return;
-  }
-  // A library may also run with the threads it got.
-  Context ctx(out.get(0));
-  check_context_works(ctx.p, "a context whose thread starts failed");
+  const char* message = flashspec_context_last_error(nullptr);
+  FS_CHECK(s == FLASHSPEC_ERR_OUT_OF_MEMORY,
+           "context create with %d of %d worker threads failing to start gave %s, expected "
+           "FLASHSPEC_ERR_OUT_OF_MEMORY (%s)",
+           p.cpu_threads - 1 - fail_from, p.cpu_threads - 1, name(s), message);
+  FS_CHECK(std::strstr(message, "params->cpu_threads") != nullptr,
+           "context create failing to start its threads: the message does not name params->cpu_threads (%s)",
+           message);
+  FS_CHECK(out.untouched(), "flashspec_context_create failed with %s but wrote *out", name(s));
+  FS_CHECK(threads_after <= threads_before,
+           "context create failing to start its threads left threads running (%d before, %d after)", threads_before,
+           threads_after);
 }
 
 void op_lm_head(Input& in, flashspec_context* ctx) {
@@ -210,8 +246,9 @@ void op_lm_head(Input& in, flashspec_context* ctx) {
       default: plant_nonfinite(w, in); break;
     }
   }
-  if (!w.all_finite()) expect.violate(FLASHSPEC_ERR_NON_FINITE, "a non-finite weight");
-  if (w.misaligned()) expect.allow(FLASHSPEC_ERR_UNSUPPORTED);
+  // Alignment is checked before any value is read.
+  if (w.misaligned()) expect.violate(FLASHSPEC_ERR_UNSUPPORTED, "weight data misaligned");
+  else if (!w.all_finite()) expect.violate(FLASHSPEC_ERR_NON_FINITE, "a non-finite weight");
   Guarded<flashspec_lm_head*> out(1);
   out.poison();
   const flashspec_status s = fsfuzz_lm_head_create(c, arg, flags, null_out ? nullptr : out.data());
@@ -391,10 +428,13 @@ void op_rng(Input& in) {
   const uint8_t pk = in.u8();
   const int32_t purpose = pk < 240 ? 1 + pk % 4 : (pk < 248 ? int32_t(pk - 240) - 1 : int32_t(in.u32()));
   const double u = fsfuzz_rng_uniform(seed, id, step, position, purpose, token);
-  FS_CHECK(u > 0.0 && u < 1.0, "flashspec_rng_uniform gave %.17g, outside (0, 1)", u);
-  if (purpose < 1 || purpose > 4 || position < 0 || position > FLASHSPEC_MAX_DRAFT_LEN || token < 0 ||
-      token >= FLASHSPEC_MAX_VOCAB)
+  if (purpose < FLASHSPEC_RNG_DRAFT_NOISE || purpose > FLASHSPEC_RNG_BONUS_NOISE) {
+    FS_CHECK(std::isnan(u), "flashspec_rng_uniform with purpose %d (outside the enum) gave %.17g, not NaN", purpose,
+             u);
     return;
+  }
+  FS_CHECK(u > 0.0 && u < 1.0, "flashspec_rng_uniform gave %.17g, outside (0, 1)", u);
+  if (position < 0 || position > FLASHSPEC_MAX_DRAFT_LEN || token < 0 || token >= FLASHSPEC_MAX_VOCAB) return;
   // The documented layout.
   const uint32_t counter[4] = {(uint32_t(purpose) << 28) | (uint32_t(position) << 18) | (uint32_t(token) >> 2),
                                uint32_t(step), uint32_t(id), uint32_t(id >> 32)};

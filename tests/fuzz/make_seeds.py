@@ -352,6 +352,11 @@ API_CORPUS = {
     'nulls': W().u8(6).bytes(),
     'drafters': op_drafter(True, 0, 0, [3, 2, 0, 0, 0]) + op_drafter(False, 200, 0, [1, 0, 1, 0, 0, 0, 0])
     + op_drafter(False, 200, 0, [2, 0, 0, 0, 0, 0, 0]) + op_drafter(False, 200, 0, [1, 0, 9, 0, 0, 0, 0]),
+    # 6 worker threads, the first or the last failing to start.
+    'thread-start-failures': W().u8(1).u8(5).u8(0).u8(1).u8(5).u8(4).bytes(),
+    # Purposes 0 and 5: NaN.
+    'rng-purposes-outside': W().u8(5).u64(1).u64(2).u64(3).u8(0).u16(4).u32(5).u8(241).u8(5).u64(1).u64(2)
+    .u64(3).u8(0).u16(4).u32(5).u8(246).bytes(),
 }
 API_REGRESSIONS = {
     # Known defect: context create when a CPU pool thread cannot start. All
