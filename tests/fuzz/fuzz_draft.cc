@@ -4,8 +4,10 @@
 // and a few planted invalid arguments.
 //
 // Invariants:
-//   - the status is the one the planted arguments call for (expect.h); an
-//     error leaves tokens_out and scores_out untouched and a message;
+//   - the status is the one the planted arguments call for (expect.h); data
+//     not aligned to its element size (head or hidden rows, any dtype) is
+//     UNSUPPORTED; an error leaves tokens_out and scores_out untouched and a
+//     message;
 //   - no write past rows entries of either output (guard words);
 //   - on success every token is in [0, V); at T = 0 it is the argmax of the
 //     row's logits (within the fp32 error bound; an equal, smaller-id row of W
@@ -119,7 +121,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool use_params = params_mode < 240;
 
   Expect expect;
-  if (h.misaligned() || w.misaligned()) expect.allow(FLASHSPEC_ERR_UNSUPPORTED);
 
   // Contexts and the head: the head lives on context A and serves B too
   // (heads may be shared by contexts of the same device).
@@ -130,12 +131,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     flashspec_lm_head* head = nullptr;
     const flashspec_status s = flashspec_lm_head_create(a.p, &wt, FLASHSPEC_LM_HEAD_COPY, &head);
     check_error_message(a.p, s, "flashspec_lm_head_create");
+    // Alignment is checked before any value is read.
+    if (w.misaligned()) {
+      FS_CHECK(s == FLASHSPEC_ERR_UNSUPPORTED && head == nullptr,
+               "LM head with data misaligned by %zu bytes (dtype %d): got %s, expected UNSUPPORTED", w.offset,
+               int(w.dtype), name(s));
+      return 0;
+    }
     if (!w.all_finite()) {
       FS_CHECK(s == FLASHSPEC_ERR_NON_FINITE && head == nullptr, "LM head with a non-finite weight: got %s",
                name(s));
       return 0;
     }
-    if (s == FLASHSPEC_ERR_UNSUPPORTED && w.misaligned()) return 0;
     FS_CHECK(s == FLASHSPEC_OK && head != nullptr, "a valid LM head was refused: %s (%s)", name(s),
              flashspec_context_last_error(a.p));
     FS_CHECK(flashspec_lm_head_vocab_size(head) == vocab && flashspec_lm_head_hidden_size(head) == hidden_size,
@@ -160,6 +167,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     flashspec_context* ctx_arg = a.p;
     const flashspec_lm_head* head_arg = head;
     bool null_tokens = false;
+    if (h.misaligned()) expect.violate(FLASHSPEC_ERR_UNSUPPORTED, "hidden data misaligned");
     if (!h.all_finite()) expect.violate(FLASHSPEC_ERR_NON_FINITE, "non-finite hidden value");
     const int plants = in.u8() < 192 ? 0 : 1 + in.pick(2);
     for (int k = 0; k < plants; ++k) {

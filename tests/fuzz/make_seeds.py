@@ -104,6 +104,10 @@ DRAFT_CORPUS = {
     'no-scores': draft(arrays=0x20, temperature=3),
     'huge-logits': draft(w={'mode': 164}, h={'mode': 164}, temperature=7),
     'hidden-nan': draft(plants=[[17, 0, 0, 0]]),
+    # fp32 rows at an address 1 mod 4: UNSUPPORTED; bf16 rows at 2 mod 4:
+    # aligned, drafted.
+    'misaligned-f32-hidden': draft(h={'align': 225}),
+    'bf16-hidden-offset-2': draft(h={'dtype': 1, 'align': 226}),
 }
 DRAFT_REGRESSIONS = {
     # Known defect: bf16 rows at an odd address are read through misaligned
@@ -265,6 +269,12 @@ ENGINE_CORPUS = {
     'rollback-fails': engine(drafters=[drafter(1, mode=2)], generations=[generation(faults=[(1, 0, 0)])]),
     'create-refused': engine(drafters=[drafter(0)], create_plant=9),
     'generate-refused': engine(generations=[generation(plant=3), generation(plant=12), generation()]),
+    # Misaligned views from callbacks: CALLBACK (HIDDEN drafter rows; LOGITS
+    # drafter logits, then fp32 target rows).
+    'faults-misaligned-hidden-drafter': engine(drafters=[drafter(3, mode=0)],
+                                               generations=[generation(faults=[(2, 0, 10)]), generation()]),
+    'faults-misaligned-logits-target': engine(drafters=[drafter(2, mode=4)], generations=[
+        generation(faults=[(2, 1, 11)]), generation(faults=[(0, 1, 12)])]),
 }
 ENGINE_REGRESSIONS = {
     # Known defect: an out-of-range bandit policy (−1) is read through the
