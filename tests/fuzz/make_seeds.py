@@ -162,6 +162,16 @@ VERIFY_CORPUS = {
     'six-requests': verify(drafts=(6, 0, 1, 5, 2, 3), arrays=0x01, temps=[0, 1, 16, 0, 2, 1], extra_rows=3),
     'shared-head': verify(out_mode=8, drafts=(3, 3)),
     'token-out-of-range': verify(plants=[[20, 0, 1]]),
+    # Aliasing layouts (out_mode 6, layout out_mode >> 4; fuzz_verify.cc's
+    # Layout): refused overlaps, and arrays touching end to end (allowed).
+    'alias-accepted-on-offsets': verify(drafts=(2, 1, 3), out_mode=0x06),
+    'alias-next-shifted': verify(drafts=(2, 1, 3), arrays=0x10, out_mode=0x16),
+    'alias-next-shifted-one-request': verify(drafts=(3,), out_mode=0x16),
+    'alias-accepted-on-emitted': verify(drafts=(2, 1, 3), out_mode=0x26),
+    'alias-emitted-on-hidden': verify(drafts=(2, 1, 3), h={'dtype': 1, 'seed': 2}, out_mode=0x36),
+    'alias-next-on-seeds': verify(drafts=(1, 2), arrays=0x04, out_mode=0x46),
+    'alias-accepted-on-temps': verify(drafts=(1, 2), arrays=0x01, temps=[1, 0], out_mode=0x56),
+    'alias-end-to-end': verify(drafts=(2, 0, 3), out_mode=0x66, follow_up=0x05),
 }
 VERIFY_REGRESSIONS = {
     # Known defect: draft_logits [0, V] for a batch without drafts is refused
