@@ -93,6 +93,16 @@ void check_table() {
   FS_ENTRY(arm_metrics_init, flashspec_arm_metrics_init);
   FS_ENTRY(engine_get_arm_metrics, flashspec_engine_get_arm_metrics);
   FS_ENTRY(engine_reset_metrics, flashspec_engine_reset_metrics);
+  FS_ENTRY(abi_version_of_library, flashspec_abi_version);
+  FS_ENTRY(status_name, flashspec_status_name);
+  FS_ENTRY(tensor_make, flashspec_tensor_make);
+  FS_ENTRY(context_last_cuda_error, flashspec_context_last_cuda_error);
+  FS_ENTRY(context_backend, flashspec_context_backend);
+  FS_ENTRY(cuda_device_count, flashspec_cuda_device_count);
+  FS_ENTRY(lm_head_vocab_size, flashspec_lm_head_vocab_size);
+  FS_ENTRY(lm_head_hidden_size, flashspec_lm_head_hidden_size);
+  FS_ENTRY(philox4x32_10, flashspec_philox4x32_10);
+  FS_ENTRY(rng_uniform, flashspec_rng_uniform);
 #undef FS_ENTRY
 }
 
