@@ -110,8 +110,8 @@ DRAFT_CORPUS = {
     'bf16-hidden-offset-2': draft(h={'dtype': 1, 'align': 226}),
 }
 DRAFT_REGRESSIONS = {
-    # Known defect: bf16 rows at an odd address are read through misaligned
-    # uint16_t loads (UBSan: misaligned load in cpu_backend.cc).
+    # Was: bf16 / fp16 data at an odd address read through misaligned
+    # uint16_t loads (UBSan). Now: UNSUPPORTED.
     'misaligned-bf16-hidden': draft(h={'dtype': 1, 'align': 224, 'seed': 9}),
     'misaligned-fp16-head': draft(w={'dtype': 2, 'align': 225}),
 }
@@ -174,14 +174,15 @@ VERIFY_CORPUS = {
     'alias-end-to-end': verify(drafts=(2, 0, 3), out_mode=0x66, follow_up=0x05),
 }
 VERIFY_REGRESSIONS = {
-    # Known defect: draft_logits [0, V] for a batch without drafts is refused
-    # (OUT_OF_RANGE, "rows must be >= 1") instead of verified.
+    # Was: draft_logits [0, V] for a batch without drafts refused
+    # (OUT_OF_RANGE, "rows must be >= 1"). Now: verified as greedy.
     'draft-logits-0xV-refused': verify(drafts=(0, 0), stochastic=1),
-    # Known defect: a stochastic draft whose draft_logits / T_d overflows
-    # fp32 (T_d = denorm_min) is rejected silently with OK, not NON_FINITE.
+    # Was: a stochastic draft whose draft_logits / T_d overflows fp32
+    # (T_d = denorm_min) rejected silently with OK. Now: NON_FINITE.
     'stochastic-overflow-accepted': verify(drafts=(2,), stochastic=1, arrays=0x03, temps=[1], dtemps=[8]),
-    # Known defect: result.emitted_tokens aliasing batch.draft_tokens gives
-    # wrong tokens (request 1's drafts are overwritten by request 0's output).
+    # Was: result.emitted_tokens over batch.draft_tokens accepted, with wrong
+    # tokens (request 1's drafts overwritten by request 0's output). Now:
+    # INVALID_ARGUMENT naming result->emitted_tokens, nothing written.
     'emitted-aliases-draft-tokens': verify(drafts=(2, 3), arrays=0x01, temps=[4, 4], out_mode=4),
 }
 
@@ -287,20 +288,21 @@ ENGINE_CORPUS = {
         generation(faults=[(2, 1, 11)]), generation(faults=[(0, 1, 12)])]),
 }
 ENGINE_REGRESSIONS = {
-    # Known defect: an out-of-range bandit policy (−1) is read through the
-    # enum (UBSan: invalid value in engine_api.cc).
+    # Was: an out-of-range bandit policy (−1) read through the enum (UBSan:
+    # invalid value in engine_api.cc). Now: INVALID_ARGUMENT.
     'policy-minus-1': engine(create_plant=17),
-    # Known defect: the dtype (−1) of a view a callback returns is read
-    # through the enum (UBSan: invalid value in dtype_size).
+    # Was: the dtype (−1) of a view a callback returns read through the enum
+    # (UBSan: invalid value in dtype_size). Now: CALLBACK.
     'target-view-dtype-minus-1': engine(generations=[generation(faults=[(0, 0, 8)])]),
-    # Found here (same class, not in the list): the memory (−1) of a view a
-    # callback returns is read through the enum (UBSan, callback_drafter.cc).
+    # Was (found by this harness, same class): the memory (−1) of a view a
+    # callback returns read through the enum (UBSan). Now: CALLBACK.
     'target-view-memory-minus-1': engine(generations=[generation(faults=[(0, 0, 7)])]),
-    # Known defect: LOGITS drafts whose draft logits / T_d overflow fp32 are
-    # rejected silently: generate returns OK instead of NON_FINITE.
+    # Was: LOGITS drafts whose draft logits / T_d overflow fp32 rejected
+    # silently, generate returning OK. Now: NON_FINITE.
     'logits-overflow-accepted': engine(drafters=[drafter(2, mode=0, td=20)],
                                        generations=[generation(temperature=1, faults=[(2, 0, 9)])]),
-    # Known defect: misaligned bf16 target rows (UBSan misaligned load).
+    # Was: misaligned bf16 target rows read through misaligned loads (UBSan).
+    # Now: the engine refuses the view with CALLBACK.
     'misaligned-bf16-target-rows': engine(hidden_dtype=1, generations=[generation(faults=[(0, 0, 12)])]),
 }
 
@@ -379,16 +381,20 @@ API_CORPUS = {
     .u64(3).u8(0).u16(4).u32(5).u8(246).bytes(),
 }
 API_REGRESSIONS = {
-    # Known defect: context create when a CPU pool thread cannot start. All
-    # fail: FLASHSPEC_ERR_INTERNAL (undocumented for create); some fail: the
-    # call hangs in ~ThreadPool (condition variable destroyed under waiters).
+    # Was: context create when a CPU pool thread cannot start. All fail:
+    # FLASHSPEC_ERR_INTERNAL (undocumented for create); some fail: the call
+    # hung in ~ThreadPool. Now: OUT_OF_MEMORY naming params->cpu_threads,
+    # no thread left running.
     'thread-start-all-fail': W().u8(1).u8(0).u8(0).bytes(),
     'thread-start-some-fail-hang': W().u8(1).u8(3).u8(1).bytes(),
-    # Known defect: out-of-range status (−1) read through the enum (UBSan).
+    # Was: an out-of-range status (−1) read through the enum (UBSan). Now:
+    # "unknown status".
     'status-string-minus-1': op_status(1),
-    # Known defect: out-of-range randomness purpose (−1) (UBSan).
+    # Was: an out-of-range randomness purpose (−1) read through the enum
+    # (UBSan). Now: NaN.
     'rng-purpose-minus-1': W().u8(5).u64(1).u64(2).u64(3).u8(0).u16(4).u32(5).u8(240).bytes(),
-    # Known defect: out-of-range callback drafter kind (−1) (UBSan).
+    # Was: an out-of-range callback drafter kind (−1) read through the enum
+    # (UBSan). Now: INVALID_ARGUMENT.
     'drafter-kind-minus-1': op_drafter(True, 200, 0, [244, 0, 0, 0, 0, 0, 0]),
 }
 
