@@ -34,8 +34,8 @@ with flashspec.Context("cpu", seed=1) as ctx:
 # The type information (PEP 561) comes with the package.
 import pathlib
 package = pathlib.Path(flashspec.__file__).parent
-missing = [n for n in ("py.typed", "__init__.pyi", "_core.pyi", "_engine.pyi", "errors.pyi", "capi.pyi")
-           if not (package / n).is_file()]
+stubs = ("__init__.pyi", "_controls.pyi", "_core.pyi", "_engine.pyi", "errors.pyi", "capi.pyi")
+missing = [n for n in ("py.typed",) + stubs if not (package / n).is_file()]
 assert not missing, f"not installed in {package}: {missing}"
 print(f"pip install .: flashspec {flashspec.version()} imported from {flashspec.__file__}")
 PY

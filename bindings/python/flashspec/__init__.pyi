@@ -6,6 +6,10 @@ from typing import Any, Literal, Union
 
 from . import capi as capi
 from . import errors as errors
+from ._controls import MAX_TOP_K as MAX_TOP_K
+from ._controls import MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS
+from ._controls import TOP_K_ALL as TOP_K_ALL
+from ._controls import SamplingControls as SamplingControls
 from ._core import Context as Context
 from ._core import LMHead as LMHead
 from ._core import Summaries as Summaries
@@ -40,6 +44,7 @@ from .errors import error_class as error_class
 
 __all__ = [
     "Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "stream_handle",
+    "SamplingControls", "MAX_TOP_K", "TOP_K_ALL", "MAX_TOP_LOGPROBS",
     "Engine", "Drafter", "NgramDrafter", "CallbackDrafter", "Generation", "FinishReason", "EngineMetrics",
     "ArmMetrics",
     "FlashSpecError", "error_class",

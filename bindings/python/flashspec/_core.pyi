@@ -6,7 +6,9 @@ from typing import Any, Literal, Protocol, TypeVar, Union
 
 from numpy.typing import ArrayLike
 
-__all__ = ["Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "stream_handle"]
+from ._controls import SamplingControls as SamplingControls
+
+__all__ = ["Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "SamplingControls", "stream_handle"]
 
 class _DLPackArray(Protocol):
     """A DLPack producer (torch, cupy, ...): viewed in place, never copied."""
@@ -58,8 +60,8 @@ class Context(_Handle):
     def draft(self, head: LMHead, hidden: _ArrayInput, *, temperature: float = 0.0,
               temperatures: _ArrayInput | None = None, seeds: _ArrayInput | None = None,
               request_ids: _ArrayInput | None = None, steps: _ArrayInput | None = None,
-              positions: _ArrayInput | None = None, tokens_out: _Array | None = None,
-              scores_out: _Array | None = None) -> tuple[_Array, _Array]: ...
+              positions: _ArrayInput | None = None, controls: SamplingControls | None = None,
+              tokens_out: _Array | None = None, scores_out: _Array | None = None) -> tuple[_Array, _Array]: ...
     def verify(self, head: LMHead, batch: VerifyBatch, summaries: Summaries) -> None: ...
     def finalize(self, batch: VerifyBatch, summaries: Summaries, *, out: VerifyResult | None = None) -> VerifyResult: ...
     def verify_and_finalize(self, head: LMHead, batch: VerifyBatch, *,
@@ -81,6 +83,10 @@ class VerifyBatch:
     target_hidden: _ArrayInput
     draft_logits: _ArrayInput | None
     max_draft_len: int
+    controls: SamplingControls | None
+    draft_controls: SamplingControls | None
+    logprobs: bool
+    top_logprobs: int
     # Set once the batch has been built for a call (c_batch):
     memory: int
     num_requests: int
@@ -89,19 +95,33 @@ class VerifyBatch:
                  draft_logits: _ArrayInput | None = None, temperatures: _ArrayInput | None = None,
                  draft_temperatures: _ArrayInput | None = None, seeds: _ArrayInput | None = None,
                  request_ids: _ArrayInput | None = None, steps: _ArrayInput | None = None,
-                 accept_uniforms: _ArrayInput | None = None, max_draft_len: int = 0) -> None: ...
+                 accept_uniforms: _ArrayInput | None = None, max_draft_len: int = 0,
+                 controls: SamplingControls | None = None, draft_controls: SamplingControls | None = None,
+                 logprobs: bool = False, top_logprobs: int = 0) -> None: ...
     def c_batch(self, stream: int) -> Any: ...
     @property
     def draft_offsets(self) -> _ArrayInput: ...
+    def check_vocab(self, vocab: int) -> None: ...
 
 class VerifyResult:
     accepted_counts: _Array
     emitted_tokens: _Array
     next_steps: _Array | None
+    # None unless the batch asked for them (logprobs=True, top_logprobs=n):
+    # [rows] float32, [rows] float32, [rows, n] int32, [rows, n] float32.
+    logprobs: _Array | None
+    raw_logprobs: _Array | None
+    top_tokens: _Array | None
+    top_logprobs: _Array | None
     memory: int | None
     def __init__(self, accepted_counts: _Array, emitted_tokens: _Array, next_steps: _Array | None = None, *,
+                 logprobs: _Array | None = None, raw_logprobs: _Array | None = None,
+                 top_tokens: _Array | None = None, top_logprobs: _Array | None = None,
                  draft_offsets: _ArrayInput | None = None) -> None: ...
     @classmethod
     def like(cls, batch: VerifyBatch, stream: int = 0) -> VerifyResult: ...
     def c_result(self, stream: int, batch: VerifyBatch | None = None) -> Any: ...
     def tokens(self, request: int) -> list[int]: ...
+    def token_logprobs(self, request: int, *, raw: bool = False) -> list[float]: ...
+    # Per emitted token, its row's top (token, raw logprob) pairs, largest first.
+    def top(self, request: int) -> list[list[tuple[int, float]]]: ...
