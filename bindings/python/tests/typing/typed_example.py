@@ -4,6 +4,7 @@ stub that drifts from the module fails) and also runs it, so what it asserts
 about the values is true at run time."""
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -47,6 +48,37 @@ def main() -> None:
             ctx.verify(head, batch, summaries)
             again = ctx.finalize(batch, summaries, out=flashspec.VerifyResult.like(batch))
             assert again.tokens(0) == emitted
+        assert result.logprobs is None and result.top_tokens is None  # not asked for
+
+        # Sampling controls. The row [0, 3] has logits [0, 3, 0, -3]: a bias
+        # of -10 on token 1, then top-k 2, leave tokens 0 and 2 (logit 0 each).
+        assert 2 <= flashspec.MAX_TOP_K < flashspec.TOP_K_ALL and flashspec.MAX_TOP_LOGPROBS >= 2
+        biased = flashspec.SamplingControls(top_k=2, logit_bias={1: -10.0})
+        controlled, _ = ctx.draft(head, np.array([[0, 3]], np.float32), controls=biased)
+        assert controlled.tolist() == [0]  # the controlled argmax, ties to the smaller id
+
+        # A mask allowing tokens 0 and 2 on both target rows: draft 1 is
+        # rejected, and at T = 1 the token emitted instead is 0 or 2, each
+        # with p = 1/2 under the controlled distribution.
+        mask: NDArray[np.bool_] = np.array([[True, False, True, False]] * 2, dtype=np.bool_)
+        hidden = np.array([[0, 3], [0, 3]], np.float32)
+        logits = w @ hidden[0]
+        raw_logprobs = logits - math.log(float(np.exp(logits).sum()))
+        masked = flashspec.SamplingControls(token_mask=mask)
+        assert masked.mask_columns == 4 and masked.token_mask is not None and masked.token_mask.shape == (2, 1)
+        scored = ctx.verify_and_finalize(head, flashspec.VerifyBatch([0, 1], [1], hidden, temperatures=[1.0],
+                                                                      controls=masked, logprobs=True,
+                                                                      top_logprobs=2))
+        (token,) = scored.tokens(0)
+        assert int(scored.accepted_counts[0]) == 0 and token in (0, 2)
+        logprobs: list[float] = scored.token_logprobs(0)
+        assert len(logprobs) == 1 and abs(logprobs[0] - math.log(0.5)) < 1e-5
+        assert abs(scored.token_logprobs(0, raw=True)[0] - float(raw_logprobs[token])) < 1e-5
+        assert scored.logprobs is not None and math.isnan(float(scored.logprobs[1]))  # slot past the emitted
+        # The row's two tokens of largest raw logit: 1 (3), then 0 (0, tied with 2: the smaller id).
+        top: list[list[tuple[int, float]]] = scored.top(0)
+        assert [t for t, _ in top[0]] == [1, 0]
+        assert all(abs(p - float(raw_logprobs[t])) < 1e-5 for t, p in top[0])
 
         try:
             ctx.verify_and_finalize(head, flashspec.VerifyBatch([0, 1], [7], np.zeros((2, 2), np.float32)))

@@ -17,6 +17,12 @@ size: str = head.vocab_size  # expect-error: an int
 batch = flashspec.VerifyBatch([0, 1], [1])  # expect-error: target_hidden is missing
 result = ctx.verify_and_finalize(head, flashspec.VerifyBatch([0, 1], [1], w[:2]))
 first: int = result.tokens(0)  # expect-error: a list of tokens
+controls = flashspec.SamplingControls(40)  # expect-error: the controls are keyword-only
+controls = flashspec.SamplingControls(top_k="40")  # expect-error: top-k is an int or ints
+controls = flashspec.SamplingControls(logit_bias={"the": -1.0})  # expect-error: bias keys are token ids
+batch = flashspec.VerifyBatch([0, 1], [1], w[:2], controls={"top_k": 40})  # expect-error: not a SamplingControls
+tokens, scores = ctx.draft(head, w, draft_controls=flashspec.SamplingControls())  # expect-error: verify only
+logprob: float = result.token_logprobs(0)  # expect-error: a list, one per emitted token
 engine = flashspec.Engine(ctx, head, lambda tokens, num_past: w)  # expect-error: forward takes three arguments
 engine = flashspec.Engine(ctx, head, lambda tokens, past, rows: w, policy="greedy")  # expect-error: no such policy
 generation = engine.generate([1], temperture=0.0)  # expect-error: misspelt keyword
