@@ -435,12 +435,59 @@ PLUGIN_CORPUS = {
 PLUGIN_REGRESSIONS = {}
 
 
+# ---------------------------------------------------------------------------
+# fuzz_sampling
+# ---------------------------------------------------------------------------
+def sampling(seed=5, vocab=20, d=4, drafts=((-1, 0, 0), (-1,)), tree=False, temps=(2, 1), controls=None,
+             logprobs=0, top_n=0, shards=()):
+    """Batch: seed, V, d, R, tree byte, per request its drafts (parents; the
+    tokens are 1, 2, ...) and temperature pick (0: 0, 1: 0.5, 2: 1, 3: 2);
+    controls: None, or per request (top-k pick, top-p pick, min-p pick,
+    repetition pick, bias entries) then the mask byte (≥ 128: no mask) and
+    mask_words bytes; logprobs and top_logprobs; the shard cuts."""
+    w = W().u64(seed).range(1, 48, vocab).range(1, 6, d).range(1, 4, len(drafts)).u8(0 if tree else 200)
+    for r, parents in enumerate(drafts):
+        w.range(0, 5, len(parents))
+        for k, parent in enumerate(parents):
+            w.range(0, vocab - 1, (k + 1) % vocab).u8(255).range(-1, k - 1, parent if k else -1)
+            if tree:
+                w.u8(255)
+        w.u8(temps[r % len(temps)])
+    if controls is None:
+        w.u8(255)
+    else:
+        w.u8(0)
+        for r in range(len(drafts)):
+            top_k, top_p, min_p, repetition, bias = controls[r % len(controls)]
+            w.u8(top_k).u8(top_p).u8(min_p).u8(repetition).range(0, 3, len(bias))
+            for token, value in bias:
+                w.range(0, vocab - 1, token).u8(255).range(-40, 40, value).u8(255)
+            w.u8(255)  # no typical acceptance
+        w.u8(200)  # no mask
+        w.u8(255).u8(255)  # mask_words 0
+    w.u8(0 if logprobs else 200).u8(255).range(0, 4, top_n).u8(255)
+    for cut in shards:
+        w.u8(cut)
+    return w.bytes()
+
+
+SAMPLING_CORPUS = {
+    'plain': b'',
+    'chains': sampling(),
+    'tree': sampling(drafts=((-1, 0, 0, 1), (-1, -1)), tree=True),
+    'controls-logprobs': sampling(controls=((2, 1, 1, 1, ((3, -8), (5, 4))), (1, 2, 0, 0, ())), logprobs=1, top_n=3),
+    'greedy-shards': sampling(temps=(0,), shards=(2, 4, 9)),
+}
+SAMPLING_REGRESSIONS = {}
+
+
 HARNESSES = {
     'draft': (DRAFT_CORPUS, DRAFT_REGRESSIONS),
     'verify': (VERIFY_CORPUS, VERIFY_REGRESSIONS),
     'engine': (ENGINE_CORPUS, ENGINE_REGRESSIONS),
     'api': (API_CORPUS, API_REGRESSIONS),
     'plugin': (PLUGIN_CORPUS, PLUGIN_REGRESSIONS),
+    'sampling': (SAMPLING_CORPUS, SAMPLING_REGRESSIONS),
 }
 
 
