@@ -486,6 +486,17 @@ int64_t check_records(const ShardRecord* records, int32_t shards, int32_t rows) 
   return vocab;
 }
 
+// A draft-like call's outputs, disjoint from its inputs and each other.
+void set_draft_outputs(DraftArgs& args, const std::vector<Span>& inputs, int32_t* tokens_out, float* scores_out) {
+  const Span tokens = array_span("tokens_out", tokens_out, args.rows, sizeof(int32_t));
+  const Span scores = array_span("scores_out", scores_out, args.rows, sizeof(float));
+  require_disjoint(tokens, inputs);
+  require_disjoint(tokens, {scores});
+  require_disjoint(scores, inputs);
+  args.tokens_out = tokens_out;
+  args.scores_out = scores_out;
+}
+
 void require_records(const void* records, int32_t shards) {
   require(records != nullptr, FLASHSPEC_ERR_NULL_POINTER, "records", "is NULL");
   require(reinterpret_cast<uintptr_t>(records) % alignof(ShardRecord) == 0, FLASHSPEC_ERR_UNSUPPORTED, "records",
@@ -502,14 +513,8 @@ DraftArgs validate_draft(const flashspec_context& ctx, const LmHeadStorage& head
   const int32_t rows = int32_t(hidden->rows);
   std::vector<Span> inputs = {tensor_span("hidden", hidden)};
   DraftArgs args = validate_draft_params(ctx, params, rows, head.vocab_size, inputs);
-  const Span tokens = array_span("tokens_out", tokens_out, rows, sizeof(int32_t));
-  const Span scores = array_span("scores_out", scores_out, rows, sizeof(float));
-  require_disjoint(tokens, inputs);
-  require_disjoint(tokens, {scores});
-  require_disjoint(scores, inputs);
+  set_draft_outputs(args, inputs, tokens_out, scores_out);
   args.hidden = hidden;
-  args.tokens_out = tokens_out;
-  args.scores_out = scores_out;
   return args;
 }
 
@@ -540,13 +545,7 @@ DraftArgs validate_draft_from_shards(const flashspec_context& ctx, const flashsp
   require(!args.controls.present, FLASHSPEC_ERR_UNSUPPORTED, "params->controls",
           "sampling controls need the global ranking: shard calls do not take them");
   if (ctx.backend->kind() == FLASHSPEC_BACKEND_CPU) check_records(static_cast<const ShardRecord*>(records), shards, rows);
-  const Span tokens = array_span("tokens_out", tokens_out, rows, sizeof(int32_t));
-  const Span scores = array_span("scores_out", scores_out, rows, sizeof(float));
-  require_disjoint(tokens, inputs);
-  require_disjoint(tokens, {scores});
-  require_disjoint(scores, inputs);
-  args.tokens_out = tokens_out;
-  args.scores_out = scores_out;
+  set_draft_outputs(args, inputs, tokens_out, scores_out);
   return args;
 }
 

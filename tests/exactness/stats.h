@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 namespace fstest {
@@ -104,5 +106,30 @@ inline KolmogorovSmirnov kolmogorov_smirnov(const std::vector<int64_t>& counts, 
   result.p_value = lambda < 0.2 ? 1.0 : std::clamp(sum, 0.0, 1.0);
   return result;
 }
+
+// All chi-square and KS p-values of one sampler in one configuration. The
+// family is judged at kFamilyAlpha with a Bonferroni correction, so adding
+// statistics never makes a correct sampler likelier to fail.
+constexpr double kFamilyAlpha = 0.001;
+
+struct Verdict {
+  double min_p_value = 1.0;
+  int tests = 0;
+  std::string detail;
+  bool rejects() const { return min_p_value < kFamilyAlpha / std::max(tests, 1); }
+  void add(const std::string& what, const std::vector<int64_t>& counts, const std::vector<double>& expected) {
+    int64_t n = 0;
+    for (int64_t c : counts) n += c;
+    if (n == 0) return;
+    auto chi = chi_square(counts, expected);
+    auto ks = kolmogorov_smirnov(counts, expected);
+    min_p_value = std::min({min_p_value, chi.p_value, ks.p_value});
+    tests += 2;
+    char line[256];
+    std::snprintf(line, sizeof line, "  %-22s n=%-7lld chi2=%9.2f df=%-4d p=%.3g  KS D=%.4f p=%.3g\n", what.c_str(),
+                  (long long)n, chi.statistic, chi.degrees_of_freedom, chi.p_value, ks.distance, ks.p_value);
+    detail += line;
+  }
+};
 
 }  // namespace fstest

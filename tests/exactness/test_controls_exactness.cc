@@ -31,32 +31,13 @@
 namespace {
 
 using fstest::Distribution;
+using fstest::Verdict;
 using fstest::FilterBug;
 using fstest::ReferenceControls;
 
-constexpr double kAlpha = 0.001;
 constexpr int kHidden = 8;
 constexpr int kMaxDrafts = 3;
 
-struct Verdict {
-  double min_p_value = 1.0;
-  int tests = 0;
-  std::string detail;
-  bool rejects() const { return min_p_value < kAlpha / std::max(tests, 1); }
-  void add(const std::string& what, const std::vector<int64_t>& counts, const Distribution& expected) {
-    int64_t n = 0;
-    for (int64_t c : counts) n += c;
-    if (n == 0) return;
-    auto chi = fstest::chi_square(counts, expected);
-    auto ks = fstest::kolmogorov_smirnov(counts, expected);
-    min_p_value = std::min({min_p_value, chi.p_value, ks.p_value});
-    tests += 2;
-    char line[256];
-    std::snprintf(line, sizeof line, "  %-22s n=%-7lld chi2=%9.2f df=%-4d p=%.3g  KS D=%.4f p=%.3g\n", what.c_str(),
-                  (long long)n, chi.statistic, chi.degrees_of_freedom, chi.p_value, ks.distance, ks.p_value);
-    detail += line;
-  }
-};
 
 // Which controls a configuration turns on.
 struct Config {

@@ -29,8 +29,8 @@ namespace {
 
 using fstest::Bug;
 using fstest::Distribution;
+using fstest::Verdict;
 
-constexpr double kAlpha = 0.001;
 constexpr int kHidden = 8;
 constexpr uint64_t kSeed = 0x5eed5eedULL;
 
@@ -100,28 +100,6 @@ std::vector<float> confident_row(const Model& model, double temperature, std::mt
   return h;
 }
 
-// All chi-square and KS p-values of one sampler in one configuration. The
-// family is judged at α with a Bonferroni correction, so adding statistics
-// never makes a correct sampler likelier to fail.
-struct Verdict {
-  double min_p_value = 1.0;
-  int tests = 0;
-  std::string detail;
-  bool rejects() const { return min_p_value < kAlpha / std::max(tests, 1); }
-  void add(const std::string& what, const std::vector<int64_t>& counts, const Distribution& expected) {
-    int64_t n = 0;
-    for (int64_t c : counts) n += c;
-    if (n == 0) return;
-    auto chi = fstest::chi_square(counts, expected);
-    auto ks = fstest::kolmogorov_smirnov(counts, expected);
-    min_p_value = std::min({min_p_value, chi.p_value, ks.p_value});
-    tests += 2;
-    char line[256];
-    std::snprintf(line, sizeof line, "  %-22s n=%-7lld chi2=%9.2f df=%-4d p=%.3g  KS D=%.4f p=%.3g\n", what.c_str(),
-                  (long long)n, chi.statistic, chi.degrees_of_freedom, chi.p_value, ks.distance, ks.p_value);
-    detail += line;
-  }
-};
 
 class ExactnessTest : public ::testing::Test {
  protected:
