@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -477,13 +478,28 @@ inline flashspec_lm_head* make_head(flashspec_context* ctx, const HostMatrix& w)
 }
 
 // struct_size: the library accepts every size from the struct's first
-// published layout up to today's. Every params struct of the header has kept
-// the layout of the first release (0.1.0, abi/libflashspec.abi), so today
-// that range is the one size sizeof(T); a struct that grows gets its first
-// size here.
+// published layout up to today's. The structs that grew in 0.2 started where
+// their first appended field is; every other one has kept its 0.1 layout.
+template <class T>
+struct FirstSize {
+  static constexpr size_t value = sizeof(T);
+};
+template <>
+struct FirstSize<flashspec_draft_params> {
+  static constexpr size_t value = offsetof(flashspec_draft_params, controls);
+};
+template <>
+struct FirstSize<flashspec_verify_batch> {
+  static constexpr size_t value = offsetof(flashspec_verify_batch, controls);
+};
+template <>
+struct FirstSize<flashspec_verify_result> {
+  static constexpr size_t value = offsetof(flashspec_verify_result, logprobs);
+};
+
 template <class T>
 bool accepted_struct_size(uint32_t given) {
-  return given == sizeof(T);
+  return given >= FirstSize<T>::value && given <= sizeof(T);
 }
 
 // Float helpers.
