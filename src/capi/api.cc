@@ -146,7 +146,7 @@ int flashspec_cuda_device_count(void) {
 namespace {
 // Validates and uploads an LM head holding global tokens [vocab_begin,
 // vocab_begin + weight->rows) of vocab_size (unsharded: 0 and rows).
-void create_head(flashspec_context& ctx, const flashspec_tensor* weight, flashspec_lm_head_flags flags,
+void create_head(flashspec_context& ctx, const flashspec_tensor* weight, int32_t raw_flags,
                  int64_t vocab_begin, int64_t vocab_size, bool shard, flashspec_lm_head** out) {
   require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
   validate_tensor(weight, "weight");
@@ -154,7 +154,6 @@ void create_head(flashspec_context& ctx, const flashspec_tensor* weight, flashsp
           "rows (vocabulary) " + std::to_string(weight->rows) + " exceed FLASHSPEC_MAX_VOCAB");
   require(weight->cols <= FLASHSPEC_MAX_HIDDEN, FLASHSPEC_ERR_OUT_OF_RANGE, "weight",
           "cols (hidden size) " + std::to_string(weight->cols) + " exceed FLASHSPEC_MAX_HIDDEN");
-  const int32_t raw_flags = raw_enum(flags);
   require(raw_flags == FLASHSPEC_LM_HEAD_COPY || raw_flags == FLASHSPEC_LM_HEAD_BORROW,
           FLASHSPEC_ERR_INVALID_ARGUMENT, "flags", "unknown value " + std::to_string(raw_flags));
   if (shard) {
@@ -168,6 +167,7 @@ void create_head(flashspec_context& ctx, const flashspec_tensor* weight, flashsp
                 ") does not lie in [0, vocab_size " + std::to_string(vocab_size) + ")");
   }
   auto head = std::make_unique<flashspec_lm_head>();
+  const flashspec_lm_head_flags flags = flashspec_lm_head_flags(raw_flags);
   head->storage = naming_fields(lm_head_names(), [&] { return ctx.backend->create_lm_head(*weight, flags); });
   head->storage->vocab_begin = vocab_begin;
   head->storage->vocab_size = vocab_size;
@@ -179,14 +179,14 @@ void create_head(flashspec_context& ctx, const flashspec_tensor* weight, flashsp
 flashspec_status flashspec_lm_head_create(flashspec_context* ctx, const flashspec_tensor* weight,
                                           flashspec_lm_head_flags flags, flashspec_lm_head** out) {
   if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
-  return guarded(ctx, [&] { create_head(*ctx, weight, flags, 0, weight ? weight->rows : 0, false, out); });
+  return guarded(ctx, [&] { create_head(*ctx, weight, raw_enum(flags), 0, weight ? weight->rows : 0, false, out); });
 }
 
 flashspec_status flashspec_lm_head_create_shard(flashspec_context* ctx, const flashspec_tensor* weight,
                                                 flashspec_lm_head_flags flags, int64_t vocab_begin,
                                                 int64_t vocab_size, flashspec_lm_head** out) {
   if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
-  return guarded(ctx, [&] { create_head(*ctx, weight, flags, vocab_begin, vocab_size, true, out); });
+  return guarded(ctx, [&] { create_head(*ctx, weight, raw_enum(flags), vocab_begin, vocab_size, true, out); });
 }
 
 int64_t flashspec_lm_head_vocab_begin(const flashspec_lm_head* head) { return head ? head->storage->vocab_begin : 0; }
