@@ -66,9 +66,73 @@ __global__ void combine_draft_kernel(const combine::Sources s, int32_t* tokens_o
   draft_outputs(s.plans[row], res.all, res.status, tokens_out + row, scores_out ? scores_out + row : nullptr);
 }
 
+__global__ void combine_records_kernel(const combine::Sources s, int32_t vocab_begin, int32_t vocab_end,
+                                       int32_t vocab_size, ShardRecord* out) {
+  pdl_wait();
+  pdl_trigger();
+  const int lane = threadIdx.x & 31;
+  const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= s.rows) return;
+  const Partial all = warp_combine(s.partials + row, s.groups, s.partial_stride, lane);
+  if (lane == 0) out[row] = shard_record(with_hidden_flag(all, s.hidden_bad[row]), vocab_begin, vocab_end, vocab_size);
+}
+
+// A row of gathered records: the merged Partial and the row's status.
+__device__ int32_t merge_row_records(const RowPlan& plan, const ShardRecord* records, int32_t shards, int32_t rows,
+                                     int32_t row, Partial& all) {
+  all = empty_partial();
+  if (plan.status != FLASHSPEC_OK) return plan.status;
+  if (first_bad_record(records, shards, rows, row, records[0].vocab_size) >= 0) return FLASHSPEC_ERR_INVALID_ARGUMENT;
+  all = merge_records(records, shards, rows, row);
+  return row_status(plan, all, 0);
+}
+
+__global__ void record_summaries_kernel(const RowPlan* plans, const ShardRecord* records, int32_t shards, int32_t rows,
+                                        const int32_t* batch_status, RowSummary* out) {
+  const int row = blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= rows) return;
+  Partial all;
+  const int32_t status = merge_row_records(plans[row], records, shards, rows, row, all);
+  out[row] = verify_summary(plans[row], all, *batch_status != FLASHSPEC_OK ? *batch_status : status);
+}
+
+__global__ void record_drafts_kernel(const RowPlan* plans, const ShardRecord* records, int32_t shards, int32_t rows,
+                                     int32_t* tokens_out, float* scores_out) {
+  const int row = blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= rows) return;
+  Partial all;
+  const int32_t status = merge_row_records(plans[row], records, shards, rows, row, all);
+  draft_outputs(plans[row], all, status, tokens_out + row, scores_out ? scores_out + row : nullptr);
+}
+
+constexpr int kRecordThreads = 128;
+
 }  // namespace
 
 namespace combine {
+
+cudaError_t record_rows(const Sources& src, int32_t vocab_begin, int32_t vocab_end, int32_t vocab_size,
+                        ShardRecord* out, cudaStream_t stream) {
+  const int blocks = (src.rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  Sources s = src;
+  void* args[] = {&s, &vocab_begin, &vocab_end, &vocab_size, &out};
+  return launch_dependent(reinterpret_cast<const void*>(&combine_records_kernel), dim3(blocks),
+                          dim3(kWarpsPerBlock * 32), 0, stream, args);
+}
+
+cudaError_t summaries_from_records(const RowPlan* plans, const ShardRecord* records, int32_t shards, int32_t rows,
+                                   const int32_t* batch_status, RowSummary* out, cudaStream_t stream) {
+  record_summaries_kernel<<<(rows + kRecordThreads - 1) / kRecordThreads, kRecordThreads, 0, stream>>>(
+      plans, records, shards, rows, batch_status, out);
+  return cudaGetLastError();
+}
+
+cudaError_t drafts_from_records(const RowPlan* plans, const ShardRecord* records, int32_t shards, int32_t rows,
+                                int32_t* tokens_out, float* scores_out, cudaStream_t stream) {
+  record_drafts_kernel<<<(rows + kRecordThreads - 1) / kRecordThreads, kRecordThreads, 0, stream>>>(
+      plans, records, shards, rows, tokens_out, scores_out);
+  return cudaGetLastError();
+}
 
 cudaError_t verify_rows(const Sources& src, const int32_t* batch_status, RowSummary* out, cudaStream_t stream) {
   const int blocks = (src.rows + kWarpsPerBlock - 1) / kWarpsPerBlock;

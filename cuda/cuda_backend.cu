@@ -52,6 +52,8 @@ class CudaBackend final : public Backend {
     residuals_.allocate(partials * sizeof(Residual), "cudaMalloc (residuals)");
     flag_.allocate(sizeof(int32_t), "cudaMalloc (flag)");
     done_counter_.allocate(sizeof(int32_t), "cudaMalloc (scan counter)");
+    shard_summaries_.allocate(size_t(max_rows_) * sizeof(RowSummary), "cudaMalloc (shard summaries)");
+    shard_status_.allocate(sizeof(int32_t), "cudaMalloc (shard batch status)");
     check_cuda(cudaMemset(done_counter_.as<void>(), 0, sizeof(int32_t)), "cudaMemset (scan counter)");
 
     // Rows beyond the weight-streaming scan's go through cuBLAS, one
@@ -78,7 +80,7 @@ class CudaBackend final : public Backend {
     cudaGetLastError();
     if (cublas_) cublasDestroy(cublas_);
     for (DeviceBuffer* b : {&plans_, &hidden_bad_, &partials_, &q_partials_, &residuals_, &flag_, &done_counter_,
-                            &staging_, &chunk_logits_, &cublas_workspace_})
+                            &staging_, &chunk_logits_, &cublas_workspace_, &shard_summaries_, &shard_status_})
       b->reset();
     if (previous != device_) cudaSetDevice(previous);
   }
@@ -175,7 +177,7 @@ class CudaBackend final : public Backend {
     const auto& head = static_cast<const CudaLmHead&>(head_base);
     auto& store = static_cast<CudaSummaries&>(store_base);
     guard([&] {
-      check_cuda(prepare::verify_plans(args, int32_t(head.vocab), plans_.as<RowPlan>(),
+      check_cuda(prepare::verify_plans(args, int32_t(head.vocab), nullptr, plans_.as<RowPlan>(),
                                        store.batch_status.as<int32_t>(), stream_),
                  "verify plans");
       const bool tc = stage(head, *args.target_hidden);
@@ -198,6 +200,57 @@ class CudaBackend final : public Backend {
       check_cuda(finalize::requests(args, store.rows.as<RowSummary>(), store.batch_status.as<int32_t>(), result,
                                     stream_),
                  "finalize");
+    });
+  }
+
+  // Vocabulary shards: the scans fold global token ids (ScanParams::
+  // token_base), so a shard's partials are those of its slice of the whole
+  // head; the records are their per-row merge. Device records are checked
+  // per row when merged (a row that does not tile gets INVALID_ARGUMENT).
+  void verify_records(const LmHeadStorage& head_base, const VerifyArgs& args, ShardRecord* records) override {
+    DeviceScope scope(device_);
+    const auto& head = static_cast<const CudaLmHead&>(head_base);
+    guard([&] {
+      check_cuda(prepare::verify_plans(args, int32_t(head.vocab_size), nullptr, plans_.as<RowPlan>(),
+                                       shard_status_.as<int32_t>(), stream_),
+                 "verify plans");
+      scan_records(head, *args.target_hidden, args.total_rows, records);
+    });
+  }
+
+  void draft_records(const LmHeadStorage& head_base, const DraftArgs& args, ShardRecord* records) override {
+    DeviceScope scope(device_);
+    const auto& head = static_cast<const CudaLmHead&>(head_base);
+    guard([&] {
+      check_cuda(prepare::draft_plans(args, plans_.as<RowPlan>(), stream_), "draft plans");
+      scan_records(head, *args.hidden, args.rows, records);
+    });
+  }
+
+  void finalize_records(const VerifyArgs& args, const ShardRecord* records, int32_t shards,
+                        const ResultArgs& result) override {
+    DeviceScope scope(device_);
+    guard([&] {
+      check_cuda(prepare::verify_plans(args, 0, &records[0].vocab_size, plans_.as<RowPlan>(),
+                                       shard_status_.as<int32_t>(), stream_),
+                 "verify plans");
+      check_cuda(combine::summaries_from_records(plans_.as<RowPlan>(), records, shards, args.total_rows,
+                                                 shard_status_.as<int32_t>(), shard_summaries_.as<RowSummary>(),
+                                                 stream_),
+                 "merge of shard records");
+      check_cuda(finalize::requests(args, shard_summaries_.as<RowSummary>(), shard_status_.as<int32_t>(), result,
+                                    stream_),
+                 "finalize");
+    });
+  }
+
+  void draft_from_records(const DraftArgs& args, const ShardRecord* records, int32_t shards) override {
+    DeviceScope scope(device_);
+    guard([&] {
+      check_cuda(prepare::draft_plans(args, plans_.as<RowPlan>(), stream_), "draft plans");
+      check_cuda(combine::drafts_from_records(plans_.as<RowPlan>(), records, shards, args.rows, args.tokens_out,
+                                              args.scores_out, stream_),
+                 "merge of shard records");
     });
   }
 
@@ -284,6 +337,20 @@ class CudaBackend final : public Backend {
     return tc;
   }
 
+  // The scan of a shard's rows (plans already written) into its records.
+  void scan_records(const CudaLmHead& head, const flashspec_tensor& hidden, int rows, ShardRecord* records) {
+    const bool tc = stage(head, hidden);
+    StreamTail tail = stream_tail();
+    tail.records = records;
+    tail.vocab_size = int32_t(head.vocab_size);
+    const ScanOutcome scan = run_scan(limits_, workspace(), head, tc, rows, nullptr, tail, stream_);
+    if (!scan.combined)
+      check_cuda(combine::record_rows(sources(rows, scan.groups, nullptr), int32_t(head.vocab_begin),
+                                      int32_t(head.vocab_begin + head.vocab), int32_t(head.vocab_size), records,
+                                      stream_),
+                 "shard records");
+  }
+
   ScanWorkspace workspace() const {
     return ScanWorkspace{plans_.as<RowPlan>(), staging_.as<void>(),     partials_.as<Partial>(),
                          q_partials_.as<QPartial>(), residuals_.as<Residual>(), max_rows_,
@@ -323,6 +390,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer done_counter_;  // CTAs of a weight-streaming scan that have finished
   int last_error_ = 0;
   DeviceBuffer plans_, hidden_bad_, partials_, q_partials_, residuals_, flag_, staging_;
+  DeviceBuffer shard_summaries_, shard_status_;  // finalize of gathered shard records
 };
 
 }  // namespace

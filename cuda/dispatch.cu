@@ -26,6 +26,7 @@ ScanParams base_params(const ScanWorkspace& ws, const CudaLmHead& head, int rows
   p.ldw = head.row_stride;
   p.w_dtype = head.dtype;
   p.vocab = int32_t(head.vocab);
+  p.token_base = int32_t(head.vocab_begin);
   p.d_load = head.d_load;
   p.k_pad = int32_t(round_up(head.hidden, 32));
   p.h = ws.hidden;

@@ -18,6 +18,7 @@ __device__ bool valid_temperature(float t) { return isfinite(t) && t >= 0.0f; }
 struct VerifyPlanArgs {
   VerifyArgs batch;  // device-resident arrays, not yet checked
   int32_t vocab;
+  const int32_t* device_vocab;  // non-NULL: the vocabulary size is read here (gathered shard records)
   RowPlan* plans;
   int32_t* batch_status;
 };
@@ -41,6 +42,7 @@ __global__ void __launch_bounds__(kPlanThreads) verify_plans_kernel(const Verify
   __syncthreads();
   if (threadIdx.x == 0) *a.batch_status = bad_batch ? FLASHSPEC_ERR_OUT_OF_RANGE : FLASHSPEC_OK;
   if (bad_batch) return;
+  const int32_t vocab = a.device_vocab ? *a.device_vocab : a.vocab;
 
   for (int r = threadIdx.x; r < a.batch.num_requests; r += blockDim.x) {
     // Offsets are valid here, so the request's view is too.
@@ -51,7 +53,7 @@ __global__ void __launch_bounds__(kPlanThreads) verify_plans_kernel(const Verify
       status = FLASHSPEC_ERR_INVALID_ARGUMENT;
     for (int32_t j = 0; j < v.num_drafts; ++j) {
       const int32_t x = a.batch.draft_tokens[v.first_draft + j];
-      if (x < 0 || x >= a.vocab) status = FLASHSPEC_ERR_OUT_OF_RANGE;
+      if (x < 0 || x >= vocab) status = FLASHSPEC_ERR_OUT_OF_RANGE;
       if (a.batch.accept_uniforms) {
         const float u = a.batch.accept_uniforms[v.first_draft + j];
         if (!(u > 0.0f && u < 1.0f)) status = FLASHSPEC_ERR_INVALID_ARGUMENT;
@@ -119,9 +121,9 @@ __global__ void non_finite_kernel(const void* data, flashspec_dtype dtype, int64
 
 }  // namespace
 
-cudaError_t verify_plans(const VerifyArgs& args, int32_t vocab, RowPlan* plans, int32_t* batch_status,
-                         cudaStream_t stream) {
-  VerifyPlanArgs a{args, vocab, plans, batch_status};
+cudaError_t verify_plans(const VerifyArgs& args, int32_t vocab, const int32_t* device_vocab, RowPlan* plans,
+                         int32_t* batch_status, cudaStream_t stream) {
+  VerifyPlanArgs a{args, vocab, device_vocab, plans, batch_status};
   verify_plans_kernel<<<1, kPlanThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }

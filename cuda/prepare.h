@@ -17,9 +17,10 @@ namespace prepare {
 
 // Row plans of a verify batch; device-side checks of offsets, token ids,
 // temperatures and uniforms land in each plan's status and, for offsets that
-// do not describe the batch, in *batch_status.
-cudaError_t verify_plans(const VerifyArgs& args, int32_t vocab, RowPlan* plans, int32_t* batch_status,
-                         cudaStream_t stream);
+// do not describe the batch, in *batch_status. Token ids are checked against
+// *device_vocab when given (device memory), else against vocab.
+cudaError_t verify_plans(const VerifyArgs& args, int32_t vocab, const int32_t* device_vocab, RowPlan* plans,
+                         int32_t* batch_status, cudaStream_t stream);
 
 // Row plans of a draft call; invalid temperatures or positions land in status.
 cudaError_t draft_plans(const DraftArgs& args, RowPlan* plans, cudaStream_t stream);

@@ -29,9 +29,15 @@ __device__ __forceinline__ void fold_slice(Partial& part, const RowPlan& plan, c
                                            int32_t v0) {
   for (int base = begin + threadIdx.x * kTokensPerThread; base < end; base += kThreads * kTokensPerThread) {
     const int token0 = v0 + base;
-    // Tokens 4b .. 4b+3 share one Philox block; v0 and slice are multiples of 4.
+    // Tokens 4b .. 4b+3 share one Philox block; chunks and slices are
+    // multiples of 4, so token0 is too unless a shard starts off a multiple.
+    static_assert(kTokensPerThread == 4, "one Philox block per thread step");
     Philox4 noise = {{0, 0, 0, 0}};
-    if (!kGreedy) noise = row_block(plan.key, uint32_t(token0) >> 2);
+    if (!kGreedy) {
+      if ((token0 & 3) == 0) noise = row_block(plan.key, uint32_t(token0) >> 2);
+      else
+        for (int k = 0; k < kTokensPerThread; ++k) noise.v[k] = noise_word(plan.key, token0 + k);
+    }
 #pragma unroll
     for (int k = 0; k < kTokensPerThread; ++k)
       if (base + k < end) fold_logit(part, plan, l[base + k], token0 + k, noise.v[k]);
@@ -113,7 +119,7 @@ Status scan(const Request& r, cudaStream_t stream) {
     int32_t chunk_ld = r.chunk, slice = kSliceTokens, row_base = p.row_base, stride = p.partial_stride;
     const RowPlan* plans = p.plans;
     Partial* partials = p.partials;
-    int32_t first = v0, n = count, group_base = group;
+    int32_t first = p.token_base + v0, n = count, group_base = group;
     void* args[] = {&logits, &chunk_ld, &first, &n, &slice, &plans, &row_base, &partials, &stride, &group_base};
     cudaError_t e = launch_dependent(reinterpret_cast<const void*>(&fold_chunk_kernel), dim3(slices, p.rows),
                                      dim3(kThreads), 0, stream, args);

@@ -212,17 +212,24 @@ __global__ void __launch_bounds__(kThreads, Config<kShape>::kMinBlocks) mma_scan
           for (int nt = 0; nt < C::kNT; ++nt) {
             const int tok = tok0 + nt * 8 + 2 * t;
             if (tok < end) {
+              const int32_t id = p.token_base + tok;
               uint32_t n0 = 0, n1 = 0;
               if (!greedy) {
-                Philox4 block = row_block(plan.key, uint32_t(tok) >> 2);
-                n0 = philox_word(block, tok & 3);
-                n1 = philox_word(block, (tok & 3) + 1);
+                if ((id & 1) == 0) {
+                  // An even id and its successor share one Philox block.
+                  Philox4 block = row_block(plan.key, uint32_t(id) >> 2);
+                  n0 = philox_word(block, id & 3);
+                  n1 = philox_word(block, (id & 3) + 1);
+                } else {
+                  n0 = noise_word(plan.key, id);
+                  n1 = noise_word(plan.key, id + 1);
+                }
               }
               const float l0 = acc[mt][nt][2 * h], l1 = acc[mt][nt][2 * h + 1];
-              fold_logit(part, plan, l0, tok, n0);
+              fold_logit(part, plan, l0, id, n0);
               if (keep) kept[int64_t(lr) * p.slice + (tok - begin)] = l0 * plan.inv_t;
               if (tok + 1 < end) {
-                fold_logit(part, plan, l1, tok + 1, n1);
+                fold_logit(part, plan, l1, id + 1, n1);
                 if (keep) kept[int64_t(lr) * p.slice + (tok + 1 - begin)] = l1 * plan.inv_t;
               }
             }

@@ -11,6 +11,7 @@
 #include "sampling/fold.h"
 #include "sampling/row_plan.h"
 #include "sampling/row_summary.h"
+#include "sampling/shard_record.h"
 #include "warp_fold.cuh"
 
 namespace flashspec {
@@ -21,6 +22,8 @@ struct ScanParams {
   int64_t ldw;            // elements per weight row
   flashspec_dtype w_dtype;
   int32_t vocab;
+  int32_t token_base;     // global id of W's first row (a vocabulary shard's vocab_begin, else 0):
+                          // folds, noise and candidates use global ids
   int32_t d_load;         // columns read from W (multiple of 8 on the mma path)
   int32_t k_pad;          // staged hidden columns (multiple of 32), zero beyond d
   const void* h;          // staged hidden rows, [total rows, k_pad]
@@ -42,7 +45,8 @@ struct ScanParams {
 };
 
 // Where the weight-streaming scan's last CTA writes the combined rows (it
-// combines its own rows, so no combine kernel follows it).
+// combines its own rows, so no combine kernel follows it): verify summaries,
+// draft outputs, or a shard's records.
 struct StreamTail {
   int32_t* done_counter;        // device int, 0 between launches
   const int32_t* hidden_bad;    // [rows] from the staging kernel
@@ -50,6 +54,8 @@ struct StreamTail {
   RowSummary* summaries;        // verify: output
   int32_t* tokens_out;          // draft: output
   float* scores_out;            // draft: output, may be NULL
+  ShardRecord* records;         // shard calls: the output instead of the two above
+  int32_t vocab_size;           // shard calls: the global vocabulary
 };
 
 }  // namespace cuda

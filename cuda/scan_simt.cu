@@ -67,8 +67,9 @@ __global__ void __launch_bounds__(kThreads) simt_scan_kernel(const ScanParams p)
       if (lane == r) mine = v;
     }
     if (my_row) {
-      const uint32_t noise = (my_plan.flags & kPlanGreedy) ? 0u : noise_word(my_plan.key, tok);
-      fold_logit(part, my_plan, mine, tok, noise);
+      const int32_t id = p.token_base + tok;
+      const uint32_t noise = (my_plan.flags & kPlanGreedy) ? 0u : noise_word(my_plan.key, id);
+      fold_logit(part, my_plan, mine, id, noise);
       if (keep) kept[int64_t(lane) * p.slice + (tok - begin)] = mine * my_plan.inv_t;
     }
   }

@@ -113,7 +113,10 @@ __device__ __forceinline__ void finish_scan(const ScanParams& p, const StreamTai
       const int global_row = p.row_base + row;
       const RowPlan& plan = plans[row];
       const int32_t status = row_status(plan, all, tail.hidden_bad[global_row]);
-      if (tail.summaries)
+      if (tail.records)
+        tail.records[global_row] = shard_record(with_hidden_flag(all, tail.hidden_bad[global_row]), p.token_base,
+                                                p.token_base + p.vocab, tail.vocab_size);
+      else if (tail.summaries)
         tail.summaries[global_row] =
             verify_summary(plan, all, *tail.batch_status != FLASHSPEC_OK ? *tail.batch_status : status);
       else
@@ -240,8 +243,9 @@ __global__ void __launch_bounds__(kThreads, tuning::kStreamShapes[kShape].min_bl
             const bool greedy = plan.flags & kPlanGreedy;
             Partial part = running[warp][nt][j][lane];
             const float l_a = acc[0][nt][j] + acc[1][nt][j], l_b = acc[0][nt][2 + j] + acc[1][nt][2 + j];
-            if (tok_a < p.vocab) fold_logit(part, plan, l_a, tok_a, greedy ? 0u : noise_word(plan.key, tok_a));
-            if (tok_b < p.vocab) fold_logit(part, plan, l_b, tok_b, greedy ? 0u : noise_word(plan.key, tok_b));
+            const int32_t id_a = p.token_base + tok_a, id_b = p.token_base + tok_b;
+            if (tok_a < p.vocab) fold_logit(part, plan, l_a, id_a, greedy ? 0u : noise_word(plan.key, id_a));
+            if (tok_b < p.vocab) fold_logit(part, plan, l_b, id_b, greedy ? 0u : noise_word(plan.key, id_b));
             running[warp][nt][j][lane] = part;
           }
         }

@@ -647,9 +647,14 @@ FLASHSPEC_API flashspec_status flashspec_verify_and_finalize(flashspec_context* 
  * can be scored, sampling controls (top-k/top-p/min-p need the global
  * ranking) and logprobs would need a second exchange: shard calls refuse
  * them with FLASHSPEC_ERR_UNSUPPORTED. Trees (draft_parents) shard like
- * chains. The CPU backend serves shards; the
- * CUDA backend refuses shard calls with FLASHSPEC_ERR_UNSUPPORTED in this
- * version. */
+ * chains. Both backends serve shards. On the CUDA backend every shard call
+ * is stream-ordered and capturable in a CUDA graph, and records live in
+ * device memory, so they are checked on the device as they are merged: a
+ * request whose records have another version or do not tile the vocabulary
+ * emits nothing (accepted_counts[r] = −1, as for the device-side checks of
+ * flashspec_verify; a draft row gets token −1 and score NaN), and so does
+ * one with a non-finite logit, which the CPU backend reports as NON_FINITE
+ * when the shard's pass runs. */
 #define FLASHSPEC_SHARD_RECORD_VERSION 1
 #define FLASHSPEC_SHARD_RECORD_BYTES 48
 
@@ -674,7 +679,7 @@ FLASHSPEC_API int64_t flashspec_lm_head_global_vocab_size(const flashspec_lm_hea
  * rank over its slice: writes one record per target row to records
  * ([draft_offsets[R] + R] records, batch->memory). Draft tokens are global
  * ids in [0, vocab_size). Errors: as flashspec_verify, plus UNSUPPORTED
- * (draft_logits, controls, logprobs; the CUDA backend), NULL_POINTER
+ * (draft_logits, controls, logprobs), NULL_POINTER
  * (records), INVALID_ARGUMENT (records overlapping an input). */
 FLASHSPEC_API flashspec_status flashspec_verify_shard(flashspec_context* ctx, const flashspec_lm_head* head,
                                                       const flashspec_verify_batch* batch, void* records);
@@ -694,7 +699,7 @@ FLASHSPEC_API flashspec_status flashspec_finalize_shards(flashspec_context* ctx,
 
 /* [context-exclusive] [async on the context stream] The draft pass of one
  * rank: one record per hidden row (params->memory). As flashspec_draft
- * (params may be NULL), plus UNSUPPORTED (controls; the CUDA backend). */
+ * (params may be NULL), plus UNSUPPORTED (controls). */
 FLASHSPEC_API flashspec_status flashspec_draft_shard(flashspec_context* ctx, const flashspec_lm_head* head,
                                                      const flashspec_tensor* hidden,
                                                      const flashspec_draft_params* params, void* records);

@@ -157,8 +157,6 @@ void create_head(flashspec_context& ctx, const flashspec_tensor* weight, int32_t
   require(raw_flags == FLASHSPEC_LM_HEAD_COPY || raw_flags == FLASHSPEC_LM_HEAD_BORROW,
           FLASHSPEC_ERR_INVALID_ARGUMENT, "flags", "unknown value " + std::to_string(raw_flags));
   if (shard) {
-    require(ctx.backend->kind() == FLASHSPEC_BACKEND_CPU, FLASHSPEC_ERR_UNSUPPORTED, "ctx",
-            "the CUDA backend does not serve vocabulary shards in this version (the CPU backend does)");
     require(vocab_size >= 1 && vocab_size <= FLASHSPEC_MAX_VOCAB, FLASHSPEC_ERR_OUT_OF_RANGE, "vocab_size",
             "must be in [1, FLASHSPEC_MAX_VOCAB], got " + std::to_string(vocab_size));
     require(vocab_begin >= 0 && vocab_begin + weight->rows <= vocab_size, FLASHSPEC_ERR_OUT_OF_RANGE,

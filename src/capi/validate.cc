@@ -466,22 +466,20 @@ void validate_draft_hidden(const flashspec_context& ctx, const LmHeadStorage& he
 int64_t check_records(const ShardRecord* records, int32_t shards, int32_t rows) {
   const int32_t vocab = records[0].vocab_size;
   for (int32_t row = 0; row < rows; ++row) {
-    int32_t next = 0;
-    for (int32_t k = 0; k < shards; ++k) {
-      const ShardRecord& r = records[int64_t(k) * rows + row];
-      require(r.version == FLASHSPEC_SHARD_RECORD_VERSION, FLASHSPEC_ERR_INVALID_ARGUMENT, "records",
-              "record " + str(k) + " of row " + str(row) + " has version " + str(r.version) + ", this library reads " +
-                  str(FLASHSPEC_SHARD_RECORD_VERSION));
-      require(r.vocab_size == vocab && r.vocab_begin == next && r.vocab_end > r.vocab_begin &&
-                  r.vocab_end <= vocab,
-              FLASHSPEC_ERR_INVALID_ARGUMENT, "records",
-              "row " + str(row) + ": the slice [" + str(r.vocab_begin) + ", " + str(r.vocab_end) + ") of V " +
-                  str(r.vocab_size) + " from rank " + str(k) + " does not continue [0, " + str(next) + ") of V " +
-                  str(vocab) + " (records are [num_shards][rows], ranks in vocabulary order)");
-      next = r.vocab_end;
-    }
-    require(next == vocab, FLASHSPEC_ERR_INVALID_ARGUMENT, "records",
-            "row " + str(row) + ": the slices cover [0, " + str(next) + "), not the vocabulary of " + str(vocab));
+    const int32_t k = first_bad_record(records, shards, rows, row, vocab);
+    if (k < 0) continue;
+    require(k < shards, FLASHSPEC_ERR_INVALID_ARGUMENT, "records",
+            "row " + str(row) + ": the slices cover [0, " + str(records[int64_t(shards - 1) * rows + row].vocab_end) +
+                "), not the vocabulary of " + str(vocab));
+    const ShardRecord& r = records[int64_t(k) * rows + row];
+    require(r.version == FLASHSPEC_SHARD_RECORD_VERSION, FLASHSPEC_ERR_INVALID_ARGUMENT, "records",
+            "record " + str(k) + " of row " + str(row) + " has version " + str(r.version) + ", this library reads " +
+                str(FLASHSPEC_SHARD_RECORD_VERSION));
+    const int32_t next = k == 0 ? 0 : records[int64_t(k - 1) * rows + row].vocab_end;
+    require(false, FLASHSPEC_ERR_INVALID_ARGUMENT, "records",
+            "row " + str(row) + ": the slice [" + str(r.vocab_begin) + ", " + str(r.vocab_end) + ") of V " +
+                str(r.vocab_size) + " from rank " + str(k) + " does not continue [0, " + str(next) + ") of V " +
+                str(vocab) + " (records are [num_shards][rows], ranks in vocabulary order)");
   }
   return vocab;
 }
