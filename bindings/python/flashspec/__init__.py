@@ -12,6 +12,12 @@
                                       logprobs=True, top_logprobs=5)
         result = ctx.verify_and_finalize(head, batch)   # result.logprobs, .top_tokens, ...
 
+        # Vocabulary shards (tensor parallelism): each rank verifies its
+        # slice into fixed-size records; any rank finalizes the gathered ones.
+        shard = ctx.lm_head_shard(W[begin:end], begin, len(W))
+        ctx.verify_shard(shard, batch, records[rank])     # all-gather records
+        result = ctx.finalize_shards(batch, records)      # [ranks, rows, 48]
+
         engine = flashspec.Engine(ctx, head, target_forward,
                                   drafters=[flashspec.NgramDrafter(ctx)])
         tokens, finish_reason, steps = engine.generate(prompt, temperature=0)
@@ -20,7 +26,8 @@ The raw SWIG layer is flashspec.capi (every C function and struct as is).
 """
 from . import capi
 from ._controls import MAX_TOP_K, MAX_TOP_LOGPROBS, TOP_K_ALL, SamplingControls
-from ._core import Context, LMHead, Summaries, VerifyBatch, VerifyResult, stream_handle
+from ._core import (SHARD_RECORD_BYTES, SHARD_RECORD_VERSION, Context, LMHead, Summaries, VerifyBatch, VerifyResult,
+                    stream_handle)
 from .errors import FlashSpecError, error_class
 from .errors import *  # noqa: F401,F403  (one exception class per status)
 from ._engine import (ArmMetrics, CallbackDrafter, Drafter, Engine, EngineMetrics, FinishReason, Generation,
@@ -35,6 +42,7 @@ ABI_VERSION = capi.FLASHSPEC_ABI_VERSION
 # flashspec.capi).
 __all__ = [
     "Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "stream_handle",
+    "SHARD_RECORD_BYTES", "SHARD_RECORD_VERSION",
     "SamplingControls", "MAX_TOP_K", "TOP_K_ALL", "MAX_TOP_LOGPROBS",
     "Engine", "Drafter", "NgramDrafter", "CallbackDrafter", "Generation", "FinishReason", "EngineMetrics",
     "ArmMetrics",

@@ -32,7 +32,7 @@ _DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
 _DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT = 0, 1, 2, 4
 
 # Element types the C API takes, by name.
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint64": 8, "int64": 8}
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint64": 8, "int64": 8, "uint8": 1}
 _TENSOR_DTYPES = {"float32": _capi.FLASHSPEC_DTYPE_F32, "bfloat16": _capi.FLASHSPEC_DTYPE_BF16,
                   "float16": _capi.FLASHSPEC_DTYPE_F16}
 
@@ -84,7 +84,7 @@ def _typestr_name(typestr, descr_name=None):
         return "bfloat16"
     kind, size = typestr[1], int(typestr[2:])
     return {("f", 4): "float32", ("f", 2): "float16", ("i", 4): "int32", ("u", 8): "uint64",
-            ("i", 8): "int64"}.get((kind, size), typestr)
+            ("i", 8): "int64", ("u", 1): "uint8"}.get((kind, size), typestr)
 
 
 def _byte_strides_to_elements(strides, shape, itemsize, what):
@@ -122,7 +122,8 @@ _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 _DL_DTYPES = {(_DL_FLOAT, 32): "float32", (_DL_FLOAT, 16): "float16", (_DL_BFLOAT, 16): "bfloat16",
-              (_DL_INT, 32): "int32", (_DL_UINT, 64): "uint64", (_DL_INT, 64): "int64"}
+              (_DL_INT, 32): "int32", (_DL_UINT, 64): "uint64", (_DL_INT, 64): "int64",
+              (_DL_UINT, 8): "uint8"}
 
 
 def _from_dlpack(obj, what, stream):
@@ -144,7 +145,8 @@ def _from_dlpack(obj, what, stream):
     dtype = _DL_DTYPES.get((t.dtype.code, t.dtype.bits))
     if dtype is None or t.dtype.lanes != 1:
         raise TypeError(f"{what}: unsupported DLPack dtype (code {t.dtype.code}, bits {t.dtype.bits}); "
-                        "tensors are float32, bfloat16 or float16, index arrays int32, int64 or uint64")
+                        "tensors are float32, bfloat16 or float16, index arrays int32, int64 or uint64, "
+                        "shard records uint8")
     shape = [t.shape[i] for i in range(t.ndim)]
     strides = [t.strides[i] for i in range(t.ndim)] if t.strides else _c_strides(shape)
     address = (t.data or 0) + t.byte_offset
@@ -304,6 +306,30 @@ def vector(obj, what, dtype, *, stream=0, output=False):
         if v.memory == CUDA:
             raise ValueError(f"{what}: device arrays must be contiguous")
         v = view(np.ascontiguousarray(v.source), what, dtype=dtype)
+    return v
+
+
+def records(obj, what, *, stream=0, output=False):
+    """A C-contiguous View of a uint8 array of shard records, any shape (the
+    caller checks it). Records are bytes: an array of another dtype is
+    refused, never converted. Outputs (records the library writes) must be
+    contiguous and writable; a strided host input is made contiguous by a
+    copy, a strided device input is refused."""
+    try:
+        v = view(obj, what, stream=stream, dtype="uint8", output=True) if output else view(obj, what, stream=stream)
+    except TypeError:
+        dtype = getattr(obj, "dtype", None)
+        if dtype is None:
+            raise
+        v = None  # a dtype views cannot take: refused below, by name
+    if v is None or v.dtype != "uint8":  # inputs are viewed without a dtype: never converted
+        raise TypeError(f"{what}: expected a uint8 array of shard records, got {v.dtype if v else dtype}")
+    if not v.is_contiguous():
+        if output:
+            raise ValueError(f"{what}: records must be C-contiguous (they are written in place)")
+        if v.memory == CUDA:
+            raise ValueError(f"{what}: device records must be C-contiguous")
+        v = _host_view(np.ascontiguousarray(v.source), what)
     return v
 
 

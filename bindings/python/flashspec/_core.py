@@ -11,7 +11,18 @@ from . import capi as _capi
 from ._controls import SamplingControls
 from .errors import check
 
-__all__ = ["Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "SamplingControls", "stream_handle"]
+__all__ = ["Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "SamplingControls", "stream_handle",
+           "SHARD_RECORD_BYTES", "SHARD_RECORD_VERSION"]
+
+# The per-row record of a vocabulary-shard call (see "Vocabulary shards" in
+# flashspec.h): its size in bytes and the layout version it carries.
+SHARD_RECORD_BYTES = _capi.FLASHSPEC_SHARD_RECORD_BYTES
+SHARD_RECORD_VERSION = _capi.FLASHSPEC_SHARD_RECORD_VERSION
+
+# The per-row arrays of flashspec_draft_params, by name and element type.
+_DRAFT_ROW_ARRAYS = (("temperatures", "float32"), ("seeds", "uint64"), ("request_ids", "uint64"),
+                     ("steps", "uint64"), ("positions", "int32"))
+_DRAFT_OUTPUTS = (("tokens_out", "int32"), ("scores_out", "float32"))
 
 _BACKENDS = {"auto": _capi.FLASHSPEC_BACKEND_AUTO, "cpu": _capi.FLASHSPEC_BACKEND_CPU,
              "cuda": _capi.FLASHSPEC_BACKEND_CUDA}
@@ -137,6 +148,13 @@ class Context(_Handle):
         """Upload the LM head W, [V, d] (float32, bfloat16 or float16)."""
         return LMHead(self, weight, borrow=borrow)
 
+    def lm_head_shard(self, weight, vocab_begin, vocab_size, *, borrow=False):
+        """Upload one rank's slice of a vocabulary-sharded LM head: weight
+        holds the rows of the global tokens [vocab_begin, vocab_begin +
+        weight rows) of a vocabulary of vocab_size tokens. A shard head
+        serves only the shard calls (verify_shard, draft_shard)."""
+        return LMHead(self, weight, borrow=borrow, vocab_begin=vocab_begin, global_vocab_size=vocab_size)
+
     def summaries(self, max_rows, max_requests):
         """Reserve summaries for verify/finalize."""
         return Summaries(self, max_rows, max_requests)
@@ -154,26 +172,9 @@ class Context(_Handle):
         samples the controlled q (scores are log q(x))."""
         hv = _arrays.tensor(hidden, "hidden", stream=self.stream)
         rows = hv.shape[0]
-        arrays = {name: (value, dtype) for name, value, dtype in (
-            ("temperatures", temperatures, "float32"), ("seeds", seeds, "uint64"),
-            ("request_ids", request_ids, "uint64"), ("steps", steps, "uint64"),
-            ("positions", positions, "int32")) if value is not None}
-        if tokens_out is not None:
-            arrays["tokens_out"] = (tokens_out, "int32")
-        if scores_out is not None:
-            arrays["scores_out"] = (scores_out, "float32")
-        views = {name: _arrays.vector(value, name, dtype, stream=self.stream, output=name.endswith("_out"))
-                 for name, (value, dtype) in arrays.items()}
-        # Per-row arrays and outputs share one memory (params->memory): that
-        # of the arrays given, else that of the hidden rows.
-        memory = _common_memory(views.values(), default=hv.memory)
-        proto = next(iter(views.values()), hv)
-        for name, dtype in (("tokens_out", "int32"), ("scores_out", "float32")):
-            if name not in views:
-                created = _arrays.empty_like_memory(proto, (rows,), dtype)
-                views[name] = _arrays.vector(created, name, dtype, stream=self.stream, output=True)
-        for name, v in views.items():
-            _require_rows(name, v, rows)
+        memory, views = self._draft_views(
+            rows, hv, dict(temperatures=temperatures, seeds=seeds, request_ids=request_ids, steps=steps,
+                           positions=positions), dict(tokens_out=tokens_out, scores_out=scores_out))
         tv, sv = views.pop("tokens_out"), views.pop("scores_out")
         c_controls = None
         if controls is not None:
@@ -184,16 +185,102 @@ class Context(_Handle):
             c_controls, _keep = controls.c_controls(rows, rows, "controls", per="rows",
                                                     mask_source=f"the {rows} rows")
 
-        params = _capi.flashspec_draft_params()
-        _capi.flashspec_draft_params_init(params)
-        params.memory = memory
-        params.temperature = temperature
-        for name, v in views.items():
-            setattr(params, name, v.address)
+        params = _draft_params(memory, temperature, views)
         params.controls = c_controls
         self._call(_capi.flashspec_draft, head.raw, _arrays.c_tensor(hv), params, tv.address, sv.address)
         self._sync_host_outputs(memory)
         return tv.source, sv.source
+
+    def _draft_views(self, rows, default, per_row, outputs):
+        """Views of a draft call's per-row arrays (per_row: name -> array or
+        None) and outputs (outputs: name -> array, or None to allocate one),
+        each checked to hold the rows, and the memory they share
+        (params->memory): that of the arrays given, else that of default (a
+        View). Allocated outputs live there, of the framework of the first
+        array given (else of default)."""
+        given = [(name, per_row[name], dtype, False) for name, dtype in _DRAFT_ROW_ARRAYS
+                 if per_row.get(name) is not None]
+        given += [(name, outputs[name], dtype, True) for name, dtype in _DRAFT_OUTPUTS
+                  if outputs.get(name) is not None]
+        views = {name: _arrays.vector(value, name, dtype, stream=self.stream, output=output)
+                 for name, value, dtype, output in given}
+        memory = _common_memory(views.values(), default=default.memory)
+        proto = next(iter(views.values()), default)
+        for name, dtype in _DRAFT_OUTPUTS:
+            if name in outputs and name not in views:
+                created = _arrays.empty_like_memory(proto, (rows,), dtype)
+                views[name] = _arrays.vector(created, name, dtype, stream=self.stream, output=True)
+        for name, v in views.items():
+            _require_rows(name, v, rows)
+        return memory, views
+
+    # ---- vocabulary shards -------------------------------------------------
+    def draft_shard(self, head, hidden, records, *, temperature=0.0, temperatures=None, seeds=None,
+                    request_ids=None, steps=None, positions=None):
+        """One rank's draft pass over its slice (head from lm_head_shard):
+        writes one record per hidden row to ``records``, a writable
+        C-contiguous uint8 array of at least rows * SHARD_RECORD_BYTES bytes
+        ([rows, SHARD_RECORD_BYTES] or flat), in the memory of the per-row
+        arrays. Gather every rank's records, then draft_from_shards."""
+        hv = _arrays.tensor(hidden, "hidden", stream=self.stream)
+        rows = hv.shape[0]
+        rv = _arrays.records(records, "records", stream=self.stream, output=True)
+        _require_records(rv, "records", rows, f"the {rows} hidden rows")
+        memory, views = self._draft_views(
+            rows, rv, dict(temperatures=temperatures, seeds=seeds, request_ids=request_ids, steps=steps,
+                           positions=positions), {})
+        _require_memory([("records", rv)], memory, like="the per-row arrays")
+        params = _draft_params(memory, temperature, views)
+        self._call(_capi.flashspec_draft_shard, head.raw, _arrays.c_tensor(hv), params, rv.address)
+        self._sync_host_outputs(memory)
+
+    def draft_from_shards(self, records, *, temperature=0.0, temperatures=None, seeds=None, request_ids=None,
+                          steps=None, positions=None, tokens_out=None, scores_out=None):
+        """The drafts from the gathered records of every rank: ``records`` is
+        uint8 [num_shards, rows, SHARD_RECORD_BYTES] (or [num_shards, rows *
+        SHARD_RECORD_BYTES]), rank order. Returns (tokens, scores) as draft
+        on the whole head with the same per-row arguments; outputs (unless
+        given) live with the records."""
+        rv = _arrays.records(records, "records", stream=self.stream)
+        num_shards, rows = _gathered_records_shape(rv, "records")
+        memory, views = self._draft_views(
+            rows, rv, dict(temperatures=temperatures, seeds=seeds, request_ids=request_ids, steps=steps,
+                           positions=positions), dict(tokens_out=tokens_out, scores_out=scores_out))
+        _require_memory([("records", rv)], memory, like="the per-row arrays and outputs")
+        tv, sv = views.pop("tokens_out"), views.pop("scores_out")
+        params = _draft_params(memory, temperature, views)
+        self._call(_capi.flashspec_draft_from_shards, params, rv.address, num_shards, rows, tv.address, sv.address)
+        self._sync_host_outputs(memory)
+        return tv.source, sv.source
+
+    def verify_shard(self, head, batch, records):
+        """One rank's verify pass over its slice (head from lm_head_shard):
+        writes one record per target row to ``records``, a writable
+        C-contiguous uint8 array of at least rows * SHARD_RECORD_BYTES bytes
+        ([rows, SHARD_RECORD_BYTES] or flat; rows = draft_offsets[R] + R), in
+        the memory of the batch's index arrays. Gather every rank's records,
+        then finalize_shards."""
+        c_batch = batch.c_batch(self.stream)
+        batch.check_vocab(head.global_vocab_size)
+        rv = _arrays.records(records, "records", stream=self.stream, output=True)
+        _require_records(rv, "records", batch.total_rows, f"draft_offsets[R] + R = {batch.total_rows} rows")
+        _require_memory([("records", rv)], batch.memory, like="the batch's index arrays")
+        self._call(_capi.flashspec_verify_shard, head.raw, c_batch, rv.address)
+        self._sync_host_outputs(batch.memory)
+
+    def finalize_shards(self, batch, records, *, out=None):
+        """Algorithm 1 on the gathered records of every rank for this batch:
+        ``records`` is uint8 [num_shards, rows, SHARD_RECORD_BYTES] (or
+        [num_shards, rows * SHARD_RECORD_BYTES]), rank order, rows =
+        draft_offsets[R] + R exactly. Emits what verify_and_finalize on the
+        whole head would; ``out`` as for finalize."""
+        c_batch, result, c_result = self._batch_and_result(batch, out)
+        rv = _arrays.records(records, "records", stream=self.stream)
+        num_shards, _ = _gathered_records_shape(rv, "records", rows=batch.total_rows)
+        _require_memory([("records", rv)], batch.memory, like="the batch's index arrays")
+        self._call(_capi.flashspec_finalize_shards, c_batch, rv.address, num_shards, c_result)
+        self._sync_host_outputs(batch.memory, result.memory)
+        return result
 
     # ---- verify / finalize -------------------------------------------------
     def verify(self, head, batch, summaries):
@@ -226,6 +313,45 @@ class Context(_Handle):
         return c_batch, result, result.c_result(self.stream, batch)
 
 
+def _draft_params(memory, temperature, views):
+    """The flashspec_draft_params of the per-row array views (name -> View)."""
+    params = _capi.flashspec_draft_params()
+    _capi.flashspec_draft_params_init(params)
+    params.memory = memory
+    params.temperature = temperature
+    for name, v in views.items():
+        setattr(params, name, v.address)
+    return params
+
+
+def _require_records(v, name, rows, what):
+    """ValueError unless the records View v, [rows, SHARD_RECORD_BYTES] or
+    flat, holds at least ``rows`` records (the library writes that many);
+    ``what`` says where rows comes from."""
+    if len(v.shape) == 2 and v.shape[1] != SHARD_RECORD_BYTES or len(v.shape) not in (1, 2):
+        raise ValueError(f"{name}: expected [rows, {SHARD_RECORD_BYTES}] or a flat array, got shape {v.shape}")
+    needed = rows * SHARD_RECORD_BYTES
+    if v.size < needed:
+        raise ValueError(f"{name} has {v.size} bytes, fewer than {what} * {SHARD_RECORD_BYTES} = {needed}")
+
+
+def _gathered_records_shape(v, name, rows=None):
+    """(num_shards, rows) of gathered records, the View v: [num_shards, rows,
+    SHARD_RECORD_BYTES] or [num_shards, rows * SHARD_RECORD_BYTES]. With
+    ``rows``, the records must be exactly that many per shard."""
+    if len(v.shape) == 3 and v.shape[2] == SHARD_RECORD_BYTES:
+        shards, per_shard = v.shape[0], v.shape[1]
+    elif len(v.shape) == 2 and v.shape[1] % SHARD_RECORD_BYTES == 0:
+        shards, per_shard = v.shape[0], v.shape[1] // SHARD_RECORD_BYTES
+    else:
+        raise ValueError(f"{name}: expected [num_shards, rows, {SHARD_RECORD_BYTES}] or [num_shards, rows * "
+                         f"{SHARD_RECORD_BYTES}], got shape {v.shape}")
+    if rows is not None and per_shard != rows:
+        raise ValueError(f"{name} has {per_shard} records per shard ({v.size} bytes over {shards} shards), "
+                         f"expected draft_offsets[R] + R = {rows}")
+    return shards, per_shard
+
+
 def _common_memory(views, default):
     memories = {v.memory for v in views}
     if len(memories) > 1:
@@ -233,11 +359,11 @@ def _common_memory(views, default):
     return memories.pop() if memories else default
 
 
-def _require_memory(named_views, memory):
+def _require_memory(named_views, memory, like="the other index arrays"):
     for name, v in named_views:
         if v.memory != memory:
             where = "the device" if memory == _arrays.CUDA else "host memory"
-            raise ValueError(f"{name} must live in {where}, like the other index arrays")
+            raise ValueError(f"{name} must live in {where}, like {like}")
 
 
 def _require_rows(name, v, rows):
@@ -253,15 +379,23 @@ def _require_entries(name, v, count, what):
 
 class LMHead(_Handle):
     """An uploaded LM head (immutable). borrow=True keeps a device W by
-    pointer (CUDA backend); the array is then kept alive by this object."""
+    pointer (CUDA backend); the array is then kept alive by this object.
+    With vocab_begin and global_vocab_size (both or neither), W holds the
+    vocabulary slice [vocab_begin, vocab_begin + W rows) of a sharded head."""
 
     _destroy = staticmethod(_capi.flashspec_lm_head_destroy)
 
-    def __init__(self, context, weight, *, borrow=False):
+    def __init__(self, context, weight, *, borrow=False, vocab_begin=None, global_vocab_size=None):
+        if (vocab_begin is None) != (global_vocab_size is None):
+            raise ValueError("vocab_begin and global_vocab_size: give both (a shard head) or neither")
         wv = _arrays.tensor(weight, "weight", stream=context.stream)
         flags = _capi.FLASHSPEC_LM_HEAD_BORROW if borrow else _capi.FLASHSPEC_LM_HEAD_COPY
         with context._lock:
-            status, raw = _capi.flashspec_lm_head_create(context.raw, _arrays.c_tensor(wv), flags)
+            if vocab_begin is None:
+                status, raw = _capi.flashspec_lm_head_create(context.raw, _arrays.c_tensor(wv), flags)
+            else:
+                status, raw = _capi.flashspec_lm_head_create_shard(context.raw, _arrays.c_tensor(wv), flags,
+                                                                   vocab_begin, global_vocab_size)
             check(status, context.raw)
         super().__init__(raw)
         self.context = context
@@ -278,6 +412,16 @@ class LMHead(_Handle):
     @property
     def hidden_size(self):
         return _capi.flashspec_lm_head_hidden_size(self.raw)
+
+    @property
+    def vocab_begin(self):
+        """The global id of the head's first token (0 unless a shard)."""
+        return _capi.flashspec_lm_head_vocab_begin(self.raw)
+
+    @property
+    def global_vocab_size(self):
+        """The size of the global vocabulary (vocab_size unless a shard)."""
+        return _capi.flashspec_lm_head_global_vocab_size(self.raw)
 
 
 class Summaries(_Handle):
@@ -302,10 +446,16 @@ class VerifyBatch:
     or [offsets[R], V]. Per-request arrays are optional. Index arrays must
     all be host arrays (numpy, lists) or all device arrays.
 
+    draft_parents: None (each request's drafts are a chain) or
+    [offsets[R]] int32, a tree: node k of request r has parent
+    draft_parents[offsets[r] + k] in [-1, k) (-1: the root), and target row
+    k + 1 of the request is the target after the path to node k (tree
+    verify, see flashspec.h; greedy drafts only).
+
     Every size is checked before the library is called (ValueError naming
     the array): temperatures, draft_temperatures, seeds, request_ids and
-    steps need R entries, draft_tokens and accept_uniforms offsets[R],
-    target_hidden offsets[R] + R rows and draft_logits offsets[R] rows
+    steps need R entries, draft_tokens, draft_parents and accept_uniforms
+    offsets[R], target_hidden offsets[R] + R rows and draft_logits offsets[R] rows
     (longer 1-D arrays are allowed; their first entries are read). With host
     index arrays offsets[R] is read from draft_offsets; device offsets
     cannot be read without a sync, so there offsets[R] is taken as
@@ -325,15 +475,15 @@ class VerifyBatch:
 
     _ARRAYS = (("draft_offsets", "int32"), ("draft_tokens", "int32"), ("temperatures", "float32"),
                ("draft_temperatures", "float32"), ("seeds", "uint64"), ("request_ids", "uint64"),
-               ("steps", "uint64"), ("accept_uniforms", "float32"))
+               ("steps", "uint64"), ("accept_uniforms", "float32"), ("draft_parents", "int32"))
 
     def __init__(self, draft_offsets, draft_tokens, target_hidden, *, draft_logits=None,
                  temperatures=None, draft_temperatures=None, seeds=None, request_ids=None,
                  steps=None, accept_uniforms=None, max_draft_len=0, controls=None, draft_controls=None,
-                 logprobs=False, top_logprobs=0):
+                 logprobs=False, top_logprobs=0, draft_parents=None):
         given = dict(draft_offsets=draft_offsets, draft_tokens=draft_tokens, temperatures=temperatures,
                      draft_temperatures=draft_temperatures, seeds=seeds, request_ids=request_ids,
-                     steps=steps, accept_uniforms=accept_uniforms)
+                     steps=steps, accept_uniforms=accept_uniforms, draft_parents=draft_parents)
         self._inputs = {k: v for k, v in given.items() if v is not None}
         self.target_hidden = target_hidden
         self.draft_logits = draft_logits
@@ -401,6 +551,11 @@ class VerifyBatch:
     def draft_offsets(self):
         return self._inputs["draft_offsets"]
 
+    @property
+    def draft_parents(self):
+        """The tree's parent array, or None for chains."""
+        return self._inputs.get("draft_parents")
+
     def check_vocab(self, vocab):
         """ValueError unless a bool token mask has one column per token."""
         for name in ("controls", "draft_controls"):
@@ -436,8 +591,9 @@ def _check_batch_sizes(views, hidden, logits):
         drafts = rows - requests
         source = f"draft_offsets[R] = {drafts} (target_hidden rows - R)"
     _require_entries("draft_tokens", views.get("draft_tokens", _EMPTY), drafts, source)
-    if "accept_uniforms" in views:
-        _require_entries("accept_uniforms", views["accept_uniforms"], drafts, source)
+    for name in ("accept_uniforms", "draft_parents"):
+        if name in views:
+            _require_entries(name, views[name], drafts, source)
     for name in ("temperatures", "draft_temperatures", "seeds", "request_ids", "steps"):
         if name in views:
             _require_entries(name, views[name], requests, f"the {requests} requests")
@@ -470,13 +626,20 @@ class VerifyResult:
     request's emitted tokens holds NaN (logprobs) and -1 (tokens). Given as
     ``out=``, the top arrays are [rows, n] or flat with rows * n entries.
     Each is None when not asked for.
+
+    ``accepted_nodes`` (int32 [offsets[R] + R], optional; like() allocates
+    it for a batch with draft_parents): slot k < accepted_counts[r] of
+    request r holds the node index of its k-th accepted draft, -1 the rest
+    (a chain's accepted draft k is node k).
     """
 
     _OUTPUTS = (("logprobs", "float32"), ("raw_logprobs", "float32"), ("top_tokens", "int32"),
-                ("top_logprobs", "float32"))
+                ("top_logprobs", "float32"), ("accepted_nodes", "int32"))
+    # The outputs with one entry per slot of emitted_tokens.
+    _PER_SLOT = ("logprobs", "raw_logprobs", "accepted_nodes")
 
     def __init__(self, accepted_counts, emitted_tokens, next_steps=None, *, logprobs=None, raw_logprobs=None,
-                 top_tokens=None, top_logprobs=None, draft_offsets=None):
+                 top_tokens=None, top_logprobs=None, accepted_nodes=None, draft_offsets=None):
         self.accepted_counts = accepted_counts
         self.emitted_tokens = emitted_tokens
         self.next_steps = next_steps
@@ -484,6 +647,7 @@ class VerifyResult:
         self.raw_logprobs = raw_logprobs
         self.top_tokens = top_tokens
         self.top_logprobs = top_logprobs
+        self.accepted_nodes = accepted_nodes
         self._draft_offsets = draft_offsets
         self._top_n = None
         self.memory = None
@@ -491,7 +655,8 @@ class VerifyResult:
     @classmethod
     def like(cls, batch, stream=0):
         """Outputs sized for batch, in the memory of its draft_offsets
-        (with the logprob arrays the batch asks for)."""
+        (with the logprob arrays the batch asks for, and accepted_nodes for
+        a tree)."""
         batch.c_batch(stream)
         count, total = max(batch.num_requests, 0), max(batch.total_rows, 0)
         make = lambda shape, dtype: _arrays.empty_like_memory(batch._proto, shape, dtype)  # noqa: E731
@@ -503,6 +668,8 @@ class VerifyResult:
         if 0 < n <= _capi.FLASHSPEC_MAX_TOP_LOGPROBS:  # else the library refuses the batch
             extra["top_tokens"] = make((total, n), "int32")
             extra["top_logprobs"] = make((total, n), "float32")
+        if batch.draft_parents is not None:
+            extra["accepted_nodes"] = make((total,), "int32")
         return cls(make((count,), "int32"), make((total,), "int32"), make((count,), "uint64"),
                    draft_offsets=batch.draft_offsets, **extra)
 
@@ -531,7 +698,7 @@ class VerifyResult:
             n = batch.top_logprobs if 0 <= batch.top_logprobs <= _capi.FLASHSPEC_MAX_TOP_LOGPROBS else 0
             self._top_n = n
             for name, v in extra.items():
-                if name in ("logprobs", "raw_logprobs"):
+                if name in self._PER_SLOT:
                     _require_entries(name, v, rows, f"draft_offsets[R] + R = {rows}")
                     continue
                 if len(v.shape) == 2 and v.shape[1] != n:

@@ -80,6 +80,30 @@ def main() -> None:
         assert [t for t, _ in top[0]] == [1, 0]
         assert all(abs(p - float(raw_logprobs[t])) < 1e-5 for t, p in top[0])
 
+        # Vocabulary shards: two ranks of two tokens each, records gathered
+        # in rank order, finalized as the whole head would be.
+        rows: int = 2
+        records: NDArray[np.uint8] = np.empty((2, rows, flashspec.SHARD_RECORD_BYTES), np.uint8)
+        for rank in range(2):
+            shard: flashspec.LMHead = ctx.lm_head_shard(w[2 * rank:2 * rank + 2], 2 * rank, 4)
+            assert (shard.vocab_begin, shard.vocab_size, shard.global_vocab_size) == (2 * rank, 2, 4)
+            ctx.verify_shard(shard, batch, records[rank])
+        assert ctx.finalize_shards(batch, records).tokens(0) == emitted
+        draft_records: NDArray[np.uint8] = np.empty((2, 1, flashspec.SHARD_RECORD_BYTES), np.uint8)
+        for rank in range(2):
+            ctx.draft_shard(ctx.lm_head_shard(w[2 * rank:2 * rank + 2], 2 * rank, 4), np.array([[0, 3]], np.float32),
+                            draft_records[rank])
+        assert ctx.draft_from_shards(draft_records)[0].tolist() == [1]
+
+        # Tree verify: both drafts are children of the root. The root row's
+        # argmax, 1, is node 0; node 0 has no child, so its row's argmax, 2,
+        # is emitted (as a chain, node 1 would have been accepted instead).
+        tree = flashspec.VerifyBatch([0, 2], [1, 2], np.array([[0, 3], [-2, 0], [0, 0]], np.float32),
+                                     temperatures=[0.0], draft_parents=[-1, -1])
+        walked = ctx.verify_and_finalize(head, tree)
+        assert walked.tokens(0) == [1, 2] and walked.accepted_nodes is not None
+        assert int(walked.accepted_nodes[0]) == 0
+
         try:
             ctx.verify_and_finalize(head, flashspec.VerifyBatch([0, 1], [7], np.zeros((2, 2), np.float32)))
         except flashspec.OutOfRangeError as e:

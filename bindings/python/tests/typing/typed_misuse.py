@@ -23,6 +23,9 @@ controls = flashspec.SamplingControls(logit_bias={"the": -1.0})  # expect-error:
 batch = flashspec.VerifyBatch([0, 1], [1], w[:2], controls={"top_k": 40})  # expect-error: not a SamplingControls
 tokens, scores = ctx.draft(head, w, draft_controls=flashspec.SamplingControls())  # expect-error: verify only
 logprob: float = result.token_logprobs(0)  # expect-error: a list, one per emitted token
+shard = ctx.lm_head_shard(w, vocab_begin=0)  # expect-error: the global vocabulary size is missing
+ctx.verify_shard(head, batch)  # expect-error: the records are missing
+count: int = ctx.finalize_shards(batch, w)  # expect-error: a VerifyResult
 engine = flashspec.Engine(ctx, head, lambda tokens, num_past: w)  # expect-error: forward takes three arguments
 engine = flashspec.Engine(ctx, head, lambda tokens, past, rows: w, policy="greedy")  # expect-error: no such policy
 generation = engine.generate([1], temperture=0.0)  # expect-error: misspelt keyword
