@@ -1,0 +1,198 @@
+// What the GPU benchmarks share: checked-call macros that exit with a
+// message, fill and read kernels, and the standard materialising verify of
+// serving engines (softmax probabilities written, then acceptance, recovered
+// and bonus tokens as separate kernels) that FlashSpec is measured against.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include "flashspec.h"
+#include "util/philox.h"
+
+namespace {
+
+#define CUDA_OK(call)                                                                                  \
+  do {                                                                                                 \
+    cudaError_t e_ = (call);                                                                           \
+    if (e_ != cudaSuccess) {                                                                           \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));      \
+      std::exit(1);                                                                                    \
+    }                                                                                                  \
+  } while (0)
+#define CUBLAS_OK(call)                                                                   \
+  do {                                                                                    \
+    cublasStatus_t s_ = (call);                                                           \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                    \
+      std::fprintf(stderr, "%s:%d %s: cuBLAS status %d\n", __FILE__, __LINE__, #call, int(s_)); \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+#define FS_OK(ctx, call)                                                                                   \
+  do {                                                                                                     \
+    flashspec_status s_ = (call);                                                                          \
+    if (s_ != FLASHSPEC_OK) {                                                                              \
+      std::fprintf(stderr, "%s:%d %s: %s: %s\n", __FILE__, __LINE__, #call, flashspec_status_name(s_),     \
+                   flashspec_context_last_error(ctx));                                                     \
+      std::exit(1);                                                                                        \
+    }                                                                                                      \
+  } while (0)
+
+// ---- helper kernels -------------------------------------------------------
+
+__device__ __forceinline__ uint32_t hash32(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return uint32_t(x);
+}
+
+// Uniform values in [−scale, scale), bf16.
+__global__ void fill_bf16(__nv_bfloat16* p, size_t n, float scale, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    float u = float(hash32(seed * 0x9e3779b97f4a7c15ull + i) >> 8) * (1.0f / 16777216.0f);
+    p[i] = __float2bfloat16((2.0f * u - 1.0f) * scale);
+  }
+}
+
+// The read-bandwidth yardstick: 16-byte loads, several in flight, a sum.
+__global__ void read_kernel(const uint4* p, size_t n, unsigned* sink) {
+  unsigned acc = 0;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride), d = __ldcs(p + i + 3 * stride);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+  }
+  for (; i < n; i += stride) {
+    uint4 a = __ldcs(p + i);
+    acc ^= a.x ^ a.y ^ a.z ^ a.w;
+  }
+  if (acc == 0x12345678u) *sink = acc;
+}
+
+// ---- the standard materialising path (separate kernels) -------------------
+
+constexpr int kRowThreads = 1024;
+
+template <class T>
+__device__ T block_reduce(T v, T (*op)(T, T), T* shared) {
+  for (int m = 16; m > 0; m >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, m));
+  if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < blockDim.x / 32 ? shared[threadIdx.x] : shared[0];
+    for (int m = 16; m > 0; m >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, m));
+    if (threadIdx.x == 0) shared[0] = v;
+  }
+  __syncthreads();
+  v = shared[0];
+  __syncthreads();
+  return v;
+}
+__device__ float fmax_op(float a, float b) { return fmaxf(a, b); }
+__device__ float fadd_op(float a, float b) { return a + b; }
+
+// probs[r] = softmax(logits[r] / T), written out (V % 4 == 0).
+__global__ void softmax_kernel(const float* logits, float* probs, int vocab, float inv_t) {
+  __shared__ float shared[32];
+  const float4* row = reinterpret_cast<const float4*>(logits + size_t(blockIdx.x) * vocab);
+  float4* out = reinterpret_cast<float4*>(probs + size_t(blockIdx.x) * vocab);
+  const int n4 = vocab / 4;
+  float m = -INFINITY;
+  for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+    float4 v = row[i];
+    m = fmaxf(m, fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)) * inv_t);
+  }
+  m = block_reduce(m, fmax_op, shared);
+  float s = 0.0f;
+  for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+    float4 v = row[i];
+    s += __expf(v.x * inv_t - m) + __expf(v.y * inv_t - m) + __expf(v.z * inv_t - m) + __expf(v.w * inv_t - m);
+  }
+  s = block_reduce(s, fadd_op, shared);
+  const float inv_s = 1.0f / s;
+  for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+    float4 v = row[i];
+    out[i] = make_float4(__expf(v.x * inv_t - m) * inv_s, __expf(v.y * inv_t - m) * inv_s,
+                         __expf(v.z * inv_t - m) * inv_s, __expf(v.w * inv_t - m) * inv_s);
+  }
+}
+
+// Per request: accept drafts while u < p(x); accepted counts.
+__global__ void accept_kernel(const float* probs, const int32_t* tokens, int requests, int n, int vocab,
+                              int32_t* accepted) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= requests) return;
+  int a = 0;
+  for (int j = 0; j < n; ++j) {
+    const int row = r * (n + 1) + j;
+    float u = float(flashspec::uniform_from_bits(
+        flashspec::row_word(flashspec::make_row_key(1, r, 0, j, FLASHSPEC_RNG_ACCEPT_UNIFORM), 0)));
+    if (!(u < probs[size_t(row) * vocab + tokens[r * n + j]])) break;
+    ++a;
+  }
+  accepted[r] = a;
+}
+
+// Gumbel-max over log p of one row (excluding `exclude`): the recovered
+// token of a draft row, or the bonus token.
+__global__ void sample_kernel(const float* probs, const int32_t* tokens, int n, int vocab, int bonus,
+                              int32_t* out) {
+  __shared__ float best_s[32];
+  __shared__ int best_t[32];
+  const int k = blockIdx.x;  // draft row index (bonus: request index)
+  const int r = bonus ? k : k / n, j = bonus ? n : k % n;
+  const int row = r * (n + 1) + j;
+  const int exclude = bonus ? -1 : tokens[r * n + j];
+  flashspec::RngRowKey key =
+      flashspec::make_row_key(1, r, 0, j, bonus ? FLASHSPEC_RNG_BONUS_NOISE : FLASHSPEC_RNG_RESIDUAL_NOISE);
+  const float4* p = reinterpret_cast<const float4*>(probs + size_t(row) * vocab);
+  float best = -INFINITY;
+  int tok = -1;
+  for (int i = threadIdx.x; i < vocab / 4; i += blockDim.x) {
+    float4 v = p[i];
+    flashspec::Philox4 b = flashspec::row_block(key, uint32_t(i));
+    float vals[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int t = 4 * i + e;
+      if (t == exclude) continue;
+      float s = __logf(vals[e]) + flashspec::gumbel_from_bits(b.v[e]);
+      if (s > best) {
+        best = s;
+        tok = t;
+      }
+    }
+  }
+  for (int m = 16; m > 0; m >>= 1) {
+    float ob = __shfl_xor_sync(0xffffffffu, best, m);
+    int ot = __shfl_xor_sync(0xffffffffu, tok, m);
+    if (ob > best || (ob == best && ot < tok)) {
+      best = ob;
+      tok = ot;
+    }
+  }
+  if ((threadIdx.x & 31) == 0) {
+    best_s[threadIdx.x >> 5] = best;
+    best_t[threadIdx.x >> 5] = tok;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < int(blockDim.x / 32); ++w)
+      if (best_s[w] > best) {
+        best = best_s[w];
+        tok = best_t[w];
+      }
+    out[k] = tok;
+  }
+}
+
+}  // namespace
