@@ -11,7 +11,7 @@ mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$out/device.txt" 2>&1
 status=0
-for t in cuda_parity cuda_exactness cuda_graph_and_errors cuda_engine; do
+for t in cuda_parity cuda_exactness cuda_graph_and_errors cuda_engine cuda_shards; do
   "$build/tests/test_$t" > "$out/test_$t.log" 2>&1 || status=1
   echo "test_$t: exit $? $(grep -E '^\[  (PASSED|FAILED) ' "$out/test_$t.log" | tr '\n' ' ')"
 done
@@ -20,10 +20,11 @@ san=/usr/local/cuda/bin/compute-sanitizer
 # the long exactness sampling run under memcheck only.
 small='-*RealVocabularies*'
 for tool in memcheck racecheck initcheck synccheck; do
-  for t in cuda_parity cuda_graph_and_errors cuda_exactness cuda_engine; do
+  for t in cuda_parity cuda_graph_and_errors cuda_exactness cuda_engine cuda_shards; do
     filter=$small
     if [ "$tool" != memcheck ] && [ "$t" = cuda_exactness ]; then filter='*BonusToken*:*StochasticDraft*'; fi
     if [ "$tool" != memcheck ] && [ "$t" = cuda_parity ]; then filter='*Bf16*:*CudaCores*:*Stochastic*:*GreedyDrafts*'; fi
+    if [ "$t" = cuda_shards ]; then filter='-*CublasChunks*'; fi
     timeout 240 $san --tool $tool --error-exitcode 9 "$build/tests/test_$t" --gtest_filter="$filter" \
       > "$out/san_${tool}_$t.log" 2>&1
     rc=$?
