@@ -1,0 +1,339 @@
+/* generate.c — see generate.h. */
+#define _POSIX_C_SOURCE 200809L
+#include "generate.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "flashspec.h"
+
+struct llama_runner {
+  const llama_model* target;
+  const llama_model* draft;
+  int32_t draft_len;
+  double draft_token_cost; /* a draft token's cost, in target forwards */
+  flashspec_context* ctx;        /* the engine's */
+  flashspec_lm_head* target_head;
+  llama_session* target_session;
+  flashspec_context* draft_ctx;  /* the draft model's own (flashspec_draft in its callback) */
+  flashspec_lm_head* draft_head;
+  llama_session* draft_session;
+  double prompt_seconds;         /* the last generation's prompt forward */
+  char callback_error[512];      /* what a callback's failure was */
+};
+
+static void set_error(char* err, size_t err_size, const char* format, ...) {
+  if (err == NULL || err_size == 0) return;
+  va_list args;
+  va_start(args, format);
+  vsnprintf(err, err_size, format, args);
+  va_end(args);
+}
+
+const char* llama_mode_name(llama_mode mode) {
+  switch (mode) {
+    case LLAMA_MODE_PLAIN: return "plain";
+    case LLAMA_MODE_NGRAM: return "ngram";
+    case LLAMA_MODE_DRAFT: return "draft";
+    case LLAMA_MODE_BANDIT: return "bandit";
+  }
+  return NULL;
+}
+
+/* Multiply-adds per token of a forward plus its LM head: the cost model's
+ * ratio of a draft token to a target forward. */
+static double flops_per_token(const llama_hparams* hp) {
+  const double d = hp->n_embd, q = (double)hp->n_head * hp->head_dim, kv = (double)hp->n_head_kv * hp->head_dim;
+  return hp->n_layer * (d * (2 * q + 2 * kv) + 3 * d * hp->n_ff) + (double)hp->n_vocab * d;
+}
+
+static int make_head(flashspec_context* ctx, const llama_model* model, flashspec_lm_head** out, char* err,
+                     size_t err_size) {
+  const llama_hparams* hp = llama_model_hparams(model);
+  const flashspec_tensor w = flashspec_tensor_make(llama_model_token_embedding(model), FLASHSPEC_DTYPE_F32,
+                                                   FLASHSPEC_MEMORY_HOST, hp->n_vocab, hp->n_embd);
+  const flashspec_status s = flashspec_lm_head_create(ctx, &w, FLASHSPEC_LM_HEAD_COPY, out);
+  if (s != FLASHSPEC_OK) {
+    set_error(err, err_size, "flashspec_lm_head_create: %s: %s", flashspec_status_name(s),
+              flashspec_context_last_error(ctx));
+    return -1;
+  }
+  return 0;
+}
+
+static int make_context(int32_t threads, flashspec_context** out, char* err, size_t err_size) {
+  flashspec_context_params cp;
+  flashspec_context_params_init(&cp);
+  cp.backend = FLASHSPEC_BACKEND_CPU;
+  cp.cpu_threads = threads;
+  const flashspec_status s = flashspec_context_create(&cp, out);
+  if (s != FLASHSPEC_OK) {
+    set_error(err, err_size, "flashspec_context_create: %s: %s", flashspec_status_name(s),
+              flashspec_context_last_error(NULL));
+    return -1;
+  }
+  return 0;
+}
+
+void llama_runner_free(llama_runner* r) {
+  if (r == NULL) return;
+  llama_session_free(r->target_session);
+  llama_session_free(r->draft_session);
+  flashspec_lm_head_destroy(r->target_head);
+  flashspec_lm_head_destroy(r->draft_head);
+  flashspec_context_destroy(r->ctx);
+  flashspec_context_destroy(r->draft_ctx);
+  free(r);
+}
+
+int llama_runner_create(const llama_model* target, const llama_model* draft, int32_t threads, int32_t draft_len,
+                        llama_runner** out, char* err, size_t err_size) {
+  if (target == NULL || out == NULL) {
+    set_error(err, err_size, "llama_runner_create: %s is NULL", target == NULL ? "target" : "out");
+    return -1;
+  }
+  if (threads < 1 || threads > 1024) {
+    set_error(err, err_size, "threads %d is outside [1, 1024]", threads);
+    return -1;
+  }
+  if (draft_len < 1 || draft_len > 64) {
+    set_error(err, err_size, "draft length %d is outside [1, 64]", draft_len);
+    return -1;
+  }
+  if (draft != NULL && llama_model_hparams(draft)->n_vocab != llama_model_hparams(target)->n_vocab) {
+    set_error(err, err_size, "the draft model's vocabulary (%d) differs from the target's (%d)",
+              llama_model_hparams(draft)->n_vocab, llama_model_hparams(target)->n_vocab);
+    return -1;
+  }
+  llama_runner* r = (llama_runner*)calloc(1, sizeof(llama_runner));
+  if (r == NULL) {
+    set_error(err, err_size, "out of memory");
+    return -1;
+  }
+  r->target = target;
+  r->draft = draft;
+  r->draft_len = draft_len;
+  openblas_set_num_threads(threads);
+  if (make_context(threads, &r->ctx, err, err_size) != 0 || make_head(r->ctx, target, &r->target_head, err, err_size) != 0 ||
+      llama_session_create(target, 0, &r->target_session, err, err_size) != 0)
+    goto fail;
+  if (draft != NULL) {
+    if (make_context(threads, &r->draft_ctx, err, err_size) != 0 ||
+        make_head(r->draft_ctx, draft, &r->draft_head, err, err_size) != 0 ||
+        llama_session_create(draft, 0, &r->draft_session, err, err_size) != 0)
+      goto fail;
+    r->draft_token_cost = flops_per_token(llama_model_hparams(draft)) / flops_per_token(llama_model_hparams(target));
+  }
+  *out = r;
+  return 0;
+fail:
+  llama_runner_free(r);
+  return -1;
+}
+
+/* ---- Engine callbacks ---------------------------------------------------- */
+
+static double now_seconds(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+
+static int target_forward(void* user_data, flashspec_target_call* call) {
+  llama_runner* r = (llama_runner*)user_data;
+  const llama_hparams* hp = llama_model_hparams(r->target);
+  const float* hidden = NULL;
+  const double start = now_seconds();
+  if (llama_session_truncate(r->target_session, call->num_past, r->callback_error, sizeof r->callback_error) != 0 ||
+      llama_session_forward(r->target_session, call->tokens, call->num_tokens, &hidden, r->callback_error,
+                            sizeof r->callback_error) != 0)
+    return 1;
+  if (call->num_past == 0) r->prompt_seconds = now_seconds() - start; /* the prompt's forward */
+  call->hidden = flashspec_tensor_make(hidden + (size_t)(call->num_tokens - call->num_rows) * hp->n_embd,
+                                       FLASHSPEC_DTYPE_F32, FLASHSPEC_MEMORY_HOST, call->num_rows, hp->n_embd);
+  return 0;
+}
+
+static int target_rollback(void* user_data, int32_t num_keep) {
+  llama_runner* r = (llama_runner*)user_data;
+  return llama_session_truncate(r->target_session, num_keep, r->callback_error, sizeof r->callback_error) != 0;
+}
+
+/* The draft model as a drafter: bring its cache in step with the sequence,
+ * then draft greedily token by token. */
+static int draft_model_tokens(void* user_data, flashspec_draft_call* call) {
+  llama_runner* r = (llama_runner*)user_data;
+  llama_session* s = r->draft_session;
+  const int32_t d = llama_model_hparams(r->draft)->n_embd;
+  call->num_tokens = 0;
+  if (call->context_len > llama_session_capacity(s)) return 0; /* beyond the draft model's context: no draft */
+  /* Reuse the longest cached prefix, but forward at least the last token:
+   * its hidden row drafts the first token. */
+  const int32_t* cached = llama_session_tokens(s);
+  int32_t keep = 0;
+  while (keep < llama_session_length(s) && keep < call->context_len - 1 && cached[keep] == call->context[keep]) keep++;
+  const float* hidden = NULL;
+  if (llama_session_truncate(s, keep, r->callback_error, sizeof r->callback_error) != 0 ||
+      llama_session_forward(s, call->context + keep, call->context_len - keep, &hidden, r->callback_error,
+                            sizeof r->callback_error) != 0)
+    return 1;
+  const float* row = hidden + (size_t)(call->context_len - keep - 1) * d;
+  for (;;) {
+    const flashspec_tensor view = flashspec_tensor_make(row, FLASHSPEC_DTYPE_F32, FLASHSPEC_MEMORY_HOST, 1, d);
+    int32_t token;
+    const flashspec_status st = flashspec_draft(r->draft_ctx, r->draft_head, &view, NULL, &token, NULL);
+    if (st != FLASHSPEC_OK) {
+      snprintf(r->callback_error, sizeof r->callback_error, "flashspec_draft: %s: %s", flashspec_status_name(st),
+               flashspec_context_last_error(r->draft_ctx));
+      return 1;
+    }
+    call->tokens[call->num_tokens++] = token;
+    if (call->num_tokens == call->max_tokens || llama_session_length(s) == llama_session_capacity(s)) return 0;
+    if (llama_session_forward(s, &token, 1, &row, r->callback_error, sizeof r->callback_error) != 0) return 1;
+  }
+}
+
+/* ---- Generation ----------------------------------------------------------- */
+
+#define CHECK_FS(call, ctx)                                                                                 \
+  do {                                                                                                      \
+    const flashspec_status s_ = (call);                                                                     \
+    if (s_ != FLASHSPEC_OK) {                                                                               \
+      set_error(err, err_size, "%s: %s: %s%s%s", #call, flashspec_status_name(s_),                         \
+                flashspec_context_last_error(ctx), r->callback_error[0] ? ": " : "", r->callback_error);   \
+      goto done;                                                                                            \
+    }                                                                                                       \
+  } while (0)
+
+int llama_runner_generate(llama_runner* r, llama_mode mode, const int32_t* prompt, int32_t prompt_len,
+                          int32_t max_tokens, float temperature, uint64_t seed, int32_t stop_token,
+                          int32_t* tokens_out, llama_generation_stats* stats, char* err, size_t err_size) {
+  if (r == NULL || prompt == NULL || tokens_out == NULL || stats == NULL) {
+    set_error(err, err_size, "llama_runner_generate: %s is NULL",
+              r == NULL ? "runner" : prompt == NULL ? "prompt" : tokens_out == NULL ? "tokens_out" : "stats");
+    return -1;
+  }
+  if (llama_mode_name(mode) == NULL) {
+    set_error(err, err_size, "unknown mode %d", (int)mode);
+    return -1;
+  }
+  if ((mode == LLAMA_MODE_DRAFT) && r->draft == NULL) {
+    set_error(err, err_size, "the draft mode needs a draft model");
+    return -1;
+  }
+  int status = -1;
+  r->callback_error[0] = '\0';
+  r->prompt_seconds = 0.0;
+  flashspec_drafter* ngram = NULL;
+  flashspec_drafter* draft = NULL;
+  flashspec_engine* engine = NULL;
+  flashspec_ngram_params np;
+  flashspec_ngram_params_init(&np);
+  np.min_n = 1;
+  np.max_n = 4;
+  flashspec_callback_drafter_params dp;
+  flashspec_callback_drafter_params_init(&dp);
+  dp.kind = FLASHSPEC_DRAFT_TOKENS;
+  dp.draft = draft_model_tokens;
+  dp.user_data = r;
+  dp.token_cost = r->draft_token_cost;
+
+  flashspec_drafter* drafters[2];
+  const char* drafter_names[2];
+  int32_t num_drafters = 0, ngram_index = -1, draft_index = -1;
+  if (mode == LLAMA_MODE_NGRAM || mode == LLAMA_MODE_BANDIT) {
+    CHECK_FS(flashspec_drafter_create_ngram(r->ctx, &np, &ngram), r->ctx);
+    ngram_index = num_drafters;
+    drafter_names[num_drafters] = "ngram";
+    drafters[num_drafters++] = ngram;
+  }
+  if (mode == LLAMA_MODE_DRAFT || (mode == LLAMA_MODE_BANDIT && r->draft != NULL)) {
+    CHECK_FS(flashspec_drafter_create_callback(r->ctx, &dp, &draft), r->ctx);
+    draft_index = num_drafters;
+    drafter_names[num_drafters] = "draft model";
+    drafters[num_drafters++] = draft;
+  }
+  flashspec_arm arms[LLAMA_MAX_ARMS];
+  int32_t num_arms = 0;
+  switch (mode) {
+    case LLAMA_MODE_PLAIN: arms[num_arms++] = (flashspec_arm){-1, 0}; break;
+    case LLAMA_MODE_NGRAM: arms[num_arms++] = (flashspec_arm){ngram_index, r->draft_len}; break;
+    case LLAMA_MODE_DRAFT: arms[num_arms++] = (flashspec_arm){draft_index, r->draft_len}; break;
+    case LLAMA_MODE_BANDIT:
+      arms[num_arms++] = (flashspec_arm){ngram_index, 2};
+      arms[num_arms++] = (flashspec_arm){ngram_index, 4};
+      arms[num_arms++] = (flashspec_arm){ngram_index, 8};
+      if (draft_index >= 0) {
+        arms[num_arms++] = (flashspec_arm){draft_index, 2};
+        arms[num_arms++] = (flashspec_arm){draft_index, 4};
+      }
+      arms[num_arms++] = (flashspec_arm){-1, 0};
+      break;
+  }
+  flashspec_engine_params ep;
+  flashspec_engine_params_init(&ep);
+  ep.target_forward = target_forward;
+  ep.target_rollback = target_rollback;
+  ep.target_user_data = r;
+  ep.drafters = drafters;
+  ep.num_drafters = num_drafters;
+  ep.arms = arms;
+  ep.num_arms = num_arms;
+  ep.policy = mode == LLAMA_MODE_BANDIT ? FLASHSPEC_BANDIT_UCB1 : FLASHSPEC_BANDIT_FIXED;
+  ep.fixed_arm = 0;
+  ep.max_context = llama_session_capacity(r->target_session);
+  CHECK_FS(flashspec_engine_create(r->ctx, r->target_head, &ep, &engine), r->ctx);
+
+  flashspec_generate_params gp;
+  flashspec_generate_params_init(&gp);
+  gp.temperature = temperature;
+  gp.seed = seed;
+  gp.max_tokens = max_tokens;
+  gp.stop_tokens = stop_token >= 0 ? &stop_token : NULL;
+  gp.num_stop_tokens = stop_token >= 0 ? 1 : 0;
+  flashspec_generate_result result;
+  flashspec_generate_result_init(&result);
+  const double start = now_seconds();
+  CHECK_FS(flashspec_engine_generate(engine, prompt, prompt_len, &gp, tokens_out, max_tokens, &result), r->ctx);
+  const double seconds = now_seconds() - start;
+
+  {
+    memset(stats, 0, sizeof *stats);
+    stats->num_tokens = result.num_tokens;
+    stats->steps = result.steps;
+    stats->finished_by_stop_token = result.finish_reason == FLASHSPEC_FINISH_STOP_TOKEN;
+    stats->seconds = seconds;
+    stats->prompt_seconds = r->prompt_seconds;
+    const double generation_seconds = seconds - r->prompt_seconds;
+    stats->tokens_per_second = generation_seconds > 0 ? result.num_tokens / generation_seconds : 0.0;
+    flashspec_engine_metrics metrics;
+    flashspec_engine_metrics_init(&metrics);
+    CHECK_FS(flashspec_engine_get_metrics(engine, &metrics), r->ctx);
+    stats->tokens_per_step = metrics.tokens_per_step;
+    stats->acceptance_rate = metrics.acceptance_rate;
+    CHECK_FS(flashspec_engine_get_position_metrics(engine, LLAMA_MAX_POSITIONS, stats->drafted, stats->accepted,
+                                                   &stats->num_positions),
+             r->ctx);
+    if (stats->num_positions > LLAMA_MAX_POSITIONS) stats->num_positions = LLAMA_MAX_POSITIONS;
+    stats->num_arms = num_arms;
+    for (int32_t a = 0; a < num_arms; ++a) {
+      flashspec_arm_metrics am;
+      flashspec_arm_metrics_init(&am);
+      CHECK_FS(flashspec_engine_get_arm_metrics(engine, a, &am), r->ctx);
+      stats->arms[a] = (llama_arm_stats){am.drafter, am.drafter >= 0 ? drafter_names[am.drafter] : "none",
+                                         am.draft_len, am.pulls, am.draft_tokens, am.accepted_tokens};
+    }
+  }
+  status = 0;
+done:
+  flashspec_engine_destroy(engine);
+  flashspec_drafter_destroy(ngram);
+  flashspec_drafter_destroy(draft);
+  return status;
+}
