@@ -147,23 +147,40 @@ static int read_value(reader* r, uint32_t type, gguf_kv* kv, int depth, const ch
   return -1;
 }
 
-static int same_name(const char* a, uint64_t a_len, const char* b) {
-  const size_t b_len = strlen(b);
-  return a_len == b_len && memcmp(a, b, b_len) == 0;
+static int compare_names(const void* a, const void* b) {
+  const gguf_name_ref* x = (const gguf_name_ref*)a;
+  const gguf_name_ref* y = (const gguf_name_ref*)b;
+  if (x->len != y->len) return x->len < y->len ? -1 : 1;
+  return x->len ? memcmp(x->name, y->name, (size_t)x->len) : 0;
+}
+
+/* Sorts index (count entries filled by the caller); -1 if a name repeats,
+ * with *repeated set to it. */
+static int sort_names(gguf_name_ref* index, uint64_t count, const gguf_name_ref** repeated) {
+  qsort(index, (size_t)count, sizeof *index, compare_names);
+  for (uint64_t i = 1; i < count; ++i)
+    if (compare_names(&index[i - 1], &index[i]) == 0) {
+      *repeated = &index[i];
+      return -1;
+    }
+  return 0;
+}
+
+static const gguf_name_ref* find_name(const gguf_name_ref* index, uint64_t count, const char* name) {
+  const gguf_name_ref key = {name, strlen(name), 0};
+  return (const gguf_name_ref*)bsearch(&key, index, (size_t)count, sizeof *index, compare_names);
 }
 
 const gguf_kv* gguf_find_kv(const gguf_file* file, const char* key) {
-  if (file == NULL || key == NULL) return NULL;
-  for (uint64_t k = 0; k < file->n_kv; ++k)
-    if (same_name(file->kv[k].key, file->kv[k].key_len, key)) return &file->kv[k];
-  return NULL;
+  if (file == NULL || key == NULL || file->kv_index == NULL) return NULL;
+  const gguf_name_ref* found = find_name(file->kv_index, file->n_kv, key);
+  return found ? &file->kv[found->index] : NULL;
 }
 
 const gguf_tensor_info* gguf_find_tensor(const gguf_file* file, const char* name) {
-  if (file == NULL || name == NULL) return NULL;
-  for (uint64_t t = 0; t < file->n_tensors; ++t)
-    if (same_name(file->tensors[t].name, file->tensors[t].name_len, name)) return &file->tensors[t];
-  return NULL;
+  if (file == NULL || name == NULL || file->tensor_index == NULL) return NULL;
+  const gguf_name_ref* found = find_name(file->tensor_index, file->n_tensors, name);
+  return found ? &file->tensors[found->index] : NULL;
 }
 
 static int parse(gguf_file* f, char* err, size_t err_size) {
@@ -195,7 +212,11 @@ static int parse(gguf_file* f, char* err, size_t err_size) {
   }
   f->kv = (gguf_kv*)calloc(f->n_kv ? f->n_kv : 1, sizeof(gguf_kv));
   f->tensors = (gguf_tensor_info*)calloc(f->n_tensors ? f->n_tensors : 1, sizeof(gguf_tensor_info));
-  if (f->kv == NULL || f->tensors == NULL) {
+  gguf_name_ref* kv_index = (gguf_name_ref*)calloc(f->n_kv ? f->n_kv : 1, sizeof(gguf_name_ref));
+  gguf_name_ref* tensor_index = (gguf_name_ref*)calloc(f->n_tensors ? f->n_tensors : 1, sizeof(gguf_name_ref));
+  f->kv_index = kv_index; /* owned by f from here on (gguf_close frees them) */
+  f->tensor_index = tensor_index;
+  if (f->kv == NULL || f->tensors == NULL || kv_index == NULL || tensor_index == NULL) {
     set_error(err, err_size, "out of memory for %llu metadata entries and %llu tensors",
               (unsigned long long)f->n_kv, (unsigned long long)f->n_tensors);
     return -1;
@@ -206,13 +227,15 @@ static int parse(gguf_file* f, char* err, size_t err_size) {
     if (read_string(&r, &kv->key, &kv->key_len, "a metadata key") != 0) return -1;
     char key[128];
     snprintf(key, sizeof key, "%.*s", (int)(kv->key_len < 120 ? kv->key_len : 120), kv->key);
-    for (uint64_t j = 0; j < k; ++j)
-      if (f->kv[j].key_len == kv->key_len && memcmp(f->kv[j].key, kv->key, (size_t)kv->key_len) == 0) {
-        set_error(err, err_size, "metadata key '%s' appears twice", key);
-        return -1;
-      }
     if (read_u32(&r, &kv->type, key) != 0) return -1;
     if (read_value(&r, kv->type, kv, 0, key) != 0) return -1;
+    kv_index[k] = (gguf_name_ref){kv->key, kv->key_len, k};
+  }
+  const gguf_name_ref* repeated = NULL;
+  if (sort_names(kv_index, f->n_kv, &repeated) != 0) {
+    set_error(err, err_size, "metadata key '%.*s' appears twice", (int)(repeated->len < 120 ? repeated->len : 120),
+              repeated->name);
+    return -1;
   }
 
   f->alignment = GGUF_DEFAULT_ALIGNMENT;
@@ -231,11 +254,7 @@ static int parse(gguf_file* f, char* err, size_t err_size) {
     if (read_string(&r, &ti->name, &ti->name_len, "a tensor name") != 0) return -1;
     char name[128];
     snprintf(name, sizeof name, "%.*s", (int)(ti->name_len < 120 ? ti->name_len : 120), ti->name);
-    for (uint64_t j = 0; j < t; ++j)
-      if (f->tensors[j].name_len == ti->name_len && memcmp(f->tensors[j].name, ti->name, (size_t)ti->name_len) == 0) {
-        set_error(err, err_size, "tensor '%s' appears twice", name);
-        return -1;
-      }
+    tensor_index[t] = (gguf_name_ref){ti->name, ti->name_len, t};
     if (read_u32(&r, &ti->n_dims, name) != 0) return -1;
     if (ti->n_dims == 0 || ti->n_dims > GGUF_MAX_DIMS) {
       set_error(err, err_size, "tensor '%s': %u dimensions (1 to %d are allowed)", name, ti->n_dims, GGUF_MAX_DIMS);
@@ -261,6 +280,12 @@ static int parse(gguf_file* f, char* err, size_t err_size) {
                 (unsigned long long)ti->offset, (unsigned long long)f->alignment);
       return -1;
     }
+  }
+
+  if (sort_names(tensor_index, f->n_tensors, &repeated) != 0) {
+    set_error(err, err_size, "tensor '%.*s' appears twice", (int)(repeated->len < 120 ? repeated->len : 120),
+              repeated->name);
+    return -1;
   }
 
   /* The data section starts at the next multiple of the alignment. */
@@ -370,6 +395,8 @@ void gguf_close(gguf_file* file) {
   free(file->image);
   free(file->kv);
   free(file->tensors);
+  free(file->kv_index);
+  free(file->tensor_index);
   free(file);
 }
 

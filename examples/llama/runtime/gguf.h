@@ -71,6 +71,13 @@ typedef struct gguf_tensor_info {
   uint64_t n_bytes;             /* for F32/F16; 0 for other types */
 } gguf_tensor_info;
 
+/* A name and its entry, for the sorted lookup indexes. */
+typedef struct gguf_name_ref {
+  const char* name;
+  uint64_t len;
+  uint64_t index;
+} gguf_name_ref;
+
 typedef struct gguf_file {
   unsigned char* image; /* the whole file */
   uint64_t size;
@@ -81,6 +88,11 @@ typedef struct gguf_file {
   gguf_tensor_info* tensors;
   uint64_t alignment;
   uint64_t data_offset; /* start of the data section in the image */
+  /* Keys and tensor names sorted (by length, then bytes): duplicates are
+   * found and lookups done in O(log n), so a file with many entries cannot
+   * make loading quadratic. */
+  gguf_name_ref* kv_index;
+  gguf_name_ref* tensor_index;
 } gguf_file;
 
 /* Read and parse the file at path. On success *out owns the image. */

@@ -140,7 +140,7 @@ static int load_hparams(const gguf_file* file, const char* path, llama_hparams* 
     return -1;
   }
   if (read_hparam(file, path, "llama.embedding_length", 2, 65536, &hp->n_embd, err, err_size) != 0 ||
-      read_hparam(file, path, "llama.block_count", 1, 4096, &hp->n_layer, err, err_size) != 0 ||
+      read_hparam(file, path, "llama.block_count", 1, 1024, &hp->n_layer, err, err_size) != 0 ||
       read_hparam(file, path, "llama.attention.head_count", 1, 65536, &hp->n_head, err, err_size) != 0 ||
       read_hparam(file, path, "llama.attention.head_count_kv", 1, 65536, &hp->n_head_kv, err, err_size) != 0 ||
       read_hparam(file, path, "llama.feed_forward_length", 1, 1 << 20, &hp->n_ff, err, err_size) != 0 ||
