@@ -213,9 +213,18 @@ int llama_model_load(const char* path, llama_model** out, char* err, size_t err_
   }
   gguf_file* file = NULL;
   if (gguf_open(path, &file, err, err_size) != 0) return -1;
+  const int status = llama_model_load_gguf(file, path, out, err, err_size);
+  gguf_close(file);
+  return status;
+}
+
+int llama_model_load_gguf(const gguf_file* file, const char* path, llama_model** out, char* err, size_t err_size) {
+  if (file == NULL || path == NULL || out == NULL) {
+    set_error(err, err_size, "llama_model_load_gguf: %s is NULL", file == NULL ? "file" : path == NULL ? "name" : "out");
+    return -1;
+  }
   llama_model* m = (llama_model*)calloc(1, sizeof(llama_model));
   if (m == NULL) {
-    gguf_close(file);
     set_error(err, err_size, "%s: out of memory", path);
     return -1;
   }
@@ -259,11 +268,9 @@ int llama_model_load(const char* path, llama_model** out, char* err, size_t err_
   }
   for (int32_t i = 0; i < hp->head_dim / 2; ++i)
     m->rope_inv_freq[i] = (float)pow((double)hp->rope_base, -2.0 * i / hp->head_dim);
-  gguf_close(file);
   *out = m;
   return 0;
 fail:
-  gguf_close(file);
   llama_model_free(m);
   return -1;
 }

@@ -45,6 +45,11 @@ typedef struct llama_session llama_session;
 
 /* Load a GGUF file of architecture "llama". */
 int llama_model_load(const char* path, llama_model** out, char* err, size_t err_size);
+/* The same from a parsed file (gguf.h); name prefixes the error messages.
+ * The model copies what it needs: file may be closed afterwards. */
+struct gguf_file;
+int llama_model_load_gguf(const struct gguf_file* file, const char* name, llama_model** out, char* err,
+                          size_t err_size);
 void llama_model_free(llama_model* model); /* NULL is a no-op */
 const llama_hparams* llama_model_hparams(const llama_model* model);
 /* token_embd.weight as f32, [n_vocab, n_embd] row-major: the tied LM head. */

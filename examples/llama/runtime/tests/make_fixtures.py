@@ -11,6 +11,8 @@ With --contract-size it writes random-weight models of the contract's sizes
 instead (target d=512, 6 layers; draft d=256, 2 layers; vocabulary 16000,
 context 512) and a 16000-piece tokenizer trained on more of the standard
 library: a stand-in for the trained pair when timing the runtime.
+With --fuzz-seeds DIR (tests/fuzz/corpus/gguf) it writes the seeds of the
+fuzz_gguf harness.
 
 target.gguf follows the contract's dtypes (F16 matrices, F32 norms); draft.gguf
 is all F32, so both conversions are exercised. The draft is the target's
@@ -110,6 +112,24 @@ def contract_size(out_dir):
     print(f"wrote {out_dir}: random models of the contract's sizes, vocab {VOCAB}")
 
 
+def fuzz_seeds(out_dir):
+    """Tiny models (under libFuzzer's 4096-byte inputs) for tests/fuzz's
+    fuzz_gguf: one F16/F32 as the contract writes them, one all F32 with
+    two blocks."""
+    global VOCAB
+    VOCAB = 8
+    os.makedirs(out_dir, exist_ok=True)
+    rng = np.random.default_rng(4096)
+    tiny = dict(d=4, n_layer=1, n_head=2, n_head_kv=1, ff=4, ctx=8)
+    write_model(os.path.join(out_dir, "seed-tiny-f16"), "tiny", tiny, random_weights(rng, tiny))
+    two = dict(tiny, n_layer=2)
+    write_model(os.path.join(out_dir, "seed-two-blocks-f32"), "two blocks", two, random_weights(rng, two), np.float32)
+    for name in ("seed-tiny-f16", "seed-two-blocks-f32"):
+        size = os.path.getsize(os.path.join(out_dir, name))
+        assert size <= 4096, f"{name} is {size} bytes"
+    print(f"wrote {out_dir}: 2 seeds")
+
+
 def main(out_dir):
     os.makedirs(os.path.join(out_dir, "prompts"), exist_ok=True)
     tokenizer = train_tokenizer(out_dir)
@@ -140,6 +160,8 @@ def main(out_dir):
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--contract-size":
         contract_size(sys.argv[2])
+    elif len(sys.argv) == 3 and sys.argv[1] == "--fuzz-seeds":
+        fuzz_seeds(sys.argv[2])
     elif len(sys.argv) == 2:
         main(sys.argv[1])
     else:
