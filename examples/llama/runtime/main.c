@@ -219,7 +219,11 @@ int main(int argc, char** argv) {
     goto fail;
   }
   if (llama_tokenizer_encode(tokenizer, text, text_len, prompt + 1, count, &count, err, sizeof err) != 0) goto fail;
-  if (o.max_tokens >= hp->n_ctx) o.max_tokens = hp->n_ctx - 1;
+  if (o.max_tokens >= hp->n_ctx) {
+    fprintf(stderr, "note: --max-tokens %ld is lowered to %d (context %d, bos first)\n", o.max_tokens, hp->n_ctx - 1,
+            hp->n_ctx);
+    o.max_tokens = hp->n_ctx - 1;
+  }
   int32_t keep = count;
   if (keep + 1 + o.max_tokens > hp->n_ctx) keep = hp->n_ctx - 1 - (int32_t)o.max_tokens;
   if (keep < count) {
