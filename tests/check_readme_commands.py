@@ -60,11 +60,12 @@ class Command:
 
 
 PLAN = [
-    Command("README.md", "./.ci/quickstart   # installs what is missing, builds, runs the C quick start "
-            "(and the GPU benchmark when a GPU is present)", "quickstart",
+    Command("README.md", "./.ci/quickstart   # installs what is missing, builds, generates text with the "
+            "trained Llama pair in C, plain and speculative (and runs the GPU benchmark when a GPU is present)",
+            "quickstart",
             "run in a fresh copy: installs nothing where .ci/install-deps has run, configures and builds "
-            "build-quickstart/ and runs the C quick start (with a GPU it also builds the CUDA backend and "
-            "runs the benchmark, as it says)"),
+            "build-quickstart/, runs the C quick start, then flashspec-llama in every mode on the shipped "
+            "models (with a GPU it also builds the CUDA backend and runs the benchmark, as it says)"),
     Command("README.md", "./.ci/test         # builds and runs the whole test suite; ends with "
             "\"N passed, N failed, N skipped\"", "excluded",
             "it runs the whole suite, this test included, so running it here would recurse; it is the "
@@ -262,6 +263,13 @@ def check_result(group, index, root, output, source):
     if group == "quickstart":
         if "6 tokens emitted in one verify pass" not in output:
             return "the C quick start's summary line is missing from its output"
+        # The main job: every mode generated, and each speculative mode
+        # reports its speedup and per-position acceptance.
+        for mode in ("plain", "ngram", "draft", "bandit"):
+            if f"=== mode {mode} ===" not in output:
+                return f"flashspec-llama's {mode} mode is missing from its output"
+        if output.count("speedup vs plain") != 3 or output.count("per position:") != 3:
+            return "flashspec-llama did not report speedup and acceptance per position for its three drafters"
         # As the quick start tells: nvidia-smi lists a GPU.
         gpu = subprocess.run(["sh", "-c", "nvidia-smi -L"], capture_output=True).returncode == 0
         cuda_module = list((root / "build-quickstart" / "src").glob("libflashspec-cuda.so*"))
