@@ -12,20 +12,44 @@
 
 #include "flashspec.h"
 
+#ifdef LLAMA_WITH_CUDA
+#include "model_cuda.h"
+#endif
+
+/* One model's KV cache on the runner's device: exactly one of the two is set. */
+typedef struct model_session {
+  llama_session* cpu;
+#ifdef LLAMA_WITH_CUDA
+  llama_cuda_session* cuda;
+#endif
+} model_session;
+
 struct llama_runner {
   const llama_model* target;
   const llama_model* draft;
+  llama_device device;
+  flashspec_memory memory;       /* where hidden rows live: the device's */
   int32_t draft_len;
   double draft_token_cost; /* a draft token's cost, in target forwards */
   flashspec_context* ctx;        /* the engine's */
   flashspec_lm_head* target_head;
-  llama_session* target_session;
+  model_session target_session;
   flashspec_context* draft_ctx;  /* the draft model's own (flashspec_draft in its callback) */
   flashspec_lm_head* draft_head;
-  llama_session* draft_session;
+  model_session draft_session;
+#ifdef LLAMA_WITH_CUDA
+  void* stream;                  /* CUDA: the one stream of both models and both contexts */
+  llama_cuda_model* target_cuda;
+  llama_cuda_model* draft_cuda;
+  int32_t* device_drafts;        /* CUDA: [LLAMA_MAX_DRAFT] tokens drafted in one step */
+#endif
   double prompt_seconds;         /* the last generation's prompt forward */
   char callback_error[512];      /* what a callback's failure was */
 };
+
+/* Most tokens the draft model drafts in one step: the largest k of any arm
+ * (draft_len ≤ 64). */
+#define LLAMA_MAX_DRAFT 64
 
 static void set_error(char* err, size_t err_size, const char* format, ...) {
   if (err == NULL || err_size == 0) return;
@@ -45,6 +69,72 @@ const char* llama_mode_name(llama_mode mode) {
   return NULL;
 }
 
+const char* llama_device_name(llama_device device) {
+  switch (device) {
+    case LLAMA_DEVICE_CPU: return "cpu";
+    case LLAMA_DEVICE_CUDA: return "cuda";
+  }
+  return NULL;
+}
+
+int llama_cuda_usable(void) {
+#ifdef LLAMA_WITH_CUDA
+  return flashspec_cuda_device_count() > 0 && llama_cuda_device_count() > 0;
+#else
+  return 0;
+#endif
+}
+
+/* ---- A model's session on the runner's device ---------------------------- */
+
+static void session_free(model_session* s) {
+  llama_session_free(s->cpu);
+  s->cpu = NULL;
+#ifdef LLAMA_WITH_CUDA
+  llama_cuda_session_free(s->cuda);
+  s->cuda = NULL;
+#endif
+}
+
+static int32_t session_length(const model_session* s) {
+#ifdef LLAMA_WITH_CUDA
+  if (s->cuda != NULL) return llama_cuda_session_length(s->cuda);
+#endif
+  return llama_session_length(s->cpu);
+}
+
+static int32_t session_capacity(const model_session* s) {
+#ifdef LLAMA_WITH_CUDA
+  if (s->cuda != NULL) return llama_cuda_session_capacity(s->cuda);
+#endif
+  return llama_session_capacity(s->cpu);
+}
+
+static const int32_t* session_tokens(const model_session* s) {
+#ifdef LLAMA_WITH_CUDA
+  if (s->cuda != NULL) return llama_cuda_session_tokens(s->cuda);
+#endif
+  return llama_session_tokens(s->cpu);
+}
+
+static int session_truncate(model_session* s, int32_t num_keep, char* err, size_t err_size) {
+#ifdef LLAMA_WITH_CUDA
+  if (s->cuda != NULL) return llama_cuda_session_truncate(s->cuda, num_keep, err, err_size);
+#endif
+  return llama_session_truncate(s->cpu, num_keep, err, err_size);
+}
+
+/* Host token ids in; hidden rows out in the device's memory. */
+static int session_forward(model_session* s, const int32_t* tokens, int32_t n, const float** hidden, char* err,
+                           size_t err_size) {
+#ifdef LLAMA_WITH_CUDA
+  if (s->cuda != NULL) return llama_cuda_session_forward(s->cuda, tokens, n, hidden, err, err_size);
+#endif
+  return llama_session_forward(s->cpu, tokens, n, hidden, err, err_size);
+}
+
+/* ---- Runner --------------------------------------------------------------- */
+
 /* Multiply-adds per token of a forward plus its LM head: the cost model's
  * ratio of a draft token to a target forward. */
 static double flops_per_token(const llama_hparams* hp) {
@@ -52,12 +142,17 @@ static double flops_per_token(const llama_hparams* hp) {
   return hp->n_layer * (d * (2 * q + 2 * kv) + 3 * d * hp->n_ff) + (double)hp->n_vocab * d;
 }
 
-static int make_head(flashspec_context* ctx, const llama_model* model, flashspec_lm_head** out, char* err,
-                     size_t err_size) {
+/* The tied LM head: a copy of the host embedding on the CPU; on CUDA a
+ * borrow of the device embedding the model upload already holds. */
+static int make_head(flashspec_context* ctx, const llama_model* model, const float* device_embedding,
+                     flashspec_lm_head** out, char* err, size_t err_size) {
   const llama_hparams* hp = llama_model_hparams(model);
-  const flashspec_tensor w = flashspec_tensor_make(llama_model_token_embedding(model), FLASHSPEC_DTYPE_F32,
-                                                   FLASHSPEC_MEMORY_HOST, hp->n_vocab, hp->n_embd);
-  const flashspec_status s = flashspec_lm_head_create(ctx, &w, FLASHSPEC_LM_HEAD_COPY, out);
+  const int on_device = device_embedding != NULL;
+  const flashspec_tensor w =
+      flashspec_tensor_make(on_device ? device_embedding : llama_model_token_embedding(model), FLASHSPEC_DTYPE_F32,
+                            on_device ? FLASHSPEC_MEMORY_CUDA : FLASHSPEC_MEMORY_HOST, hp->n_vocab, hp->n_embd);
+  const flashspec_status s =
+      flashspec_lm_head_create(ctx, &w, on_device ? FLASHSPEC_LM_HEAD_BORROW : FLASHSPEC_LM_HEAD_COPY, out);
   if (s != FLASHSPEC_OK) {
     set_error(err, err_size, "flashspec_lm_head_create: %s: %s", flashspec_status_name(s),
               flashspec_context_last_error(ctx));
@@ -66,11 +161,14 @@ static int make_head(flashspec_context* ctx, const llama_model* model, flashspec
   return 0;
 }
 
-static int make_context(int32_t threads, flashspec_context** out, char* err, size_t err_size) {
+static int make_context(const llama_runner* r, int32_t threads, flashspec_context** out, char* err, size_t err_size) {
   flashspec_context_params cp;
   flashspec_context_params_init(&cp);
-  cp.backend = FLASHSPEC_BACKEND_CPU;
+  cp.backend = r->device == LLAMA_DEVICE_CUDA ? FLASHSPEC_BACKEND_CUDA : FLASHSPEC_BACKEND_CPU;
   cp.cpu_threads = threads;
+#ifdef LLAMA_WITH_CUDA
+  cp.cuda_stream = r->stream;
+#endif
   const flashspec_status s = flashspec_context_create(&cp, out);
   if (s != FLASHSPEC_OK) {
     set_error(err, err_size, "flashspec_context_create: %s: %s", flashspec_status_name(s),
@@ -80,29 +178,72 @@ static int make_context(int32_t threads, flashspec_context** out, char* err, siz
   return 0;
 }
 
+/* The model's session, its LM head and (for the draft) its context, on the
+ * runner's device. */
+static int make_model_parts(llama_runner* r, const llama_model* model, int is_draft, model_session* session,
+                            flashspec_lm_head** head, char* err, size_t err_size) {
+  flashspec_context* ctx = is_draft ? r->draft_ctx : r->ctx;
+  if (r->device == LLAMA_DEVICE_CPU)
+    return llama_session_create(model, 0, &session->cpu, err, err_size) != 0 ||
+                   make_head(ctx, model, NULL, head, err, err_size) != 0
+               ? -1
+               : 0;
+#ifdef LLAMA_WITH_CUDA
+  llama_cuda_model** uploaded = is_draft ? &r->draft_cuda : &r->target_cuda;
+  if (llama_cuda_model_upload(model, r->stream, uploaded, err, err_size) != 0 ||
+      llama_cuda_session_create(*uploaded, 0, &session->cuda, err, err_size) != 0 ||
+      make_head(ctx, model, llama_cuda_model_token_embedding(*uploaded), head, err, err_size) != 0)
+    return -1;
+  return 0;
+#else
+  (void)model; (void)session; (void)head;
+  set_error(err, err_size, "this runtime was built without CUDA");
+  return -1;
+#endif
+}
+
 void llama_runner_free(llama_runner* r) {
   if (r == NULL) return;
-  llama_session_free(r->target_session);
-  llama_session_free(r->draft_session);
-  flashspec_lm_head_destroy(r->target_head);
+  session_free(&r->target_session);
+  session_free(&r->draft_session);
+  flashspec_lm_head_destroy(r->target_head); /* before the models they borrow from */
   flashspec_lm_head_destroy(r->draft_head);
   flashspec_context_destroy(r->ctx);
   flashspec_context_destroy(r->draft_ctx);
+#ifdef LLAMA_WITH_CUDA
+  llama_cuda_model_free(r->target_cuda);
+  llama_cuda_model_free(r->draft_cuda);
+  llama_cuda_free(r->device_drafts);
+  llama_cuda_stream_destroy(r->stream);
+#endif
   free(r);
 }
 
-int llama_runner_create(const llama_model* target, const llama_model* draft, int32_t threads, int32_t draft_len,
-                        llama_runner** out, char* err, size_t err_size) {
+int llama_runner_create(const llama_model* target, const llama_model* draft, llama_device device, int32_t threads,
+                        int32_t draft_len, llama_runner** out, char* err, size_t err_size) {
   if (target == NULL || out == NULL) {
     set_error(err, err_size, "llama_runner_create: %s is NULL", target == NULL ? "target" : "out");
+    return -1;
+  }
+  if (llama_device_name(device) == NULL) {
+    set_error(err, err_size, "unknown device %d", (int)device);
+    return -1;
+  }
+  if (device == LLAMA_DEVICE_CUDA && !llama_cuda_usable()) {
+#ifdef LLAMA_WITH_CUDA
+    set_error(err, err_size, "device cuda: no CUDA device (CUDA runtime: %d, FlashSpec's CUDA backend: %d)",
+              llama_cuda_device_count(), flashspec_cuda_device_count());
+#else
+    set_error(err, err_size, "device cuda: this runtime was built without CUDA (configure with -Dcuda=enabled)");
+#endif
     return -1;
   }
   if (threads < 1 || threads > 1024) {
     set_error(err, err_size, "threads %d is outside [1, 1024]", threads);
     return -1;
   }
-  if (draft_len < 1 || draft_len > 64) {
-    set_error(err, err_size, "draft length %d is outside [1, 64]", draft_len);
+  if (draft_len < 1 || draft_len > LLAMA_MAX_DRAFT) {
+    set_error(err, err_size, "draft length %d is outside [1, %d]", draft_len, LLAMA_MAX_DRAFT);
     return -1;
   }
   if (draft != NULL && llama_model_hparams(draft)->n_vocab != llama_model_hparams(target)->n_vocab) {
@@ -117,15 +258,22 @@ int llama_runner_create(const llama_model* target, const llama_model* draft, int
   }
   r->target = target;
   r->draft = draft;
+  r->device = device;
+  r->memory = device == LLAMA_DEVICE_CUDA ? FLASHSPEC_MEMORY_CUDA : FLASHSPEC_MEMORY_HOST;
   r->draft_len = draft_len;
-  openblas_set_num_threads(threads);
-  if (make_context(threads, &r->ctx, err, err_size) != 0 || make_head(r->ctx, target, &r->target_head, err, err_size) != 0 ||
-      llama_session_create(target, 0, &r->target_session, err, err_size) != 0)
+  if (device == LLAMA_DEVICE_CPU) openblas_set_num_threads(threads);
+#ifdef LLAMA_WITH_CUDA
+  if (device == LLAMA_DEVICE_CUDA &&
+      (llama_cuda_stream_create(&r->stream, err, err_size) != 0 ||
+       llama_cuda_malloc(sizeof(int32_t) * LLAMA_MAX_DRAFT, (void**)&r->device_drafts, err, err_size) != 0))
+    goto fail;
+#endif
+  if (make_context(r, threads, &r->ctx, err, err_size) != 0 ||
+      make_model_parts(r, target, 0, &r->target_session, &r->target_head, err, err_size) != 0)
     goto fail;
   if (draft != NULL) {
-    if (make_context(threads, &r->draft_ctx, err, err_size) != 0 ||
-        make_head(r->draft_ctx, draft, &r->draft_head, err, err_size) != 0 ||
-        llama_session_create(draft, 0, &r->draft_session, err, err_size) != 0)
+    if (make_context(r, threads, &r->draft_ctx, err, err_size) != 0 ||
+        make_model_parts(r, draft, 1, &r->draft_session, &r->draft_head, err, err_size) != 0)
       goto fail;
     r->draft_token_cost = flops_per_token(llama_model_hparams(draft)) / flops_per_token(llama_model_hparams(target));
   }
@@ -144,59 +292,109 @@ static double now_seconds(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-
 static int target_forward(void* user_data, flashspec_target_call* call) {
   llama_runner* r = (llama_runner*)user_data;
   const llama_hparams* hp = llama_model_hparams(r->target);
   const float* hidden = NULL;
   const double start = now_seconds();
-  if (llama_session_truncate(r->target_session, call->num_past, r->callback_error, sizeof r->callback_error) != 0 ||
-      llama_session_forward(r->target_session, call->tokens, call->num_tokens, &hidden, r->callback_error,
-                            sizeof r->callback_error) != 0)
+  if (session_truncate(&r->target_session, call->num_past, r->callback_error, sizeof r->callback_error) != 0 ||
+      session_forward(&r->target_session, call->tokens, call->num_tokens, &hidden, r->callback_error,
+                      sizeof r->callback_error) != 0)
     return 1;
-  if (call->num_past == 0) r->prompt_seconds = now_seconds() - start; /* the prompt's forward */
+  if (call->num_past == 0) { /* the prompt's forward */
+#ifdef LLAMA_WITH_CUDA
+    /* Its time is only known once the device has run it: one wait per
+     * generation, for the prompt/generation split of the statistics. */
+    if (r->device == LLAMA_DEVICE_CUDA &&
+        flashspec_context_synchronize(r->ctx) != FLASHSPEC_OK) {
+      snprintf(r->callback_error, sizeof r->callback_error, "prompt forward: %s", flashspec_context_last_error(r->ctx));
+      return 1;
+    }
+#endif
+    r->prompt_seconds = now_seconds() - start;
+  }
   call->hidden = flashspec_tensor_make(hidden + (size_t)(call->num_tokens - call->num_rows) * hp->n_embd,
-                                       FLASHSPEC_DTYPE_F32, FLASHSPEC_MEMORY_HOST, call->num_rows, hp->n_embd);
+                                       FLASHSPEC_DTYPE_F32, r->memory, call->num_rows, hp->n_embd);
   return 0;
 }
 
 static int target_rollback(void* user_data, int32_t num_keep) {
   llama_runner* r = (llama_runner*)user_data;
-  return llama_session_truncate(r->target_session, num_keep, r->callback_error, sizeof r->callback_error) != 0;
+  return session_truncate(&r->target_session, num_keep, r->callback_error, sizeof r->callback_error) != 0;
+}
+
+/* Greedy draft of the token after hidden row `row` into `token_out` (host
+ * memory on the CPU, device memory on CUDA). */
+static int draft_one(llama_runner* r, const float* row, int32_t* token_out) {
+  const int32_t d = llama_model_hparams(r->draft)->n_embd;
+  const flashspec_tensor view = flashspec_tensor_make(row, FLASHSPEC_DTYPE_F32, r->memory, 1, d);
+  flashspec_draft_params params;
+  flashspec_draft_params_init(&params);
+  params.memory = r->memory;
+  const flashspec_status st = flashspec_draft(r->draft_ctx, r->draft_head, &view, &params, token_out, NULL);
+  if (st != FLASHSPEC_OK) {
+    snprintf(r->callback_error, sizeof r->callback_error, "flashspec_draft: %s: %s", flashspec_status_name(st),
+             flashspec_context_last_error(r->draft_ctx));
+    return 1;
+  }
+  return 0;
 }
 
 /* The draft model as a drafter: bring its cache in step with the sequence,
- * then draft greedily token by token. */
+ * then draft greedily token by token. On CUDA each drafted token stays on the
+ * device and feeds the next forward from there; the step's tokens come to
+ * the host in one copy at the end (the engine needs them there). */
 static int draft_model_tokens(void* user_data, flashspec_draft_call* call) {
   llama_runner* r = (llama_runner*)user_data;
-  llama_session* s = r->draft_session;
+  model_session* s = &r->draft_session;
   const int32_t d = llama_model_hparams(r->draft)->n_embd;
   call->num_tokens = 0;
-  if (call->context_len > llama_session_capacity(s)) return 0; /* beyond the draft model's context: no draft */
+  if (call->context_len > session_capacity(s)) return 0; /* beyond the draft model's context: no draft */
   /* Reuse the longest cached prefix, but forward at least the last token:
    * its hidden row drafts the first token. */
-  const int32_t* cached = llama_session_tokens(s);
+  const int32_t* cached = session_tokens(s);
   int32_t keep = 0;
-  while (keep < llama_session_length(s) && keep < call->context_len - 1 && cached[keep] == call->context[keep]) keep++;
+  while (keep < session_length(s) && keep < call->context_len - 1 && cached[keep] == call->context[keep]) keep++;
   const float* hidden = NULL;
-  if (llama_session_truncate(s, keep, r->callback_error, sizeof r->callback_error) != 0 ||
-      llama_session_forward(s, call->context + keep, call->context_len - keep, &hidden, r->callback_error,
-                            sizeof r->callback_error) != 0)
+  if (session_truncate(s, keep, r->callback_error, sizeof r->callback_error) != 0 ||
+      session_forward(s, call->context + keep, call->context_len - keep, &hidden, r->callback_error,
+                      sizeof r->callback_error) != 0)
     return 1;
   const float* row = hidden + (size_t)(call->context_len - keep - 1) * d;
-  for (;;) {
-    const flashspec_tensor view = flashspec_tensor_make(row, FLASHSPEC_DTYPE_F32, FLASHSPEC_MEMORY_HOST, 1, d);
-    int32_t token;
-    const flashspec_status st = flashspec_draft(r->draft_ctx, r->draft_head, &view, NULL, &token, NULL);
-    if (st != FLASHSPEC_OK) {
-      snprintf(r->callback_error, sizeof r->callback_error, "flashspec_draft: %s: %s", flashspec_status_name(st),
-               flashspec_context_last_error(r->draft_ctx));
-      return 1;
+  const int32_t max_tokens = call->max_tokens < LLAMA_MAX_DRAFT ? call->max_tokens : LLAMA_MAX_DRAFT;
+  if (r->device == LLAMA_DEVICE_CPU) {
+    for (;;) {
+      if (draft_one(r, row, &call->tokens[call->num_tokens]) != 0) return 1;
+      const int32_t token = call->tokens[call->num_tokens++];
+      if (call->num_tokens == max_tokens || session_length(s) == session_capacity(s)) return 0;
+      if (session_forward(s, &token, 1, &row, r->callback_error, sizeof r->callback_error) != 0) return 1;
     }
-    call->tokens[call->num_tokens++] = token;
-    if (call->num_tokens == call->max_tokens || llama_session_length(s) == llama_session_capacity(s)) return 0;
-    if (llama_session_forward(s, &token, 1, &row, r->callback_error, sizeof r->callback_error) != 0) return 1;
   }
+#ifdef LLAMA_WITH_CUDA
+  int32_t n = 0;
+  for (;;) {
+    if (draft_one(r, row, r->device_drafts + n) != 0) return 1;
+    n++;
+    if (n == max_tokens || session_length(s) == session_capacity(s)) break;
+    if (llama_cuda_session_forward_device(s->cuda, r->device_drafts + n - 1, 1, &row, r->callback_error,
+                                          sizeof r->callback_error) != 0)
+      return 1;
+  }
+  if (llama_cuda_copy_to_host(call->tokens, r->device_drafts, sizeof(int32_t) * (size_t)n, r->stream,
+                              r->callback_error, sizeof r->callback_error) != 0)
+    return 1;
+  /* All but the last drafted token went through the draft model: the host
+   * now knows their ids (a −1 from a device-side NaN is refused here). */
+  if (llama_cuda_session_record_tokens(s->cuda, session_length(s) - (n - 1), call->tokens, n - 1, r->callback_error,
+                                       sizeof r->callback_error) != 0)
+    return 1;
+  if (call->tokens[n - 1] < 0) {
+    snprintf(r->callback_error, sizeof r->callback_error, "flashspec_draft: no token for a non-finite draft row");
+    return 1;
+  }
+  call->num_tokens = n;
+#endif
+  return 0;
 }
 
 /* ---- Generation ----------------------------------------------------------- */
@@ -287,7 +485,7 @@ int llama_runner_generate(llama_runner* r, llama_mode mode, const int32_t* promp
   ep.num_arms = num_arms;
   ep.policy = mode == LLAMA_MODE_BANDIT ? FLASHSPEC_BANDIT_UCB1 : FLASHSPEC_BANDIT_FIXED;
   ep.fixed_arm = 0;
-  ep.max_context = llama_session_capacity(r->target_session);
+  ep.max_context = session_capacity(&r->target_session);
   CHECK_FS(flashspec_engine_create(r->ctx, r->target_head, &ep, &engine), r->ctx);
 
   flashspec_generate_params gp;

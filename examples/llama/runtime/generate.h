@@ -37,12 +37,27 @@ const char* llama_mode_name(llama_mode mode);
 
 typedef struct llama_runner llama_runner;
 
+/* Where the models, the KV caches and FlashSpec run. CUDA: the runner
+ * uploads both models (model_cuda.h, f32 weights), keeps the caches on the
+ * device, and runs FlashSpec's CUDA backend on one stream with the LM heads
+ * borrowing the device token embeddings; the hidden rows never leave the
+ * device. */
+typedef enum llama_device { LLAMA_DEVICE_CPU = 0, LLAMA_DEVICE_CUDA = 1 } llama_device;
+
+/* "cpu", "cuda"; NULL for other values. */
+const char* llama_device_name(llama_device device);
+/* 1 when this runtime was built with CUDA and FlashSpec's CUDA backend sees
+ * a device (flashspec_cuda_device_count() > 0), else 0: what --device auto
+ * asks. */
+int llama_cuda_usable(void);
+
 /* draft may be NULL (then the draft and the bandit's draft arms are
  * unavailable). Both models must share the vocabulary size. threads: CPU
  * threads of OpenBLAS and FlashSpec (≥ 1). draft_len: k of the FIXED ngram
- * and draft modes (1..64). */
-int llama_runner_create(const llama_model* target, const llama_model* draft, int32_t threads, int32_t draft_len,
-                        llama_runner** out, char* err, size_t err_size);
+ * and draft modes (1..64). device CUDA fails with a message when
+ * llama_cuda_usable() is 0. */
+int llama_runner_create(const llama_model* target, const llama_model* draft, llama_device device, int32_t threads,
+                        int32_t draft_len, llama_runner** out, char* err, size_t err_size);
 void llama_runner_free(llama_runner* runner); /* NULL is a no-op */
 
 #define LLAMA_MAX_POSITIONS 16

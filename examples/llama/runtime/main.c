@@ -5,11 +5,14 @@
  *   flashspec-llama [--models DIR] [--prompt FILE] [--max-tokens N]
  *                   [--temperature T] [--seed S] [--threads N]
  *                   [--draft-len K] [--mode plain|ngram|draft|bandit|all]
+ *                   [--device cpu|cuda|auto]
  *
  * DIR holds tokenizer.model, target.gguf, draft.gguf and prompts/ (*.txt)
  * (default: FLASHSPEC_LLAMA_MODELS, set at build time to the source tree's
  * examples/llama/models). The default prompt is the first .txt file of
- * prompts/ in name order. Generation starts with bos, stops at eos or max-tokens. */
+ * prompts/ in name order. Generation starts with bos, stops at eos or max-tokens.
+ * Both models run on the device chosen (auto: CUDA when this runtime was
+ * built with CUDA and FlashSpec's CUDA backend has a device, else the CPU). */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
 #include <errno.h>
@@ -38,7 +41,8 @@ static void usage(FILE* out) {
           "  --seed S            sampling seed (default 0)\n"
           "  --threads N         CPU threads, 1..1024 (default 2)\n"
           "  --draft-len K       draft length of the ngram and draft modes, 1..64 (default 4)\n"
-          "  --mode M            plain, ngram, draft, bandit or all (default all)\n",
+          "  --mode M            plain, ngram, draft, bandit or all (default all)\n"
+          "  --device D          cpu, cuda or auto (default auto: cuda when built with CUDA and a device is present)\n",
           FLASHSPEC_LLAMA_MODELS);
 }
 
@@ -112,10 +116,11 @@ typedef struct options {
   long draft_len;
   int modes[4];
   int num_modes;
+  int device; /* -1: auto, else a llama_device */
 } options;
 
 static int parse_options(int argc, char** argv, options* o) {
-  *o = (options){FLASHSPEC_LLAMA_MODELS, NULL, 128, 0.0, 0, 2, 4, {0, 1, 2, 3}, 4};
+  *o = (options){FLASHSPEC_LLAMA_MODELS, NULL, 128, 0.0, 0, 2, 4, {0, 1, 2, 3}, 4, -1};
   for (int i = 1; i < argc; ++i) {
     const char* arg = argv[i];
     if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
@@ -150,6 +155,14 @@ static int parse_options(int argc, char** argv, options* o) {
       o->temperature = strtod(value, &end);
       if (end == value || *end != '\0' || !isfinite(o->temperature) || o->temperature < 0 || o->temperature > 100) {
         fprintf(stderr, "flashspec-llama: --temperature: '%s' is not a number in [0, 100]\n", value);
+        return -1;
+      }
+    } else if (strcmp(arg, "--device") == 0) {
+      if (strcmp(value, "auto") == 0) o->device = -1;
+      else if (strcmp(value, "cpu") == 0) o->device = LLAMA_DEVICE_CPU;
+      else if (strcmp(value, "cuda") == 0) o->device = LLAMA_DEVICE_CUDA;
+      else {
+        fprintf(stderr, "flashspec-llama: --device: '%s' is not cpu, cuda or auto\n", value);
         return -1;
       }
     } else if (strcmp(arg, "--mode") == 0) {
@@ -200,7 +213,10 @@ int main(int argc, char** argv) {
              llama_tokenizer_vocab_size(tokenizer), hp->n_vocab);
     goto fail;
   }
-  if (llama_runner_create(target, draft, (int32_t)o.threads, (int32_t)o.draft_len, &runner, err, sizeof err) != 0)
+  const llama_device device =
+      o.device >= 0 ? (llama_device)o.device : llama_cuda_usable() ? LLAMA_DEVICE_CUDA : LLAMA_DEVICE_CPU;
+  if (llama_runner_create(target, draft, device, (int32_t)o.threads, (int32_t)o.draft_len, &runner, err,
+                          sizeof err) != 0)
     goto fail;
 
   if (o.prompt == NULL && (o.prompt = prompt_path = first_prompt(o.models)) == NULL) goto quiet_fail;
@@ -234,8 +250,8 @@ int main(int argc, char** argv) {
   prompt[0] = bos;
   const int32_t prompt_len = keep + 1;
 
-  printf("prompt: %s (%d tokens), models: %s, temperature %g, seed %llu, threads %ld\n", o.prompt, prompt_len,
-         o.models, o.temperature, o.seed, o.threads);
+  printf("prompt: %s (%d tokens), models: %s, device %s, temperature %g, seed %llu, threads %ld\n", o.prompt,
+         prompt_len, o.models, llama_device_name(device), o.temperature, o.seed, o.threads);
   double plain_tokens_per_second = 0.0;
   /* An untimed one-token run first, so the first timed mode does not pay
    * for starting OpenBLAS's and FlashSpec's threads and touching the weights. */

@@ -277,6 +277,17 @@ fail:
 
 const llama_hparams* llama_model_hparams(const llama_model* model) { return model ? &model->hp : NULL; }
 const float* llama_model_token_embedding(const llama_model* model) { return model ? model->token_embd : NULL; }
+const float* llama_model_output_norm(const llama_model* model) { return model ? model->output_norm : NULL; }
+const float* llama_model_rope_inv_freq(const llama_model* model) { return model ? model->rope_inv_freq : NULL; }
+
+llama_layer_weights llama_model_layer(const llama_model* model, int32_t layer) {
+  llama_layer_weights w = {0};
+  if (model == NULL || layer < 0 || layer >= model->hp.n_layer) return w;
+  const llama_layer* y = &model->layers[layer];
+  w.attn_norm = y->attn_norm; w.wq = y->wq; w.wk = y->wk; w.wv = y->wv; w.wo = y->wo;
+  w.ffn_norm = y->ffn_norm; w.w_gate = y->w_gate; w.w_up = y->w_up; w.w_down = y->w_down;
+  return w;
+}
 
 void llama_session_free(llama_session* s) {
   if (s == NULL) return;

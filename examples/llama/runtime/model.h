@@ -55,6 +55,29 @@ const llama_hparams* llama_model_hparams(const llama_model* model);
 /* token_embd.weight as f32, [n_vocab, n_embd] row-major: the tied LM head. */
 const float* llama_model_token_embedding(const llama_model* model);
 
+/* The weights as loaded (f32, row-major, GGUF names in comments), for other
+ * backends that run the same model (model_cuda.h uploads them). A matrix
+ * [out, in] maps a row of `in` values to `out` values: y = x · Wᵀ. */
+typedef struct llama_layer_weights {
+  const float* attn_norm; /* [d]                     blk.N.attn_norm.weight */
+  const float* wq;        /* [n_head * head_dim, d]    blk.N.attn_q.weight */
+  const float* wk;        /* [n_head_kv * head_dim, d] blk.N.attn_k.weight */
+  const float* wv;        /* [n_head_kv * head_dim, d] blk.N.attn_v.weight */
+  const float* wo;        /* [d, n_head * head_dim]    blk.N.attn_output.weight */
+  const float* ffn_norm;  /* [d]                       blk.N.ffn_norm.weight */
+  const float* w_gate;    /* [n_ff, d]                 blk.N.ffn_gate.weight */
+  const float* w_up;      /* [n_ff, d]                 blk.N.ffn_up.weight */
+  const float* w_down;    /* [d, n_ff]                 blk.N.ffn_down.weight */
+} llama_layer_weights;
+/* Layer `layer` (0 ≤ layer < n_layer); all NULL for a NULL model or a layer
+ * out of range. */
+llama_layer_weights llama_model_layer(const llama_model* model, int32_t layer);
+/* output_norm.weight, [n_embd]. */
+const float* llama_model_output_norm(const llama_model* model);
+/* RoPE's inverse frequencies, [head_dim / 2]: rope_base^(−2i / head_dim),
+ * computed once at load so that every backend rotates by the same angles. */
+const float* llama_model_rope_inv_freq(const llama_model* model);
+
 /* A session for up to max_tokens tokens (1..n_ctx; 0 = n_ctx). */
 int llama_session_create(const llama_model* model, int32_t max_tokens, llama_session** out, char* err,
                          size_t err_size);

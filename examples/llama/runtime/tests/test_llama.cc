@@ -427,7 +427,7 @@ struct Pair {
   llama_runner* runner = nullptr;
   Pair() {
     char err[512] = "";
-    EXPECT_EQ(llama_runner_create(target.model, draft.model, 2, 4, &runner, err, sizeof err), 0) << err;
+    EXPECT_EQ(llama_runner_create(target.model, draft.model, LLAMA_DEVICE_CPU, 2, 4, &runner, err, sizeof err), 0) << err;
   }
   ~Pair() { llama_runner_free(runner); }
 };
@@ -465,6 +465,21 @@ TEST(Speculative, GreedyOutputEqualsPlainDecodingInEveryMode) {
   EXPECT_LT(long_plain.size(), 100u);
   EXPECT_EQ(generate(pair.runner, LLAMA_MODE_DRAFT, ref.tokens, 100, 0.0f, 0, nullptr), long_plain);
   EXPECT_EQ(generate(pair.runner, LLAMA_MODE_NGRAM, ref.tokens, 100, 0.0f, 0, nullptr), long_plain);
+}
+
+// --device cuda where CUDA is unusable (no device, or a CPU-only build) is
+// refused with a message and no runner; test_llama_cuda covers the device.
+TEST(Speculative, CudaWithoutADeviceIsRefused) {
+  if (llama_cuda_usable()) GTEST_SKIP() << "a CUDA device is present: test_llama_cuda runs the CUDA path";
+  ModelPtr target(fixture("target.gguf"));
+  ASSERT_NE(target.model, nullptr);
+  llama_runner* runner = nullptr;
+  char err[512] = "";
+  EXPECT_NE(llama_runner_create(target.model, nullptr, LLAMA_DEVICE_CUDA, 2, 4, &runner, err, sizeof err), 0);
+  EXPECT_EQ(runner, nullptr);
+  EXPECT_NE(std::string(err).find("device cuda"), std::string::npos) << err;
+  EXPECT_NE(llama_runner_create(target.model, nullptr, static_cast<llama_device>(7), 2, 4, &runner, err, sizeof err), 0);
+  EXPECT_NE(std::string(err).find("unknown device 7"), std::string::npos) << err;
 }
 
 // softmax(h · Eᵀ / T) of the target after `context`, from the C forward
@@ -594,6 +609,7 @@ TEST(Cli, BadArgumentsAndFilesGiveClearErrors) {
       {"--seed -3", 2, "--seed"},
       {"--mode fast", 2, "--mode: 'fast'"},
       {"--threads 0", 2, "--threads"},
+      {"--device gpu", 2, "--device: 'gpu'"},
       {"--bogus 1", 2, "unknown option --bogus"},
       {"--models", 2, "missing value"},
       {"--models /nonexistent", 1, "/nonexistent/tokenizer.model"},
