@@ -95,6 +95,21 @@ FS_HOST_DEVICE float winner_gap(float best, float second) {
   return second == neg_inf() ? pos_inf() : best - second;
 }
 
+// Offers `token`, with its score (l/T + g, or l for T = 0) and scaled logit,
+// as p's winner or runner-up. Tokens come in increasing order, so a tie
+// keeps the earlier, smaller id. A score that is not above p.second changes
+// nothing (the CPU backend skips such tokens' noise on that ground).
+FS_HOST_DEVICE void offer_candidate(Partial& p, float score, float scaled, int32_t token) {
+  if (score > p.best) {
+    p.second = p.best;
+    p.best = score;
+    p.best_scaled = scaled;
+    p.token = token;
+  } else if (score > p.second) {
+    p.second = score;
+  }
+}
+
 // Folds logit l of `token` into p. `noise` is the token's RNG word under
 // plan.key (ignored for greedy rows).
 FS_HOST_DEVICE void fold_logit(Partial& p, const RowPlan& plan, float l, int32_t token, uint32_t noise) {
@@ -107,15 +122,7 @@ FS_HOST_DEVICE void fold_logit(Partial& p, const RowPlan& plan, float l, int32_t
   }
   if (!greedy) lse_add(p.m, p.s, scaled);
   if (token == plan.excluded) return;
-  const float score = greedy ? scaled : scaled + gumbel_from_bits(noise);
-  if (score > p.best) {
-    p.second = p.best;
-    p.best = score;
-    p.best_scaled = scaled;
-    p.token = token;
-  } else if (score > p.second) {
-    p.second = score;
-  }
+  offer_candidate(p, greedy ? scaled : scaled + gumbel_from_bits(noise), scaled, token);
 }
 
 // a ← a ∪ b; ties between winners go to the smaller token id.

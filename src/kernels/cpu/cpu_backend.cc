@@ -1,10 +1,11 @@
 // The exact CPU backend: one fused pass over the LM head per call.
 //
 // The vocabulary is cut into fixed tiles of kTileTokens tokens. Each tile
-// converts each of its weight rows to fp32 once, scores it against every
-// hidden row, and folds the tile into one Partial per row with the shared
-// fold rules (sampling/fold.h). Partials are merged in tile order, so the
-// result does not depend on how many threads ran the tiles. Greedy drafts
+// scores its weight rows against every hidden row (cpu/cpu_scan.h: a
+// register-blocked kernel whose logits do not depend on the tile) and folds
+// the tile into one Partial per row with the shared fold rules
+// (sampling/fold.h). Partials are merged in tile order, so the result does
+// not depend on how many threads ran the tiles. Greedy drafts
 // need no vocabulary-sized scratch. Rows verifying a stochastic draft keep
 // their logits, because the residual max(p − q, 0) needs the row's final
 // log-sum-exp before any token can be scored; so do the rows of a call with
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_scan.h"
 #include "sampling/algorithm1.h"
 #include "sampling/controls.h"
 #include "sampling/fold.h"
@@ -44,28 +46,7 @@ class CpuSummaries final : public SummaryStore {
   std::vector<float> top_logprobs;  // [rows, top_n]
 };
 
-// Fixed-order dot product: eight lanes, combined pairwise. The compiler can
-// vectorise it without reassociating, so the sum is the same on every run.
-float dot(const float* a, const float* b, int64_t n) {
-  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) lane[k] += a[i + k] * b[i + k];
-  for (int k = 0; i < n; ++i, ++k) lane[k] += a[i] * b[i];
-  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-}
-
-void convert_row(const void* row, flashspec_dtype dtype, int64_t n, float* out) {
-  switch (dtype) {
-    case FLASHSPEC_DTYPE_F32: std::memcpy(out, row, size_t(n) * sizeof(float)); break;
-    case FLASHSPEC_DTYPE_BF16:
-      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(static_cast<const uint16_t*>(row)[i]);
-      break;
-    default:
-      for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_float(static_cast<const uint16_t*>(row)[i]);
-      break;
-  }
-}
+using cpu::convert_row;
 
 const void* row_pointer(const flashspec_tensor& t, int64_t row) {
   return static_cast<const unsigned char*>(t.data) + size_t(row * t.row_stride) * dtype_size(t.dtype);
@@ -585,28 +566,21 @@ class CpuBackend final : public Backend {
     const int64_t tiles = (head.vocab + kTileTokens - 1) / kTileTokens;
     std::vector<Partial> partials(size_t(tiles * rows));
     const size_t element = dtype_size(head.dtype);
+    const cpu::WeightRows weights{head.data, head.dtype, head.row_stride};
     pool_.parallel_for(tiles, [&](int64_t tile) {
       const int64_t begin = tile * kTileTokens;
       const int64_t count = std::min(kTileTokens, head.vocab - begin);
-      std::vector<float> weight_row(static_cast<size_t>(d));
       std::vector<float> logits(size_t(rows * count));
-      for (int64_t k = 0; k < count; ++k) {
-        const void* src = static_cast<const unsigned char*>(head.data) + size_t((begin + k) * head.row_stride) * element;
-        convert_row(src, head.dtype, d, weight_row.data());
-        for (int64_t r = 0; r < rows; ++r) logits[size_t(r * count + k)] = dot(hidden.data() + r * d, weight_row.data(), d);
-      }
+      const cpu::WeightRows tile_weights{
+          static_cast<const unsigned char*>(weights.data) + size_t(begin * head.row_stride) * element, head.dtype,
+          head.row_stride};
+      cpu::tile_logits(tile_weights, count, hidden.data(), rows, d, logits.data());
       for (int64_t r = 0; r < rows; ++r) {
-        const RowPlan& plan = plans[size_t(r)];
-        const bool greedy = plan.flags & kPlanGreedy;
-        float* kept = kept_rows.empty() ? nullptr : kept_rows[size_t(r)];
-        Partial part = empty_partial();
-        for (int64_t k = 0; k < count; ++k) {
-          const int32_t token = int32_t(head.vocab_begin + begin + k);
-          const float l = logits[size_t(r * count + k)];
-          fold_logit(part, plan, l, token, greedy ? 0u : row_word(plan.key, token));
-          if (kept) kept[begin + k] = l;
-        }
-        partials[size_t(tile * rows + r)] = part;
+        const float* row_logits = logits.data() + r * count;
+        partials[size_t(tile * rows + r)] =
+            cpu::fold_tile(plans[size_t(r)], row_logits, count, int32_t(head.vocab_begin + begin));
+        if (!kept_rows.empty() && kept_rows[size_t(r)])
+          std::copy(row_logits, row_logits + count, kept_rows[size_t(r)] + begin);
       }
     });
     std::vector<Partial> result(static_cast<size_t>(rows), empty_partial());

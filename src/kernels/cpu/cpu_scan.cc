@@ -1,0 +1,291 @@
+#include "kernels/cpu/cpu_scan.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "util/dtype.h"
+#include "util/philox.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define FLASHSPEC_CPU_X86 1
+#include <immintrin.h>
+#else
+#define FLASHSPEC_CPU_X86 0
+#endif
+
+namespace flashspec {
+namespace cpu {
+namespace {
+
+constexpr int kLanes = 8;
+
+float sum_lanes(const float* lane) {
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+const unsigned char* weight_row(const WeightRows& w, int64_t k) {
+  return static_cast<const unsigned char*>(w.data) + size_t(k * w.row_stride) * dtype_size(w.dtype);
+}
+
+}  // namespace
+
+void convert_row(const void* row, flashspec_dtype dtype, int64_t n, float* out) {
+  switch (dtype) {
+    case FLASHSPEC_DTYPE_F32: std::memcpy(out, row, size_t(n) * sizeof(float)); break;
+    case FLASHSPEC_DTYPE_BF16:
+      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(static_cast<const uint16_t*>(row)[i]);
+      break;
+    default:
+      for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_float(static_cast<const uint16_t*>(row)[i]);
+      break;
+  }
+}
+
+// The definition of a logit (cpu_scan.h), one weight row at a time. std::fma
+// rounds once, as the vector kernel's FMA does.
+void tile_logits_portable(const WeightRows& w, int64_t count, const float* hidden, int64_t rows, int64_t d,
+                          float* logits) {
+  std::vector<float> row(static_cast<size_t>(d));
+  for (int64_t k = 0; k < count; ++k) {
+    convert_row(weight_row(w, k), w.dtype, d, row.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* h = hidden + r * d;
+      float lane[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t i = 0;
+      for (; i + kLanes <= d; i += kLanes)
+        for (int j = 0; j < kLanes; ++j) lane[j] = std::fma(row[size_t(i + j)], h[i + j], lane[j]);
+      for (int j = 0; i < d; ++i, ++j) lane[j] = std::fma(row[size_t(i)], h[i], lane[j]);
+      logits[r * count + k] = sum_lanes(lane);
+    }
+  }
+}
+
+#if FLASHSPEC_CPU_X86
+namespace {
+
+#define FS_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// Eight weights from element i of a row, as fp32 (exact conversions).
+template <flashspec_dtype D>
+FS_AVX2 inline __m256 load_weights(const unsigned char* row, int64_t i) {
+  if constexpr (D == FLASHSPEC_DTYPE_F32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i);
+  } else {
+    const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row) + i));
+    if constexpr (D == FLASHSPEC_DTYPE_BF16)
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+    else
+      return _mm256_cvtph_ps(half);
+  }
+}
+
+template <flashspec_dtype D>
+FS_AVX2 inline float weight_at(const unsigned char* row, int64_t i) {
+  if constexpr (D == FLASHSPEC_DTYPE_F32) return reinterpret_cast<const float*>(row)[i];
+  else if constexpr (D == FLASHSPEC_DTYPE_BF16) return bf16_to_float(reinterpret_cast<const uint16_t*>(row)[i]);
+  else return fp16_to_float(reinterpret_cast<const uint16_t*>(row)[i]);
+}
+
+// NW weight rows × NH hidden rows: NW·NH accumulators of eight lanes, each
+// weight vector loaded once per step and used NH times. The tail past the
+// last multiple of eight goes into lanes 0.. as in the portable kernel.
+template <flashspec_dtype D, int NW, int NH>
+FS_AVX2 void block_avx2(const WeightRows& w, int64_t k0, int64_t count, const float* hidden, int64_t r0, int64_t d,
+                        float* logits) {
+  const unsigned char* wr[NW];
+  const float* hr[NH];
+  for (int a = 0; a < NW; ++a) wr[a] = weight_row(w, k0 + a);
+  for (int b = 0; b < NH; ++b) hr[b] = hidden + (r0 + b) * d;
+  __m256 acc[NW][NH];
+#pragma GCC unroll 4
+  for (int a = 0; a < NW; ++a)
+#pragma GCC unroll 4
+    for (int b = 0; b < NH; ++b) acc[a][b] = _mm256_setzero_ps();
+  const int64_t body = d - d % kLanes;
+  for (int64_t i = 0; i < body; i += kLanes) {
+    __m256 h[NH];
+#pragma GCC unroll 4
+    for (int b = 0; b < NH; ++b) h[b] = _mm256_loadu_ps(hr[b] + i);
+#pragma GCC unroll 4
+    for (int a = 0; a < NW; ++a) {
+      const __m256 wv = load_weights<D>(wr[a], i);
+#pragma GCC unroll 4
+      for (int b = 0; b < NH; ++b) acc[a][b] = _mm256_fmadd_ps(wv, h[b], acc[a][b]);
+    }
+  }
+  for (int a = 0; a < NW; ++a)
+    for (int b = 0; b < NH; ++b) {
+      alignas(32) float lane[kLanes];
+      _mm256_store_ps(lane, acc[a][b]);
+      for (int64_t i = body, j = 0; i < d; ++i, ++j) lane[j] = std::fma(weight_at<D>(wr[a], i), hr[b][i], lane[j]);
+      logits[(r0 + b) * count + k0 + a] = sum_lanes(lane);
+    }
+}
+
+constexpr int kBlockWeights = 4;  // weight rows per block
+constexpr int kBlockHidden = 3;   // hidden rows per block: 12 accumulators + 3 + 1 of 16 registers
+
+template <flashspec_dtype D, int NW>
+FS_AVX2 void weight_block_avx2(const WeightRows& w, int64_t k0, int64_t count, const float* hidden, int64_t rows,
+                               int64_t d, float* logits) {
+  int64_t r0 = 0;
+  for (; r0 + kBlockHidden <= rows; r0 += kBlockHidden)
+    block_avx2<D, NW, kBlockHidden>(w, k0, count, hidden, r0, d, logits);
+  if (rows - r0 == 2) block_avx2<D, NW, 2>(w, k0, count, hidden, r0, d, logits);
+  if (rows - r0 == 1) block_avx2<D, NW, 1>(w, k0, count, hidden, r0, d, logits);
+}
+
+template <flashspec_dtype D>
+FS_AVX2 void tile_avx2(const WeightRows& w, int64_t count, const float* hidden, int64_t rows, int64_t d,
+                       float* logits) {
+  int64_t k0 = 0;
+  for (; k0 + kBlockWeights <= count; k0 += kBlockWeights)
+    weight_block_avx2<D, kBlockWeights>(w, k0, count, hidden, rows, d, logits);
+  switch (count - k0) {
+    case 3: weight_block_avx2<D, 3>(w, k0, count, hidden, rows, d, logits); break;
+    case 2: weight_block_avx2<D, 2>(w, k0, count, hidden, rows, d, logits); break;
+    case 1: weight_block_avx2<D, 1>(w, k0, count, hidden, rows, d, logits); break;
+    default: break;
+  }
+}
+
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c");
+  return has;
+}
+
+}  // namespace
+
+bool tile_logits_avx2(const WeightRows& w, int64_t count, const float* hidden, int64_t rows, int64_t d,
+                      float* logits) {
+  if (!cpu_has_avx2()) return false;
+  switch (w.dtype) {
+    case FLASHSPEC_DTYPE_F32: tile_avx2<FLASHSPEC_DTYPE_F32>(w, count, hidden, rows, d, logits); break;
+    case FLASHSPEC_DTYPE_BF16: tile_avx2<FLASHSPEC_DTYPE_BF16>(w, count, hidden, rows, d, logits); break;
+    default: tile_avx2<FLASHSPEC_DTYPE_F16>(w, count, hidden, rows, d, logits); break;
+  }
+  return true;
+}
+
+const char* tile_logits_kernel() { return cpu_has_avx2() ? "avx2" : "portable"; }
+
+#else  // not x86
+
+bool tile_logits_avx2(const WeightRows&, int64_t, const float*, int64_t, int64_t, float*) { return false; }
+const char* tile_logits_kernel() { return "portable"; }
+
+#endif
+
+void tile_logits(const WeightRows& w, int64_t count, const float* hidden, int64_t rows, int64_t d, float* logits) {
+  if (!tile_logits_avx2(w, count, hidden, rows, d, logits)) tile_logits_portable(w, count, hidden, rows, d, logits);
+}
+
+namespace {
+
+// g(x) = −ln(−ln u), u = (x + 0.5) / 2^32, in double; ln u for u > 1/2 as
+// log1p(−(1 − u)), 1 − u exact.
+double exact_gumbel(uint64_t x) {
+  const double two32 = 4294967296.0;
+  const double log_u = x < 0x80000000u ? std::log((double(x) + 0.5) / two32)
+                                       : std::log1p(-((two32 - double(x) - 0.5) / two32));
+  return -std::log(-log_u);
+}
+
+// Bucket b holds x in [b·2^24, (b + 1)·2^24). The exact g increases with x,
+// so its largest value in a bucket is at the bucket's last x. The float
+// evaluation (gumbel_from_bits) stays within about 1e-5 of the exact value
+// (tests/unit/test_cpu_scan.cc checks 1e-4 on millions of inputs, every
+// bucket edge included); the margin of 1e-3 + 1e-4·|g| covers that many
+// times over, and the sum is rounded up to a float.
+std::array<float, 256> make_gumbel_bounds() {
+  std::array<float, 256> bounds{};
+  for (uint32_t b = 0; b < 256; ++b) {
+    const double g = exact_gumbel((uint64_t(b) << 24) + 0xffffffu);
+    const double bound = g + 1e-3 + 1e-4 * std::fabs(g);
+    float f = float(bound);
+    if (double(f) < bound) f = std::nextafter(f, INFINITY);
+    bounds[b] = f;
+  }
+  return bounds;
+}
+
+const std::array<float, 256>& gumbel_bounds() {
+  static const std::array<float, 256> bounds = make_gumbel_bounds();
+  return bounds;
+}
+
+}  // namespace
+
+float gumbel_bucket_bound(uint32_t bucket) { return gumbel_bounds()[bucket & 255u]; }
+float gumbel_max_bound() { return gumbel_bounds()[255]; }
+
+Partial fold_tile(const RowPlan& plan, const float* l, int64_t count, int32_t first_token, bool prune) {
+  Partial p = empty_partial();
+  const bool greedy = plan.flags & kPlanGreedy;
+  if (plan.tracked >= first_token && int64_t(plan.tracked) < first_token + count) {
+    const float x = l[plan.tracked - first_token];
+    p.tracked = greedy ? x : x * plan.inv_t;
+    p.flags |= kPartialTracked;
+  }
+  if (greedy) {
+    for (int64_t k = 0; k < count; ++k) {
+      if (!is_finite(l[k])) p.flags |= kPartialNonFinite;
+      const int32_t token = first_token + int32_t(k);
+      if (token != plan.excluded) offer_candidate(p, l[k], l[k], token);
+    }
+    return p;
+  }
+
+  constexpr int64_t kChunk = 256;  // scaled logits held on the stack at a time
+  float scaled[kChunk];
+  const std::array<float, 256>& bounds = gumbel_bounds();
+  const float max_bound = bounds[255];
+  Philox4 words{};
+  uint32_t words_block = 0xffffffffu;  // the Philox block `words` holds
+  for (int64_t c0 = 0; c0 < count; c0 += kChunk) {
+    const int64_t n = std::min(kChunk, count - c0);
+    // The chunk's log-sum-exp: its max first, then Σ exp(x − max) in token
+    // order, merged like any two adjacent ranges.
+    float m = neg_inf();
+    int32_t flags = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      const float x = l[c0 + k] * plan.inv_t;
+      scaled[k] = x;
+      if (!is_finite(x)) flags |= is_finite(l[c0 + k]) ? kPartialScaleOverflow : kPartialNonFinite;
+      m = std::max(m, x);
+    }
+    float s = 0.0f;
+    if (flags == 0)
+      for (int64_t k = 0; k < n; ++k) s += expf(scaled[k] - m);
+    else  // the row fails (require_finite_row, row_status); only keep the math quiet
+      m = neg_inf();
+    p.flags |= flags;
+    lse_merge(p.m, p.s, m, s);
+
+    for (int64_t k = 0; k < n; ++k) {
+      const int32_t token = first_token + int32_t(c0 + k);
+      if (token == plan.excluded) continue;
+      const float x = scaled[k];
+      // A score that cannot exceed the runner-up changes nothing
+      // (offer_candidate); fl(x + g) ≤ fl(x + bound) since rounding is
+      // monotone, so these skips are exact.
+      if (prune && x + max_bound <= p.second) continue;
+      const uint32_t block = uint32_t(token) >> 2;
+      if (block != words_block) {
+        words = row_block(plan.key, block);
+        words_block = block;
+      }
+      const uint32_t bits = words.v[token & 3];
+      if (prune && x + bounds[bits >> 24] <= p.second) continue;
+      offer_candidate(p, x + gumbel_from_bits(bits), x, token);
+    }
+  }
+  return p;
+}
+
+}  // namespace cpu
+}  // namespace flashspec

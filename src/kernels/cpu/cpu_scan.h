@@ -1,0 +1,60 @@
+// The two halves of the CPU backend's pass over one vocabulary tile: the
+// tile's logits for every hidden row (a register-blocked kernel, AVX2/FMA
+// where the CPU has it, else portable code computing the same bits), and
+// each row's fold of them into a Partial (sampling/fold.h's rules, with the
+// Gumbel noise of tokens that cannot place computed not at all).
+#pragma once
+
+#include <cstdint>
+
+#include "flashspec.h"
+#include "sampling/fold.h"
+#include "sampling/row_plan.h"
+
+namespace flashspec {
+namespace cpu {
+
+// Converts n values of a row in `dtype` (f32, bf16 or f16) to fp32, exactly.
+void convert_row(const void* row, flashspec_dtype dtype, int64_t n, float* out);
+
+// Rows [0, count) of an LM head (or of a tile of it) in its own dtype;
+// row_stride in elements.
+struct WeightRows {
+  const void* data;
+  flashspec_dtype dtype;
+  int64_t row_stride;
+};
+
+// logits[r · count + k] = W[k] · hidden[r] for r < rows, k < count; hidden is
+// [rows, d] fp32, contiguous. Every logit is the same function of its two
+// vectors, whatever count, rows or the kernel: lane j of eight accumulates
+// w_i·h_i for i ≡ j (mod 8) with fused multiply-adds in increasing i, and
+// the lanes are summed ((0+1)+(2+3))+((4+5)+(6+7)). So a token's logit does
+// not depend on its tile, its batch or the machine's vector width.
+void tile_logits(const WeightRows& w, int64_t count, const float* hidden, int64_t rows, int64_t d, float* logits);
+
+// The kernels tile_logits chooses from, for tests: the portable one always,
+// the AVX2 one where the CPU has AVX2, FMA and F16C (else it returns false
+// and writes nothing).
+void tile_logits_portable(const WeightRows& w, int64_t count, const float* hidden, int64_t rows, int64_t d,
+                          float* logits);
+bool tile_logits_avx2(const WeightRows& w, int64_t count, const float* hidden, int64_t rows, int64_t d,
+                      float* logits);
+// "avx2" or "portable": what tile_logits runs on this machine.
+const char* tile_logits_kernel();
+
+// An upper bound of gumbel_from_bits(x) over every x with x >> 24 == bucket
+// (non-decreasing in bucket), and the bound over all x (bucket 255).
+float gumbel_bucket_bound(uint32_t bucket);
+float gumbel_max_bound();
+
+// One row's Partial over tokens first_token .. first_token + count − 1 with
+// logits l. Exactly fold_logit token by token in increasing order, except
+// the log-sum-exp, which is summed as (m = max l/T, s = Σ exp(l/T − m)) in
+// token order. With `prune`, a token whose score l/T + g cannot exceed the
+// runner-up so far (bounded by gumbel_bucket_bound) gets no noise: its score
+// would change nothing, so the Partial is bit-identical to the unpruned one.
+Partial fold_tile(const RowPlan& plan, const float* l, int64_t count, int32_t first_token, bool prune = true);
+
+}  // namespace cpu
+}  // namespace flashspec
