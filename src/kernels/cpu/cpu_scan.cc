@@ -223,7 +223,8 @@ const std::array<float, 256>& gumbel_bounds() {
 float gumbel_bucket_bound(uint32_t bucket) { return gumbel_bounds()[bucket & 255u]; }
 float gumbel_max_bound() { return gumbel_bounds()[255]; }
 
-Partial fold_tile(const RowPlan& plan, const float* l, int64_t count, int32_t first_token, bool prune) {
+Partial fold_tile(const RowPlan& plan, const float* l, int64_t count, int32_t first_token, bool prune,
+                  int64_t* noised) {
   Partial p = empty_partial();
   const bool greedy = plan.flags & kPlanGreedy;
   if (plan.tracked >= first_token && int64_t(plan.tracked) < first_token + count) {
@@ -246,6 +247,7 @@ Partial fold_tile(const RowPlan& plan, const float* l, int64_t count, int32_t fi
   const float max_bound = bounds[255];
   Philox4 words{};
   uint32_t words_block = 0xffffffffu;  // the Philox block `words` holds
+  int64_t noise_count = 0;
   for (int64_t c0 = 0; c0 < count; c0 += kChunk) {
     const int64_t n = std::min(kChunk, count - c0);
     // The chunk's log-sum-exp: its max first, then Σ exp(x − max) in token
@@ -282,8 +284,10 @@ Partial fold_tile(const RowPlan& plan, const float* l, int64_t count, int32_t fi
       const uint32_t bits = words.v[token & 3];
       if (prune && x + bounds[bits >> 24] <= p.second) continue;
       offer_candidate(p, x + gumbel_from_bits(bits), x, token);
+      ++noise_count;
     }
   }
+  if (noised) *noised += noise_count;
   return p;
 }
 

@@ -54,7 +54,10 @@ float gumbel_max_bound();
 // token order. With `prune`, a token whose score l/T + g cannot exceed the
 // runner-up so far (bounded by gumbel_bucket_bound) gets no noise: its score
 // would change nothing, so the Partial is bit-identical to the unpruned one.
-Partial fold_tile(const RowPlan& plan, const float* l, int64_t count, int32_t first_token, bool prune = true);
+// `noised`, where not NULL, is increased by the number of tokens whose
+// Gumbel noise was computed.
+Partial fold_tile(const RowPlan& plan, const float* l, int64_t count, int32_t first_token, bool prune = true,
+                  int64_t* noised = nullptr);
 
 }  // namespace cpu
 }  // namespace flashspec
