@@ -89,6 +89,56 @@ TEST(CpuScan, LogitDoesNotDependOnTileOrBatch) {
     }
 }
 
+TEST(CpuScan, SumExpIsAccurateAndTheSameOnBothKernels) {
+  Rng rng(10);
+  for (int64_t n : {1, 5, 8, 9, 64, 255, 256}) {
+    for (double spread : {0.0, 1.0, 10.0, 100.0, 1000.0}) {
+      std::vector<float> x(static_cast<size_t>(n));
+      float m = -INFINITY;
+      for (float& v : x) {
+        v = float(rng.normal() * spread);
+        m = std::max(m, v);
+      }
+      double exact = 0.0;
+      for (float v : x) exact += std::exp(double(v) - double(m));
+      const float portable = cpu::sum_exp_portable(x.data(), n, m);
+      // Each term within a few ulp, then n float additions.
+      EXPECT_NEAR(portable, exact, exact * (4.0 + double(n)) * std::ldexp(1.0, -24)) << "n " << n << " spread " << spread;
+      float fast = NAN;
+      if (cpu::sum_exp_avx2(x.data(), n, m, &fast)) {
+        EXPECT_TRUE(same_bits(fast, portable)) << "n " << n << " spread " << spread << ": " << fast << " vs " << portable;
+      }
+    }
+  }
+  // exp itself, term by term, over the range that matters (x − m in [−87, 0]).
+  for (int i = 0; i < 87000; ++i) {
+    const float t = -float(i) * 1e-3f;
+    const float zero = 0.0f;
+    const double exact = std::exp(double(t));
+    const float got = cpu::sum_exp_portable(&t, 1, zero);
+    ASSERT_NEAR(got, exact, 2.0 * std::ldexp(exact, -23)) << "exp(" << t << ")";
+  }
+  // Below the floor a term is e^−87 (which no sum holding 1 can see).
+  const float far = -1000.0f, floor = -87.0f, zero = 0.0f;
+  EXPECT_EQ(cpu::sum_exp_portable(&far, 1, zero), cpu::sum_exp_portable(&floor, 1, zero));
+  const float terms[2] = {0.0f, -1000.0f};
+  EXPECT_EQ(cpu::sum_exp_portable(terms, 2, zero), 1.0f);
+}
+
+TEST(CpuScan, RowWordsAreThePhiloxBlocks) {
+  for (uint32_t first : {0u, 1u, 7u, 0x3fff0u, 0x3fffcu, 123456u})
+    for (int64_t n : {1, 7, 8, 9, 17, 64}) {
+      const RngRowKey key = make_row_key(0x123456789abcdefull + first, 77, 5, 3, FLASHSPEC_RNG_DRAFT_NOISE);
+      std::vector<uint32_t> words(static_cast<size_t>(4 * n));
+      cpu::row_words(key, first, n, words.data());
+      for (int64_t i = 0; i < n; ++i) {
+        const Philox4 block = row_block(key, first + uint32_t(i));
+        for (int j = 0; j < 4; ++j)
+          ASSERT_EQ(words[size_t(4 * i + j)], block.v[j]) << "first " << first << " block " << i << " word " << j;
+      }
+    }
+}
+
 // g(x) = −ln(−ln u), u = (x + 0.5)/2^32, in double (ln u for u > 1/2 from
 // log1p of the exact 1 − u).
 double exact_gumbel(uint32_t x) {
@@ -114,7 +164,9 @@ TEST(CpuScan, GumbelBucketBoundsBoundTheContractsTransform) {
   for (uint64_t b = 0; b <= 256; ++b)
     for (int64_t delta = -4096; delta < 4096; ++delta) {
       const int64_t x = int64_t(b << 24) + delta;
-      if (x >= 0 && x <= int64_t(0xffffffffu)) check_gumbel_bound(uint32_t(x));
+      if (x >= 0 && x <= int64_t(0xffffffffu)) {
+        check_gumbel_bound(uint32_t(x));
+      }
     }
   for (uint32_t x = 0; x < (1u << 20); ++x) {
     check_gumbel_bound(x);
@@ -131,7 +183,9 @@ TEST(CpuScan, GumbelBucketBoundsBoundTheContractsTransform) {
 
 void expect_same_partial(const Partial& a, const Partial& b, const std::string& what, bool compare_s = true) {
   EXPECT_TRUE(same_bits(a.m, b.m)) << what << ": m " << a.m << " vs " << b.m;
-  if (compare_s) EXPECT_TRUE(same_bits(a.s, b.s)) << what << ": s " << a.s << " vs " << b.s;
+  if (compare_s) {
+    EXPECT_TRUE(same_bits(a.s, b.s)) << what << ": s " << a.s << " vs " << b.s;
+  }
   EXPECT_TRUE(same_bits(a.best, b.best)) << what << ": best " << a.best << " vs " << b.best;
   EXPECT_TRUE(same_bits(a.best_scaled, b.best_scaled)) << what << ": best_scaled";
   EXPECT_EQ(a.token, b.token) << what;

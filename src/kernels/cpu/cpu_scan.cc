@@ -63,6 +63,39 @@ void tile_logits_portable(const WeightRows& w, int64_t count, const float* hidde
   }
 }
 
+namespace {
+
+// exp(x − m) for x − m ≤ 0 (Cephes' expf: n = round((x − m)/ln 2), the
+// remainder r in two steps, a degree-7 polynomial, 2^n from the exponent
+// bits). The AVX2 kernel does these operations in this order, lane by lane.
+constexpr float kExpFloor = -87.0f;  // 2^n stays a normal float
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kExpP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                            4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+inline float exp_term(float x, float m) {
+  const float t = std::max(x - m, kExpFloor);
+  const float n = std::nearbyint(t * kLog2e);
+  float r = std::fma(n, -kLn2Hi, t);
+  r = std::fma(n, -kLn2Lo, r);
+  float p = kExpP[0];
+  for (int i = 1; i < 6; ++i) p = std::fma(p, r, kExpP[i]);
+  const float y = std::fma(p, r * r, r) + 1.0f;
+  return y * bits_to_float(uint32_t(int32_t(n) + 127) << 23);
+}
+
+}  // namespace
+
+float sum_exp_portable(const float* x, int64_t n, float m) {
+  float lane[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes)
+    for (int j = 0; j < kLanes; ++j) lane[j] += exp_term(x[k + j], m);
+  for (int j = 0; k < n; ++k, ++j) lane[j] += exp_term(x[k], m);
+  return sum_lanes(lane);
+}
+
 #if FLASHSPEC_CPU_X86
 namespace {
 
@@ -158,7 +191,76 @@ bool cpu_has_avx2() {
   return has;
 }
 
+FS_AVX2 float sum_exp_avx2_kernel(const float* x, int64_t n, float m) {
+  const __m256 mv = _mm256_set1_ps(m), floor = _mm256_set1_ps(kExpFloor), log2e = _mm256_set1_ps(kLog2e);
+  const __m256 ln2_hi = _mm256_set1_ps(-kLn2Hi), ln2_lo = _mm256_set1_ps(-kLn2Lo), one = _mm256_set1_ps(1.0f);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes) {
+    const __m256 t = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(x + k), mv), floor);
+    const __m256 nv = _mm256_round_ps(_mm256_mul_ps(t, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(nv, ln2_hi, t);
+    r = _mm256_fmadd_ps(nv, ln2_lo, r);
+    __m256 p = _mm256_set1_ps(kExpP[0]);
+    for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP[i]));
+    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), one);
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(nv), _mm256_set1_epi32(127)), 23);
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+  }
+  alignas(32) float lane[kLanes];
+  _mm256_store_ps(lane, acc);
+  for (int j = 0; k < n; ++k, ++j) lane[j] += exp_term(x[k], m);
+  return sum_lanes(lane);
+}
+
+// a · m for each 32-bit lane: the high and low words of the 64-bit product.
+FS_AVX2 inline void mul_hi_lo8(__m256i a, uint32_t m, __m256i& hi, __m256i& lo) {
+  const __m256i mv = _mm256_set1_epi32(int32_t(m));
+  const __m256i even = _mm256_mul_epu32(a, mv);
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), mv);
+  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+}
+
+// philox4x32_10 of util/philox.h for eight consecutive blocks, one a lane.
+FS_AVX2 void row_words8(const RngRowKey& key, uint32_t first_block, uint32_t* words) {
+  const __m256i blocks = _mm256_add_epi32(_mm256_set1_epi32(int32_t(first_block)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256i c0 = _mm256_or_si256(_mm256_set1_epi32(int32_t(key.c0_high)),
+                               _mm256_and_si256(blocks, _mm256_set1_epi32(0x3ffff)));
+  __m256i c1 = _mm256_set1_epi32(int32_t(key.c1)), c2 = _mm256_set1_epi32(int32_t(key.c2));
+  __m256i c3 = _mm256_set1_epi32(int32_t(key.c3));
+  uint32_t k0 = key.k0, k1 = key.k1;
+  for (int round = 0; round < 10; ++round) {
+    __m256i hi0, lo0, hi1, lo1;
+    mul_hi_lo8(c0, 0xD2511F53u, hi0, lo0);
+    mul_hi_lo8(c2, 0xCD9E8D57u, hi1, lo1);
+    c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(int32_t(k0)));
+    c1 = lo1;
+    c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(int32_t(k1)));
+    c3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  // Interleave: block i's four words are words[4 i .. 4 i + 3].
+  const __m256i t0 = _mm256_unpacklo_epi32(c0, c1), t1 = _mm256_unpackhi_epi32(c0, c1);
+  const __m256i t2 = _mm256_unpacklo_epi32(c2, c3), t3 = _mm256_unpackhi_epi32(c2, c3);
+  const __m256i b0 = _mm256_unpacklo_epi64(t0, t2), b1 = _mm256_unpackhi_epi64(t0, t2);
+  const __m256i b2 = _mm256_unpacklo_epi64(t1, t3), b3 = _mm256_unpackhi_epi64(t1, t3);
+  // b0 holds blocks 0 and 4, b1 blocks 1 and 5, b2 blocks 2 and 6, b3 blocks 3 and 7.
+  __m256i* out = reinterpret_cast<__m256i*>(words);
+  _mm256_storeu_si256(out + 0, _mm256_permute2x128_si256(b0, b1, 0x20));
+  _mm256_storeu_si256(out + 1, _mm256_permute2x128_si256(b2, b3, 0x20));
+  _mm256_storeu_si256(out + 2, _mm256_permute2x128_si256(b0, b1, 0x31));
+  _mm256_storeu_si256(out + 3, _mm256_permute2x128_si256(b2, b3, 0x31));
+}
+
 }  // namespace
+
+bool sum_exp_avx2(const float* x, int64_t n, float m, float* sum) {
+  if (!cpu_has_avx2()) return false;
+  *sum = sum_exp_avx2_kernel(x, n, m);
+  return true;
+}
 
 bool tile_logits_avx2(const WeightRows& w, int64_t count, const float* hidden, int64_t rows, int64_t d,
                       float* logits) {
@@ -175,10 +277,30 @@ const char* tile_logits_kernel() { return cpu_has_avx2() ? "avx2" : "portable"; 
 
 #else  // not x86
 
+namespace {
+bool cpu_has_avx2() { return false; }
+void row_words8(const RngRowKey&, uint32_t, uint32_t*) {}
+}  // namespace
 bool tile_logits_avx2(const WeightRows&, int64_t, const float*, int64_t, int64_t, float*) { return false; }
+bool sum_exp_avx2(const float*, int64_t, float, float*) { return false; }
 const char* tile_logits_kernel() { return "portable"; }
 
 #endif
+
+float sum_exp(const float* x, int64_t n, float m) {
+  float sum;
+  return sum_exp_avx2(x, n, m, &sum) ? sum : sum_exp_portable(x, n, m);
+}
+
+void row_words(const RngRowKey& key, uint32_t first_block, int64_t n, uint32_t* words) {
+  int64_t i = 0;
+  if (cpu_has_avx2())
+    for (; i + 8 <= n; i += 8) row_words8(key, first_block + uint32_t(i), words + 4 * i);
+  for (; i < n; ++i) {
+    const Philox4 block = row_block(key, first_block + uint32_t(i));
+    for (int j = 0; j < 4; ++j) words[4 * i + j] = block.v[j];
+  }
+}
 
 void tile_logits(const WeightRows& w, int64_t count, const float* hidden, int64_t rows, int64_t d, float* logits) {
   if (!tile_logits_avx2(w, count, hidden, rows, d, logits)) tile_logits_portable(w, count, hidden, rows, d, logits);
@@ -242,16 +364,18 @@ Partial fold_tile(const RowPlan& plan, const float* l, int64_t count, int32_t fi
   }
 
   constexpr int64_t kChunk = 256;  // scaled logits held on the stack at a time
+  constexpr int64_t kGroupBlocks = 8;  // Philox blocks computed together (row_words)
   float scaled[kChunk];
+  // The words of the chunk's blocks, a group of eight blocks (32 tokens) at
+  // a time, computed when a token of the group first needs its noise.
+  uint32_t words[(kChunk / 4 / kGroupBlocks + 1) * kGroupBlocks * 4];
   const std::array<float, 256>& bounds = gumbel_bounds();
   const float max_bound = bounds[255];
-  Philox4 words{};
-  uint32_t words_block = 0xffffffffu;  // the Philox block `words` holds
   int64_t noise_count = 0;
   for (int64_t c0 = 0; c0 < count; c0 += kChunk) {
     const int64_t n = std::min(kChunk, count - c0);
-    // The chunk's log-sum-exp: its max first, then Σ exp(x − max) in token
-    // order, merged like any two adjacent ranges.
+    // The chunk's log-sum-exp: its max first, then Σ exp(x − max), merged
+    // like any two adjacent ranges.
     float m = neg_inf();
     int32_t flags = 0;
     for (int64_t k = 0; k < n; ++k) {
@@ -262,12 +386,14 @@ Partial fold_tile(const RowPlan& plan, const float* l, int64_t count, int32_t fi
     }
     float s = 0.0f;
     if (flags == 0)
-      for (int64_t k = 0; k < n; ++k) s += expf(scaled[k] - m);
+      s = sum_exp(scaled, n, m);
     else  // the row fails (require_finite_row, row_status); only keep the math quiet
       m = neg_inf();
     p.flags |= flags;
     lse_merge(p.m, p.s, m, s);
 
+    const uint32_t first_block = uint32_t(first_token + int32_t(c0)) >> 2;
+    uint32_t ready = 0;  // bit g: group g's words are in `words`
     for (int64_t k = 0; k < n; ++k) {
       const int32_t token = first_token + int32_t(c0 + k);
       if (token == plan.excluded) continue;
@@ -276,12 +402,13 @@ Partial fold_tile(const RowPlan& plan, const float* l, int64_t count, int32_t fi
       // (offer_candidate); fl(x + g) ≤ fl(x + bound) since rounding is
       // monotone, so these skips are exact.
       if (prune && x + max_bound <= p.second) continue;
-      const uint32_t block = uint32_t(token) >> 2;
-      if (block != words_block) {
-        words = row_block(plan.key, block);
-        words_block = block;
+      const uint32_t block = (uint32_t(token) >> 2) - first_block;
+      const uint32_t group = block / kGroupBlocks;
+      if (!((ready >> group) & 1u)) {
+        row_words(plan.key, first_block + group * kGroupBlocks, kGroupBlocks, words + group * kGroupBlocks * 4);
+        ready |= 1u << group;
       }
-      const uint32_t bits = words.v[token & 3];
+      const uint32_t bits = words[block * 4 + (uint32_t(token) & 3u)];
       if (prune && x + bounds[bits >> 24] <= p.second) continue;
       offer_candidate(p, x + gumbel_from_bits(bits), x, token);
       ++noise_count;

@@ -43,6 +43,20 @@ bool tile_logits_avx2(const WeightRows& w, int64_t count, const float* hidden, i
 // "avx2" or "portable": what tile_logits runs on this machine.
 const char* tile_logits_kernel();
 
+// Σ exp(x[k] − m) over k < n (x[k] ≤ m, all finite): lane j of eight sums
+// k ≡ j (mod 8) in increasing k, lanes summed as in a logit; exp is a
+// polynomial with fused multiply-adds (within 2 ulp of exp; terms below
+// e^−87 count as e^−87, which cannot move a sum that holds exp(0) = 1).
+// The AVX2 kernel gives the portable kernel's bits (false: no AVX2).
+float sum_exp(const float* x, int64_t n, float m);
+float sum_exp_portable(const float* x, int64_t n, float m);
+bool sum_exp_avx2(const float* x, int64_t n, float m, float* sum);
+
+// The Philox words of blocks first_block .. first_block + n − 1 of a row
+// (row_block of util/philox.h): words[4 i + j] = row_block(key,
+// first_block + i).v[j]. Eight blocks at a time with AVX2.
+void row_words(const RngRowKey& key, uint32_t first_block, int64_t n, uint32_t* words);
+
 // An upper bound of gumbel_from_bits(x) over every x with x >> 24 == bucket
 // (non-decreasing in bucket), and the bound over all x (bucket 255).
 float gumbel_bucket_bound(uint32_t bucket);
