@@ -11,6 +11,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #define FLASHSPEC_CPU_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define FLASHSPEC_CPU_X86 0
@@ -185,9 +186,15 @@ FS_AVX2 void tile_avx2(const WeightRows& w, int64_t count, const float* hidden, 
   }
 }
 
+// F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does
+// not know the name. AVX2's check covers the OS saving the YMM registers.
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
+}
+
 bool cpu_has_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          __builtin_cpu_supports("f16c");
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
   return has;
 }
 
