@@ -123,12 +123,21 @@ FS_AVX2 inline float weight_at(const unsigned char* row, int64_t i) {
   else return fp16_to_float(reinterpret_cast<const uint16_t*>(row)[i]);
 }
 
+// sum_lanes of a vector's eight lanes, the same additions in the same tree:
+// two horizontal adds give (0+1)+(2+3) in the low half and (4+5)+(6+7) in
+// the high half.
+FS_AVX2 inline float sum_lanes_avx2(__m256 v) {
+  const __m256 pairs = _mm256_hadd_ps(v, v);
+  const __m256 quads = _mm256_hadd_ps(pairs, pairs);
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(quads), _mm256_extractf128_ps(quads, 1)));
+}
+
 // NW weight rows × NH hidden rows: NW·NH accumulators of eight lanes, each
 // weight vector loaded once per step and used NH times. The tail past the
 // last multiple of eight goes into lanes 0.. as in the portable kernel.
 template <flashspec_dtype D, int NW, int NH>
 FS_AVX2 void block_avx2(const WeightRows& w, int64_t k0, int64_t count, const float* hidden, int64_t r0, int64_t d,
-                        float* logits) {
+                        float* logits, bool prefetch_next) {
   const unsigned char* wr[NW];
   const float* hr[NH];
   for (int a = 0; a < NW; ++a) wr[a] = weight_row(w, k0 + a);
@@ -139,7 +148,15 @@ FS_AVX2 void block_avx2(const WeightRows& w, int64_t k0, int64_t count, const fl
 #pragma GCC unroll 4
     for (int b = 0; b < NH; ++b) acc[a][b] = _mm256_setzero_ps();
   const int64_t body = d - d % kLanes;
+  // The next block's weight rows, a cache line at a time, while this block
+  // computes: the hardware prefetcher is slow to follow NW short streams.
+  constexpr int64_t kLineElements = 64 / int64_t(D == FLASHSPEC_DTYPE_F32 ? 4 : 2);
+  const unsigned char* next[NW];
+  for (int a = 0; a < NW; ++a) next[a] = prefetch_next ? weight_row(w, k0 + NW + a) : nullptr;
   for (int64_t i = 0; i < body; i += kLanes) {
+    if (prefetch_next && i % kLineElements == 0)
+      for (int a = 0; a < NW; ++a)
+        _mm_prefetch(reinterpret_cast<const char*>(next[a] + i * (D == FLASHSPEC_DTYPE_F32 ? 4 : 2)), _MM_HINT_T1);
     __m256 h[NH];
 #pragma GCC unroll 4
     for (int b = 0; b < NH; ++b) h[b] = _mm256_loadu_ps(hr[b] + i);
@@ -149,6 +166,11 @@ FS_AVX2 void block_avx2(const WeightRows& w, int64_t k0, int64_t count, const fl
 #pragma GCC unroll 4
       for (int b = 0; b < NH; ++b) acc[a][b] = _mm256_fmadd_ps(wv, h[b], acc[a][b]);
     }
+  }
+  if (body == d) {
+    for (int a = 0; a < NW; ++a)
+      for (int b = 0; b < NH; ++b) logits[(r0 + b) * count + k0 + a] = sum_lanes_avx2(acc[a][b]);
+    return;
   }
   for (int a = 0; a < NW; ++a)
     for (int b = 0; b < NH; ++b) {
@@ -165,11 +187,13 @@ constexpr int kBlockHidden = 3;   // hidden rows per block: 12 accumulators + 3 
 template <flashspec_dtype D, int NW>
 FS_AVX2 void weight_block_avx2(const WeightRows& w, int64_t k0, int64_t count, const float* hidden, int64_t rows,
                                int64_t d, float* logits) {
+  // Rows past the tile are never prefetched (they may not exist).
+  const bool prefetch = k0 + 2 * NW <= count;
   int64_t r0 = 0;
   for (; r0 + kBlockHidden <= rows; r0 += kBlockHidden)
-    block_avx2<D, NW, kBlockHidden>(w, k0, count, hidden, r0, d, logits);
-  if (rows - r0 == 2) block_avx2<D, NW, 2>(w, k0, count, hidden, r0, d, logits);
-  if (rows - r0 == 1) block_avx2<D, NW, 1>(w, k0, count, hidden, r0, d, logits);
+    block_avx2<D, NW, kBlockHidden>(w, k0, count, hidden, r0, d, logits, prefetch && r0 == 0);
+  if (rows - r0 == 2) block_avx2<D, NW, 2>(w, k0, count, hidden, r0, d, logits, prefetch && r0 == 0);
+  if (rows - r0 == 1) block_avx2<D, NW, 1>(w, k0, count, hidden, r0, d, logits, prefetch && r0 == 0);
 }
 
 template <flashspec_dtype D>
