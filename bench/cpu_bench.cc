@@ -272,6 +272,10 @@ int main(int argc, char** argv) {
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, int(V), int(d), 1.0f, h, int(d), w.data(),
                       int(d), 0.0f, logits.data(), int(V));
         });
+        // OpenBLAS's workers spin for a while after a call (about 2^28
+        // cycles); pause until they sleep, so they do not take the cores
+        // from the fused calls timed next.
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
         for (size_t di = 0; di < o.dtypes.size(); ++di) {
           const flashspec_dtype dtype = o.dtypes[di];
           flashspec_lm_head* head = heads[di];

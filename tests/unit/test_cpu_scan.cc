@@ -125,6 +125,30 @@ TEST(CpuScan, SumExpIsAccurateAndTheSameOnBothKernels) {
   EXPECT_EQ(cpu::sum_exp_portable(terms, 2, zero), 1.0f);
 }
 
+TEST(CpuScan, MayPlaceIsTheSameOnBothKernels) {
+  Rng rng(11);
+  std::vector<float> bounds(256);
+  for (uint32_t b = 0; b < 256; ++b) bounds[b] = cpu::gumbel_bucket_bound(b);
+  for (int trial = 0; trial < 2000; ++trial) {
+    float x[32];
+    uint32_t words[32];
+    for (int j = 0; j < 32; ++j) {
+      x[j] = rng.below(50) == 0 ? NAN : float(rng.normal() * 5.0);
+      words[j] = uint32_t(rng.next());
+    }
+    const float runner_up = float(rng.normal() * 10.0);
+    for (int64_t n : {1, 7, 31, 32})
+      for (const uint32_t* w : {static_cast<const uint32_t*>(nullptr), static_cast<const uint32_t*>(words)}) {
+        const uint32_t fast = cpu::may_place(x, w, n, runner_up, bounds.data(), bounds[255]);
+        uint32_t expected = 0;
+        for (int64_t j = 0; j < n; ++j)
+          if (x[j] + (w ? bounds[w[j] >> 24] : bounds[255]) > runner_up) expected |= 1u << j;
+        ASSERT_EQ(fast, expected) << "n " << n;
+        ASSERT_EQ(cpu::may_place(x, w, n, runner_up, bounds.data(), bounds[255], cpu::Kernel::kPortable), expected);
+      }
+  }
+}
+
 TEST(CpuScan, RowWordsAreThePhiloxBlocks) {
   for (uint32_t first : {0u, 1u, 7u, 0x3fff0u, 0x3fffcu, 123456u})
     for (int64_t n : {1, 7, 8, 9, 17, 64}) {
@@ -280,6 +304,11 @@ TEST(CpuScan, PrunedFoldIsTheUnprunedFoldBitForBit) {
             const Partial pruned = cpu::fold_tile(plan, l.data(), count, first, true, &noised_pruned);
             const Partial all = cpu::fold_tile(plan, l.data(), count, first, false, &noised_all);
             expect_same_partial(pruned, all, what);
+            // The portable code, pruned or not: the same bits.
+            expect_same_partial(cpu::fold_tile(plan, l.data(), count, first, true, nullptr, cpu::Kernel::kPortable),
+                                all, what + " portable");
+            expect_same_partial(cpu::fold_tile(plan, l.data(), count, first, false, nullptr, cpu::Kernel::kPortable),
+                                all, what + " portable, unpruned");
             // And the per-token fold: the same but for the rounding of s.
             const Partial each = fold_each(plan, l, first);
             expect_same_partial(pruned, each, what, /*compare_s=*/false);

@@ -31,7 +31,7 @@
 namespace flashspec {
 namespace {
 
-constexpr int64_t kTileTokens = 256;
+constexpr int64_t kTileTokens = 512;
 
 class CpuLmHead final : public LmHeadStorage {
  public:

@@ -285,6 +285,70 @@ FS_AVX2 void row_words8(const RngRowKey& key, uint32_t first_block, uint32_t* wo
   _mm256_storeu_si256(out + 3, _mm256_permute2x128_si256(b2, b3, 0x31));
 }
 
+// may_place for 32 tokens. With words, most tokens are settled without a
+// gather: below bucket 255 a bound is at most bounds[254] (the bounds
+// increase), so where x + bounds[254] ≤ runner_up only the top bucket can
+// place; the gather runs only for vectors with a token above that line.
+FS_AVX2 uint32_t may_place32_avx2(const float* x, const uint32_t* words, float runner_up, const float* bounds,
+                                  float max_bound) {
+  const __m256 threshold = _mm256_set1_ps(runner_up);
+  uint32_t mask = 0;
+  for (int q = 0; q < 4; ++q) {
+    const __m256 xv = _mm256_loadu_ps(x + 8 * q);
+    const __m256 top_above = _mm256_cmp_ps(_mm256_add_ps(xv, _mm256_set1_ps(max_bound)), threshold, _CMP_GT_OQ);
+    if (!words) {
+      mask |= uint32_t(_mm256_movemask_ps(top_above)) << (8 * q);
+      continue;
+    }
+    const __m256i bucket = _mm256_srli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 8 * q)), 24);
+    const __m256 below_top_above =
+        _mm256_cmp_ps(_mm256_add_ps(xv, _mm256_set1_ps(bounds[254])), threshold, _CMP_GT_OQ);
+    __m256 above;
+    if (_mm256_movemask_ps(below_top_above) == 0) {
+      const __m256 in_top = _mm256_castsi256_ps(_mm256_cmpeq_epi32(bucket, _mm256_set1_epi32(255)));
+      above = _mm256_and_ps(in_top, top_above);
+    } else {
+      const __m256 bound = _mm256_i32gather_ps(bounds, bucket, 4);
+      above = _mm256_cmp_ps(_mm256_add_ps(xv, bound), threshold, _CMP_GT_OQ);
+    }
+    mask |= uint32_t(_mm256_movemask_ps(above)) << (8 * q);
+  }
+  return mask;
+}
+
+// scale_row (below) for AVX2: the max over eight lanes, then the tail.
+FS_AVX2 bool scale_row_avx2(const float* l, int64_t n, float inv_t, float* scaled, float* max) {
+  const __m256 inv = _mm256_set1_ps(inv_t), abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 inf = _mm256_set1_ps(INFINITY);
+  __m256 mv = _mm256_set1_ps(-INFINITY), finite = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes) {
+    const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(l + k), inv);
+    _mm256_storeu_ps(scaled + k, x);
+    finite = _mm256_and_ps(finite, _mm256_cmp_ps(_mm256_and_ps(x, abs_mask), inf, _CMP_LT_OQ));
+    mv = _mm256_max_ps(mv, x);
+  }
+  alignas(32) float lane[kLanes];
+  _mm256_store_ps(lane, mv);
+  float m = -INFINITY;
+  for (float v : lane) m = std::max(m, v);
+  bool all_finite = _mm256_movemask_ps(finite) == 0xff;
+  for (; k < n; ++k) {
+    const float x = l[k] * inv_t;
+    scaled[k] = x;
+    all_finite = all_finite && std::isfinite(x);
+    m = std::max(m, x);
+  }
+  // The lanes may meet a +0 and a −0 in another order than the token
+  // order; the sign of a zero max then comes from the chain in token order.
+  if (m == 0.0f) {
+    m = -INFINITY;
+    for (k = 0; k < n; ++k) m = std::max(m, scaled[k]);
+  }
+  *max = m;
+  return all_finite;
+}
+
 }  // namespace
 
 bool sum_exp_avx2(const float* x, int64_t n, float m, float* sum) {
@@ -311,6 +375,8 @@ const char* tile_logits_kernel() { return cpu_has_avx2() ? "avx2" : "portable"; 
 namespace {
 bool cpu_has_avx2() { return false; }
 void row_words8(const RngRowKey&, uint32_t, uint32_t*) {}
+uint32_t may_place32_avx2(const float*, const uint32_t*, float, const float*, float) { return 0; }
+bool scale_row_avx2(const float*, int64_t, float, float*, float*) { return false; }
 }  // namespace
 bool tile_logits_avx2(const WeightRows&, int64_t, const float*, int64_t, int64_t, float*) { return false; }
 bool sum_exp_avx2(const float*, int64_t, float, float*) { return false; }
@@ -321,6 +387,32 @@ const char* tile_logits_kernel() { return "portable"; }
 float sum_exp(const float* x, int64_t n, float m) {
   float sum;
   return sum_exp_avx2(x, n, m, &sum) ? sum : sum_exp_portable(x, n, m);
+}
+
+bool scale_row(const float* l, int64_t n, float inv_t, float* scaled, float* max, Kernel kernel) {
+  if (kernel == Kernel::kBest && cpu_has_avx2()) return scale_row_avx2(l, n, inv_t, scaled, max);
+  float m = neg_inf();
+  bool finite = true;
+  for (int64_t k = 0; k < n; ++k) {
+    const float x = l[k] * inv_t;
+    scaled[k] = x;
+    finite = finite && is_finite(x);
+    m = std::max(m, x);
+  }
+  *max = m;
+  return finite;
+}
+
+uint32_t may_place(const float* x, const uint32_t* words, int64_t n, float runner_up, const float* bounds,
+                   float max_bound, Kernel kernel) {
+  if (n == 32 && kernel == Kernel::kBest && cpu_has_avx2())
+    return may_place32_avx2(x, words, runner_up, bounds, max_bound);
+  uint32_t mask = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const float bound = words ? bounds[words[j] >> 24] : max_bound;
+    if (x[j] + bound > runner_up) mask |= 1u << j;
+  }
+  return mask;
 }
 
 void row_words(const RngRowKey& key, uint32_t first_block, int64_t n, uint32_t* words) {
@@ -377,7 +469,7 @@ float gumbel_bucket_bound(uint32_t bucket) { return gumbel_bounds()[bucket & 255
 float gumbel_max_bound() { return gumbel_bounds()[255]; }
 
 Partial fold_tile(const RowPlan& plan, const float* l, int64_t count, int32_t first_token, bool prune,
-                  int64_t* noised) {
+                  int64_t* noised, Kernel kernel) {
   Partial p = empty_partial();
   const bool greedy = plan.flags & kPlanGreedy;
   if (plan.tracked >= first_token && int64_t(plan.tracked) < first_token + count) {
@@ -399,7 +491,8 @@ Partial fold_tile(const RowPlan& plan, const float* l, int64_t count, int32_t fi
   float scaled[kChunk];
   // The words of the chunk's blocks, a group of eight blocks (32 tokens) at
   // a time, computed when a token of the group first needs its noise.
-  uint32_t words[(kChunk / 4 / kGroupBlocks + 1) * kGroupBlocks * 4];
+  constexpr int64_t kGroupWords = kGroupBlocks * 4;
+  uint32_t words[(kChunk / kGroupWords + 1) * kGroupWords];
   const std::array<float, 256>& bounds = gumbel_bounds();
   const float max_bound = bounds[255];
   int64_t noise_count = 0;
@@ -409,40 +502,55 @@ Partial fold_tile(const RowPlan& plan, const float* l, int64_t count, int32_t fi
     // like any two adjacent ranges.
     float m = neg_inf();
     int32_t flags = 0;
-    for (int64_t k = 0; k < n; ++k) {
-      const float x = l[c0 + k] * plan.inv_t;
-      scaled[k] = x;
-      if (!is_finite(x)) flags |= is_finite(l[c0 + k]) ? kPartialScaleOverflow : kPartialNonFinite;
-      m = std::max(m, x);
+    if (!scale_row(l + c0, n, plan.inv_t, scaled, &m, kernel)) {
+      for (int64_t k = 0; k < n; ++k)
+        if (!is_finite(scaled[k])) flags |= is_finite(l[c0 + k]) ? kPartialScaleOverflow : kPartialNonFinite;
     }
     float s = 0.0f;
     if (flags == 0)
-      s = sum_exp(scaled, n, m);
+      s = kernel == Kernel::kPortable ? sum_exp_portable(scaled, n, m) : sum_exp(scaled, n, m);
     else  // the row fails (require_finite_row, row_status); only keep the math quiet
       m = neg_inf();
     p.flags |= flags;
     lse_merge(p.m, p.s, m, s);
 
+    // words[w] is the Philox word of the chunk's token w − offset.
     const uint32_t first_block = uint32_t(first_token + int32_t(c0)) >> 2;
-    uint32_t ready = 0;  // bit g: group g's words are in `words`
-    for (int64_t k = 0; k < n; ++k) {
-      const int32_t token = first_token + int32_t(c0 + k);
-      if (token == plan.excluded) continue;
-      const float x = scaled[k];
-      // A score that cannot exceed the runner-up changes nothing
-      // (offer_candidate); fl(x + g) ≤ fl(x + bound) since rounding is
-      // monotone, so these skips are exact.
-      if (prune && x + max_bound <= p.second) continue;
-      const uint32_t block = (uint32_t(token) >> 2) - first_block;
-      const uint32_t group = block / kGroupBlocks;
-      if (!((ready >> group) & 1u)) {
-        row_words(plan.key, first_block + group * kGroupBlocks, kGroupBlocks, words + group * kGroupBlocks * 4);
-        ready |= 1u << group;
+    const int64_t offset = int64_t(uint32_t(first_token + int32_t(c0)) & 3u);
+    uint32_t ready = 0;  // bit g: the words of block group g are in `words`
+    auto need_words = [&](int64_t w0, int64_t w1) {
+      for (int64_t g = w0 / kGroupWords; g <= (w1 - 1) / kGroupWords; ++g)
+        if (!((ready >> g) & 1u)) {
+          row_words(plan.key, first_block + uint32_t(g * kGroupBlocks), kGroupBlocks, words + g * kGroupWords);
+          ready |= 1u << g;
+        }
+    };
+    for (int64_t k0 = 0; k0 < n; k0 += 32) {
+      const int64_t width = std::min<int64_t>(32, n - k0);
+      // Bit j: token k0 + j may place, by the bounds against the runner-up
+      // as the group starts. The runner-up only grows, so what fails here
+      // fails below too.
+      uint32_t candidates = width == 32 ? 0xffffffffu : (1u << width) - 1u;
+      if (prune) {
+        candidates = may_place(scaled + k0, nullptr, width, p.second, bounds.data(), max_bound, kernel);
+        if (candidates == 0) continue;
       }
-      const uint32_t bits = words[block * 4 + (uint32_t(token) & 3u)];
-      if (prune && x + bounds[bits >> 24] <= p.second) continue;
-      offer_candidate(p, x + gumbel_from_bits(bits), x, token);
-      ++noise_count;
+      need_words(k0 + offset, k0 + offset + width);
+      if (prune) candidates &= may_place(scaled + k0, words + k0 + offset, width, p.second, bounds.data(), max_bound, kernel);
+      while (candidates) {
+        const int64_t k = k0 + __builtin_ctz(candidates);
+        candidates &= candidates - 1;
+        const int32_t token = first_token + int32_t(c0 + k);
+        if (token == plan.excluded) continue;
+        const float x = scaled[k];
+        const uint32_t bits = words[k + offset];
+        // A score that cannot exceed the runner-up changes nothing
+        // (offer_candidate); fl(x + g) ≤ fl(x + bound) since rounding is
+        // monotone, so these skips are exact.
+        if (prune && x + bounds[bits >> 24] <= p.second) continue;
+        offer_candidate(p, x + gumbel_from_bits(bits), x, token);
+        ++noise_count;
+      }
     }
   }
   if (noised) *noised += noise_count;

@@ -69,9 +69,22 @@ float gumbel_max_bound();
 // runner-up so far (bounded by gumbel_bucket_bound) gets no noise: its score
 // would change nothing, so the Partial is bit-identical to the unpruned one.
 // `noised`, where not NULL, is increased by the number of tokens whose
-// Gumbel noise was computed.
+// Gumbel noise was computed. `kernel` picks the vector code where the CPU
+// has it (kBest) or the portable code (tests compare the two).
+enum class Kernel { kBest, kPortable };
 Partial fold_tile(const RowPlan& plan, const float* l, int64_t count, int32_t first_token, bool prune = true,
-                  int64_t* noised = nullptr);
+                  int64_t* noised = nullptr, Kernel kernel = Kernel::kBest);
+
+// scaled[k] = l[k] · inv_t for k < n; *max = their max, as std::max takes
+// it in token order (so a zero max has the sign of the first zero). False
+// when a scaled value is not finite (then *max means nothing).
+bool scale_row(const float* l, int64_t n, float inv_t, float* scaled, float* max, Kernel kernel = Kernel::kBest);
+
+// Bit j (j < n ≤ 32) set where x[j] + bound_j > runner_up: bound_j is
+// gumbel_bucket_bound(words[j] >> 24), or max_bound where words is NULL
+// (bounds: the 256 bucket bounds).
+uint32_t may_place(const float* x, const uint32_t* words, int64_t n, float runner_up, const float* bounds,
+                   float max_bound, Kernel kernel = Kernel::kBest);
 
 }  // namespace cpu
 }  // namespace flashspec
