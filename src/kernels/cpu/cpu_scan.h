@@ -64,10 +64,11 @@ float gumbel_max_bound();
 
 // One row's Partial over tokens first_token .. first_token + count − 1 with
 // logits l. Exactly fold_logit token by token in increasing order, except
-// the log-sum-exp, which is summed as (m = max l/T, s = Σ exp(l/T − m)) in
-// token order. With `prune`, a token whose score l/T + g cannot exceed the
-// runner-up so far (bounded by gumbel_bucket_bound) gets no noise: its score
-// would change nothing, so the Partial is bit-identical to the unpruned one.
+// the log-sum-exp: each chunk of 256 tokens gives (m = max l/T, s =
+// sum_exp(l/T, m)), and the chunks are merged in order by lse_merge. With
+// `prune`, a token whose score l/T + g cannot exceed the runner-up so far
+// (bounded by gumbel_bucket_bound) gets no noise: its score would change
+// nothing, so the Partial is bit-identical to the unpruned one.
 // `noised`, where not NULL, is increased by the number of tokens whose
 // Gumbel noise was computed. `kernel` picks the vector code where the CPU
 // has it (kBest) or the portable code (tests compare the two).
