@@ -136,8 +136,14 @@ TEST(CudaForward, MatchesTheCpuBatchedChunkedAndAfterRollback) {
     EXPECT_NE(llama_cuda_session_forward(m.cuda, bad, 2, &cuda, err, sizeof err), 0);
     EXPECT_NE(std::string(err).find("at index 1"), std::string::npos) << err;
     EXPECT_EQ(llama_cuda_session_length(m.cuda), n);
+    EXPECT_NE(llama_cuda_session_truncate(m.cuda, n + 1, err, sizeof err), 0) << "past the cached tokens";
+    // Fill the cache to its capacity (the context may hold more than n):
+    // one more token is refused.
+    const int32_t capacity = llama_cuda_session_capacity(m.cuda);
+    for (int32_t len = llama_cuda_session_length(m.cuda); len < capacity; ++len)
+      ASSERT_EQ(llama_cuda_session_forward(m.cuda, tokens.data(), 1, &cuda, err, sizeof err), 0) << err;
     EXPECT_NE(llama_cuda_session_forward(m.cuda, tokens.data(), 1, &cuda, err, sizeof err), 0) << "cache is full";
-    EXPECT_NE(llama_cuda_session_truncate(m.cuda, n + 1, err, sizeof err), 0);
+    EXPECT_EQ(llama_cuda_session_length(m.cuda), capacity);
   }
 }
 
