@@ -87,24 +87,11 @@ double measure_bandwidth(Timer& timer, const void* buf, size_t bytes, unsigned* 
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
-  int only_v = 0, only_d = 0, only_rows = 0;
-  int reps = 50;
-  std::string json;  // written only where --json asks
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--quick")) quick = true;
-    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(50, std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
-    else if (!std::strcmp(argv[i], "--only") && i + 3 < argc) {
-      only_v = std::atoi(argv[++i]);
-      only_d = std::atoi(argv[++i]);
-      only_rows = std::atoi(argv[++i]);
-    }
-    else {
-      std::fprintf(stderr, "usage: %s [--quick] [--only V d rows] [--reps N>=50] [--json FILE]\n", argv[0]);
-      return 2;
-    }
-  }
+  BenchArgs args;
+  if (!parse_bench_args(argc, argv, 50, 50, args)) return 2;
+  const bool quick = args.quick;
+  const int only_v = args.only_v, only_d = args.only_d, only_rows = args.only_rows, reps = args.reps;
+  const std::string json = args.json;
   if (flashspec_cuda_device_count() == 0) {
     std::fprintf(stderr, "no CUDA device: nothing to measure\n");
     return 1;

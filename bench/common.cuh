@@ -8,9 +8,12 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 
 #include "flashspec.h"
 #include "util/philox.h"
@@ -42,6 +45,35 @@ namespace {
       std::exit(1);                                                                                        \
     }                                                                                                      \
   } while (0)
+
+// The command line both GPU benchmarks take:
+//   [--quick] [--only V d rows] [--reps N] [--json FILE]
+struct BenchArgs {
+  bool quick = false;
+  int only_v = 0, only_d = 0, only_rows = 0;  // --only: one shape
+  int reps;                                   // at least the benchmark's minimum
+  std::string json;                           // written only where --json names it
+};
+
+// Parses argv (--reps defaults to default_reps, and is at least min_reps);
+// false, after printing the usage, on anything else.
+inline bool parse_bench_args(int argc, char** argv, int min_reps, int default_reps, BenchArgs& out) {
+  out.reps = std::max(min_reps, default_reps);
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) out.quick = true;
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) out.reps = std::max(min_reps, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) out.json = argv[++i];
+    else if (!std::strcmp(argv[i], "--only") && i + 3 < argc) {
+      out.only_v = std::atoi(argv[++i]);
+      out.only_d = std::atoi(argv[++i]);
+      out.only_rows = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick] [--only V d rows] [--reps N>=%d] [--json FILE]\n", argv[0], min_reps);
+      return false;
+    }
+  }
+  return true;
+}
 
 // ---- helper kernels -------------------------------------------------------
 

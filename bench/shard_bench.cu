@@ -135,22 +135,11 @@ struct Result {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
-  int only_v = 0, only_d = 0, only_rows = 0, reps = 30;
-  std::string json;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--quick")) quick = true;
-    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(10, std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
-    else if (!std::strcmp(argv[i], "--only") && i + 3 < argc) {
-      only_v = std::atoi(argv[++i]);
-      only_d = std::atoi(argv[++i]);
-      only_rows = std::atoi(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--only V d rows] [--reps N>=10] [--json FILE]\n", argv[0]);
-      return 2;
-    }
-  }
+  BenchArgs args;
+  if (!parse_bench_args(argc, argv, 10, 30, args)) return 2;
+  const bool quick = args.quick;
+  const int only_v = args.only_v, only_d = args.only_d, only_rows = args.only_rows, reps = args.reps;
+  const std::string json = args.json;
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) {
     std::fprintf(stderr, "this benchmark needs at least two CUDA devices (found %d)\n", devices);

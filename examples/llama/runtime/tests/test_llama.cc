@@ -21,6 +21,7 @@
 #include "generate.h"
 #include "gguf.h"
 #include "model.h"
+#include "model_ptr.h"
 #include "stats.h"  // tests/exactness: Pearson's chi-square
 #include "tokenizer.h"
 
@@ -286,15 +287,6 @@ Reference read_reference(const std::string& path) {
   std::memcpy(r.hidden.data(), bytes.data() + 8 + 4 * r.tokens.size(), 4 * r.hidden.size());
   return r;
 }
-
-struct ModelPtr {
-  llama_model* model = nullptr;
-  explicit ModelPtr(const std::string& path) {
-    char err[512] = "";
-    EXPECT_EQ(llama_model_load(path.c_str(), &model, err, sizeof err), 0) << err;
-  }
-  ~ModelPtr() { llama_model_free(model); }
-};
 
 struct SessionPtr {
   llama_session* session = nullptr;

@@ -27,21 +27,13 @@
 #include "generate.h"
 #include "model.h"
 #include "model_cuda.h"
+#include "model_ptr.h"
 #include "tokenizer.h"
 
 namespace {
 
 std::string g_fixtures;
 std::string g_models;
-
-struct ModelPtr {
-  llama_model* model = nullptr;
-  explicit ModelPtr(const std::string& path) {
-    char err[512] = "";
-    EXPECT_EQ(llama_model_load(path.c_str(), &model, err, sizeof err), 0) << err;
-  }
-  ~ModelPtr() { llama_model_free(model); }
-};
 
 // A model on the CPU and its upload, with one session each.
 struct Both {
