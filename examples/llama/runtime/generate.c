@@ -1,6 +1,7 @@
 /* generate.c — see generate.h. */
 #define _POSIX_C_SOURCE 200809L
 #include "generate.h"
+#include "error.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -51,13 +52,6 @@ struct llama_runner {
  * (draft_len ≤ 64). */
 #define LLAMA_MAX_DRAFT 64
 
-static void set_error(char* err, size_t err_size, const char* format, ...) {
-  if (err == NULL || err_size == 0) return;
-  va_list args;
-  va_start(args, format);
-  vsnprintf(err, err_size, format, args);
-  va_end(args);
-}
 
 const char* llama_mode_name(llama_mode mode) {
   switch (mode) {
@@ -154,7 +148,7 @@ static int make_head(flashspec_context* ctx, const llama_model* model, const flo
   const flashspec_status s =
       flashspec_lm_head_create(ctx, &w, on_device ? FLASHSPEC_LM_HEAD_BORROW : FLASHSPEC_LM_HEAD_COPY, out);
   if (s != FLASHSPEC_OK) {
-    set_error(err, err_size, "flashspec_lm_head_create: %s: %s", flashspec_status_name(s),
+    llama_set_error(err, err_size, "flashspec_lm_head_create: %s: %s", flashspec_status_name(s),
               flashspec_context_last_error(ctx));
     return -1;
   }
@@ -171,7 +165,7 @@ static int make_context(const llama_runner* r, int32_t threads, flashspec_contex
 #endif
   const flashspec_status s = flashspec_context_create(&cp, out);
   if (s != FLASHSPEC_OK) {
-    set_error(err, err_size, "flashspec_context_create: %s: %s", flashspec_status_name(s),
+    llama_set_error(err, err_size, "flashspec_context_create: %s: %s", flashspec_status_name(s),
               flashspec_context_last_error(NULL));
     return -1;
   }
@@ -197,7 +191,7 @@ static int make_model_parts(llama_runner* r, const llama_model* model, int is_dr
   return 0;
 #else
   (void)model; (void)session; (void)head;
-  set_error(err, err_size, "this runtime was built without CUDA");
+  llama_set_error(err, err_size, "this runtime was built without CUDA");
   return -1;
 #endif
 }
@@ -222,38 +216,38 @@ void llama_runner_free(llama_runner* r) {
 int llama_runner_create(const llama_model* target, const llama_model* draft, llama_device device, int32_t threads,
                         int32_t draft_len, llama_runner** out, char* err, size_t err_size) {
   if (target == NULL || out == NULL) {
-    set_error(err, err_size, "llama_runner_create: %s is NULL", target == NULL ? "target" : "out");
+    llama_set_error(err, err_size, "llama_runner_create: %s is NULL", target == NULL ? "target" : "out");
     return -1;
   }
   if (llama_device_name(device) == NULL) {
-    set_error(err, err_size, "unknown device %d", (int)device);
+    llama_set_error(err, err_size, "unknown device %d", (int)device);
     return -1;
   }
   if (device == LLAMA_DEVICE_CUDA && !llama_cuda_usable()) {
 #ifdef LLAMA_WITH_CUDA
-    set_error(err, err_size, "device cuda: no CUDA device (CUDA runtime: %d, FlashSpec's CUDA backend: %d)",
+    llama_set_error(err, err_size, "device cuda: no CUDA device (CUDA runtime: %d, FlashSpec's CUDA backend: %d)",
               llama_cuda_device_count(), flashspec_cuda_device_count());
 #else
-    set_error(err, err_size, "device cuda: this runtime was built without CUDA (configure with -Dcuda=enabled)");
+    llama_set_error(err, err_size, "device cuda: this runtime was built without CUDA (configure with -Dcuda=enabled)");
 #endif
     return -1;
   }
   if (threads < 1 || threads > 1024) {
-    set_error(err, err_size, "threads %d is outside [1, 1024]", threads);
+    llama_set_error(err, err_size, "threads %d is outside [1, 1024]", threads);
     return -1;
   }
   if (draft_len < 1 || draft_len > LLAMA_MAX_DRAFT) {
-    set_error(err, err_size, "draft length %d is outside [1, %d]", draft_len, LLAMA_MAX_DRAFT);
+    llama_set_error(err, err_size, "draft length %d is outside [1, %d]", draft_len, LLAMA_MAX_DRAFT);
     return -1;
   }
   if (draft != NULL && llama_model_hparams(draft)->n_vocab != llama_model_hparams(target)->n_vocab) {
-    set_error(err, err_size, "the draft model's vocabulary (%d) differs from the target's (%d)",
+    llama_set_error(err, err_size, "the draft model's vocabulary (%d) differs from the target's (%d)",
               llama_model_hparams(draft)->n_vocab, llama_model_hparams(target)->n_vocab);
     return -1;
   }
   llama_runner* r = (llama_runner*)calloc(1, sizeof(llama_runner));
   if (r == NULL) {
-    set_error(err, err_size, "out of memory");
+    llama_set_error(err, err_size, "out of memory");
     return -1;
   }
   r->target = target;
@@ -403,7 +397,7 @@ static int draft_model_tokens(void* user_data, flashspec_draft_call* call) {
   do {                                                                                                      \
     const flashspec_status s_ = (call);                                                                     \
     if (s_ != FLASHSPEC_OK) {                                                                               \
-      set_error(err, err_size, "%s: %s: %s%s%s", #call, flashspec_status_name(s_),                         \
+      llama_set_error(err, err_size, "%s: %s: %s%s%s", #call, flashspec_status_name(s_),                         \
                 flashspec_context_last_error(ctx), r->callback_error[0] ? ": " : "", r->callback_error);   \
       goto done;                                                                                            \
     }                                                                                                       \
@@ -413,16 +407,16 @@ int llama_runner_generate(llama_runner* r, llama_mode mode, const int32_t* promp
                           int32_t max_tokens, float temperature, uint64_t seed, int32_t stop_token,
                           int32_t* tokens_out, llama_generation_stats* stats, char* err, size_t err_size) {
   if (r == NULL || prompt == NULL || tokens_out == NULL || stats == NULL) {
-    set_error(err, err_size, "llama_runner_generate: %s is NULL",
+    llama_set_error(err, err_size, "llama_runner_generate: %s is NULL",
               r == NULL ? "runner" : prompt == NULL ? "prompt" : tokens_out == NULL ? "tokens_out" : "stats");
     return -1;
   }
   if (llama_mode_name(mode) == NULL) {
-    set_error(err, err_size, "unknown mode %d", (int)mode);
+    llama_set_error(err, err_size, "unknown mode %d", (int)mode);
     return -1;
   }
   if ((mode == LLAMA_MODE_DRAFT) && r->draft == NULL) {
-    set_error(err, err_size, "the draft mode needs a draft model");
+    llama_set_error(err, err_size, "the draft mode needs a draft model");
     return -1;
   }
   int status = -1;

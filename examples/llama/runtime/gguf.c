@@ -5,6 +5,7 @@
  * other C reader of GGUF. The format checked against is what the PyPI `gguf`
  * package's GGUFWriter writes (tests/make_fixtures.py). */
 #include "gguf.h"
+#include "error.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -12,13 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void set_error(char* err, size_t err_size, const char* format, ...) {
-  if (err == NULL || err_size == 0) return;
-  va_list args;
-  va_start(args, format);
-  vsnprintf(err, err_size, format, args);
-  va_end(args);
-}
 
 /* A cursor over the file image; every read checks what is left. */
 typedef struct reader {
@@ -31,7 +25,7 @@ typedef struct reader {
 
 static int need(reader* r, uint64_t bytes, const char* what) {
   if (bytes > r->size - r->pos) {
-    set_error(r->err, r->err_size, "truncated file: %s needs %llu bytes at offset %llu, the file has %llu",
+    llama_set_error(r->err, r->err_size, "truncated file: %s needs %llu bytes at offset %llu, the file has %llu",
               what, (unsigned long long)bytes, (unsigned long long)r->pos, (unsigned long long)r->size);
     return -1;
   }
@@ -53,7 +47,7 @@ static int read_string(reader* r, const char** out, uint64_t* len, const char* w
   uint64_t n;
   if (read_u64(r, &n, what) != 0) return -1;
   if (n > GGUF_MAX_STRING_LEN) {
-    set_error(r->err, r->err_size, "%s at offset %llu: length %llu exceeds the limit of %u bytes", what,
+    llama_set_error(r->err, r->err_size, "%s at offset %llu: length %llu exceeds the limit of %u bytes", what,
               (unsigned long long)(r->pos - 8), (unsigned long long)n, GGUF_MAX_STRING_LEN);
     return -1;
   }
@@ -107,14 +101,14 @@ static int read_value(reader* r, uint32_t type, gguf_kv* kv, int depth, const ch
   }
   if (type == GGUF_TYPE_ARRAY) {
     if (depth >= GGUF_MAX_ARRAY_DEPTH) {
-      set_error(r->err, r->err_size, "metadata '%s': arrays nested deeper than %d", key, GGUF_MAX_ARRAY_DEPTH);
+      llama_set_error(r->err, r->err_size, "metadata '%s': arrays nested deeper than %d", key, GGUF_MAX_ARRAY_DEPTH);
       return -1;
     }
     uint32_t element_type;
     uint64_t count;
     if (read_u32(r, &element_type, key) != 0 || read_u64(r, &count, key) != 0) return -1;
     if (element_type > GGUF_TYPE_FLOAT64) {
-      set_error(r->err, r->err_size, "metadata '%s': unknown array element type %u", key, element_type);
+      llama_set_error(r->err, r->err_size, "metadata '%s': unknown array element type %u", key, element_type);
       return -1;
     }
     if (kv != NULL) {
@@ -125,7 +119,7 @@ static int read_value(reader* r, uint32_t type, gguf_kv* kv, int depth, const ch
     if (element_width != 0) {
       /* count * width must fit in what is left (division: no overflow). */
       if (count > (r->size - r->pos) / element_width) {
-        set_error(r->err, r->err_size, "metadata '%s': array of %llu elements runs past the end of the file",
+        llama_set_error(r->err, r->err_size, "metadata '%s': array of %llu elements runs past the end of the file",
                   key, (unsigned long long)count);
         return -1;
       }
@@ -135,7 +129,7 @@ static int read_value(reader* r, uint32_t type, gguf_kv* kv, int depth, const ch
     /* Strings and arrays: each element takes at least 8 bytes, which bounds
      * the loop by the file size. */
     if (count > (r->size - r->pos) / 8) {
-      set_error(r->err, r->err_size, "metadata '%s': array of %llu elements runs past the end of the file", key,
+      llama_set_error(r->err, r->err_size, "metadata '%s': array of %llu elements runs past the end of the file", key,
                 (unsigned long long)count);
       return -1;
     }
@@ -143,7 +137,7 @@ static int read_value(reader* r, uint32_t type, gguf_kv* kv, int depth, const ch
       if (read_value(r, element_type, NULL, depth + 1, key) != 0) return -1;
     return 0;
   }
-  set_error(r->err, r->err_size, "metadata '%s': unknown value type %u", key, type);
+  llama_set_error(r->err, r->err_size, "metadata '%s': unknown value type %u", key, type);
   return -1;
 }
 
@@ -188,12 +182,12 @@ static int parse(gguf_file* f, char* err, size_t err_size) {
   uint32_t magic;
   if (read_u32(&r, &magic, "the magic number") != 0) return -1;
   if (memcmp(&magic, "GGUF", 4) != 0) {
-    set_error(err, err_size, "not a GGUF file: the magic number is not \"GGUF\"");
+    llama_set_error(err, err_size, "not a GGUF file: the magic number is not \"GGUF\"");
     return -1;
   }
   if (read_u32(&r, &f->version, "the version") != 0) return -1;
   if (f->version != 2 && f->version != 3) {
-    set_error(err, err_size, "unsupported GGUF version %u (versions 2 and 3 are read)", f->version);
+    llama_set_error(err, err_size, "unsupported GGUF version %u (versions 2 and 3 are read)", f->version);
     return -1;
   }
   if (read_u64(&r, &f->n_tensors, "the tensor count") != 0 || read_u64(&r, &f->n_kv, "the metadata count") != 0)
@@ -201,12 +195,12 @@ static int parse(gguf_file* f, char* err, size_t err_size) {
   /* A key/value takes at least 8 + 4 + 1 bytes and a tensor info 8 + 4 + 4 + 8:
    * larger counts cannot fit, and refusing them keeps the allocations bounded. */
   if (f->n_kv > (r.size - r.pos) / 13) {
-    set_error(err, err_size, "metadata count %llu cannot fit in a file of %llu bytes", (unsigned long long)f->n_kv,
+    llama_set_error(err, err_size, "metadata count %llu cannot fit in a file of %llu bytes", (unsigned long long)f->n_kv,
               (unsigned long long)r.size);
     return -1;
   }
   if (f->n_tensors > (r.size - r.pos) / 24) {
-    set_error(err, err_size, "tensor count %llu cannot fit in a file of %llu bytes",
+    llama_set_error(err, err_size, "tensor count %llu cannot fit in a file of %llu bytes",
               (unsigned long long)f->n_tensors, (unsigned long long)r.size);
     return -1;
   }
@@ -217,7 +211,7 @@ static int parse(gguf_file* f, char* err, size_t err_size) {
   f->kv_index = kv_index; /* owned by f from here on (gguf_close frees them) */
   f->tensor_index = tensor_index;
   if (f->kv == NULL || f->tensors == NULL || kv_index == NULL || tensor_index == NULL) {
-    set_error(err, err_size, "out of memory for %llu metadata entries and %llu tensors",
+    llama_set_error(err, err_size, "out of memory for %llu metadata entries and %llu tensors",
               (unsigned long long)f->n_kv, (unsigned long long)f->n_tensors);
     return -1;
   }
@@ -233,7 +227,7 @@ static int parse(gguf_file* f, char* err, size_t err_size) {
   }
   const gguf_name_ref* repeated = NULL;
   if (sort_names(kv_index, f->n_kv, &repeated) != 0) {
-    set_error(err, err_size, "metadata key '%.*s' appears twice", (int)(repeated->len < 120 ? repeated->len : 120),
+    llama_set_error(err, err_size, "metadata key '%.*s' appears twice", (int)(repeated->len < 120 ? repeated->len : 120),
               repeated->name);
     return -1;
   }
@@ -243,7 +237,7 @@ static int parse(gguf_file* f, char* err, size_t err_size) {
   if (alignment != NULL) {
     if (alignment->type != GGUF_TYPE_UINT32 || alignment->u == 0 || (alignment->u & (alignment->u - 1)) != 0 ||
         alignment->u > (1u << 20)) {
-      set_error(err, err_size, "general.alignment must be a uint32 power of two up to 2^20");
+      llama_set_error(err, err_size, "general.alignment must be a uint32 power of two up to 2^20");
       return -1;
     }
     f->alignment = alignment->u;
@@ -257,14 +251,14 @@ static int parse(gguf_file* f, char* err, size_t err_size) {
     tensor_index[t] = (gguf_name_ref){ti->name, ti->name_len, t};
     if (read_u32(&r, &ti->n_dims, name) != 0) return -1;
     if (ti->n_dims == 0 || ti->n_dims > GGUF_MAX_DIMS) {
-      set_error(err, err_size, "tensor '%s': %u dimensions (1 to %d are allowed)", name, ti->n_dims, GGUF_MAX_DIMS);
+      llama_set_error(err, err_size, "tensor '%s': %u dimensions (1 to %d are allowed)", name, ti->n_dims, GGUF_MAX_DIMS);
       return -1;
     }
     ti->n_elements = 1;
     for (uint32_t d = 0; d < ti->n_dims; ++d) {
       if (read_u64(&r, &ti->dims[d], name) != 0) return -1;
       if (ti->dims[d] == 0 || ti->dims[d] > (UINT64_MAX / 4) / ti->n_elements) {
-        set_error(err, err_size, "tensor '%s': dimension %u is %llu (zero, or the size overflows)", name, d,
+        llama_set_error(err, err_size, "tensor '%s': dimension %u is %llu (zero, or the size overflows)", name, d,
                   (unsigned long long)ti->dims[d]);
         return -1;
       }
@@ -276,14 +270,14 @@ static int parse(gguf_file* f, char* err, size_t err_size) {
      * parsed (so the file opens) and refused when converted. */
     ti->n_bytes = ti->type == GGUF_TENSOR_F32 ? ti->n_elements * 4 : ti->type == GGUF_TENSOR_F16 ? ti->n_elements * 2 : 0;
     if (ti->offset % f->alignment != 0) {
-      set_error(err, err_size, "tensor '%s': data offset %llu is not a multiple of the alignment %llu", name,
+      llama_set_error(err, err_size, "tensor '%s': data offset %llu is not a multiple of the alignment %llu", name,
                 (unsigned long long)ti->offset, (unsigned long long)f->alignment);
       return -1;
     }
   }
 
   if (sort_names(tensor_index, f->n_tensors, &repeated) != 0) {
-    set_error(err, err_size, "tensor '%.*s' appears twice", (int)(repeated->len < 120 ? repeated->len : 120),
+    llama_set_error(err, err_size, "tensor '%.*s' appears twice", (int)(repeated->len < 120 ? repeated->len : 120),
               repeated->name);
     return -1;
   }
@@ -291,7 +285,7 @@ static int parse(gguf_file* f, char* err, size_t err_size) {
   /* The data section starts at the next multiple of the alignment. */
   const uint64_t padding = (f->alignment - r.pos % f->alignment) % f->alignment;
   if (padding > r.size - r.pos) {
-    set_error(err, err_size, "truncated file: the data section would start at offset %llu, past the end (%llu bytes)",
+    llama_set_error(err, err_size, "truncated file: the data section would start at offset %llu, past the end (%llu bytes)",
               (unsigned long long)(r.pos + padding), (unsigned long long)r.size);
     return -1;
   }
@@ -300,7 +294,7 @@ static int parse(gguf_file* f, char* err, size_t err_size) {
   for (uint64_t t = 0; t < f->n_tensors; ++t) {
     const gguf_tensor_info* ti = &f->tensors[t];
     if (ti->offset > data_size || ti->n_bytes > data_size - ti->offset) {
-      set_error(err, err_size,
+      llama_set_error(err, err_size,
                 "tensor '%.*s': data [%llu, +%llu bytes) runs past the end of the data section (%llu bytes); "
                 "the file is truncated or corrupt",
                 (int)(ti->name_len < 120 ? ti->name_len : 120), ti->name, (unsigned long long)ti->offset,
@@ -313,23 +307,23 @@ static int parse(gguf_file* f, char* err, size_t err_size) {
 
 int gguf_open_memory(const void* data, size_t size, gguf_file** out, char* err, size_t err_size) {
   if (out == NULL || (data == NULL && size != 0)) {
-    set_error(err, err_size, "gguf_open_memory: %s is NULL", out == NULL ? "out" : "data");
+    llama_set_error(err, err_size, "gguf_open_memory: %s is NULL", out == NULL ? "out" : "data");
     return -1;
   }
   const uint32_t one = 1;
   if (*(const unsigned char*)&one != 1) {
-    set_error(err, err_size, "this reader needs a little-endian machine");
+    llama_set_error(err, err_size, "this reader needs a little-endian machine");
     return -1;
   }
   gguf_file* f = (gguf_file*)calloc(1, sizeof(gguf_file));
   if (f == NULL) {
-    set_error(err, err_size, "out of memory");
+    llama_set_error(err, err_size, "out of memory");
     return -1;
   }
   f->image = (unsigned char*)malloc(size ? size : 1);
   if (f->image == NULL) {
     free(f);
-    set_error(err, err_size, "out of memory for a file of %llu bytes", (unsigned long long)size);
+    llama_set_error(err, err_size, "out of memory for a file of %llu bytes", (unsigned long long)size);
     return -1;
   }
   if (size) memcpy(f->image, data, size);
@@ -344,31 +338,31 @@ int gguf_open_memory(const void* data, size_t size, gguf_file** out, char* err, 
 
 int gguf_open(const char* path, gguf_file** out, char* err, size_t err_size) {
   if (path == NULL || out == NULL) {
-    set_error(err, err_size, "gguf_open: %s is NULL", path == NULL ? "path" : "out");
+    llama_set_error(err, err_size, "gguf_open: %s is NULL", path == NULL ? "path" : "out");
     return -1;
   }
   FILE* file = fopen(path, "rb");
   if (file == NULL) {
-    set_error(err, err_size, "%s: cannot open: %s", path, strerror(errno));
+    llama_set_error(err, err_size, "%s: cannot open: %s", path, strerror(errno));
     return -1;
   }
   long size = -1;
   if (fseek(file, 0, SEEK_END) == 0) size = ftell(file);
   if (size < 0 || fseek(file, 0, SEEK_SET) != 0) {
-    set_error(err, err_size, "%s: cannot determine the file size", path);
+    llama_set_error(err, err_size, "%s: cannot determine the file size", path);
     fclose(file);
     return -1;
   }
   unsigned char* image = (unsigned char*)malloc(size ? (size_t)size : 1);
   if (image == NULL) {
-    set_error(err, err_size, "%s: out of memory for %ld bytes", path, size);
+    llama_set_error(err, err_size, "%s: out of memory for %ld bytes", path, size);
     fclose(file);
     return -1;
   }
   const size_t got = fread(image, 1, (size_t)size, file);
   fclose(file);
   if (got != (size_t)size) {
-    set_error(err, err_size, "%s: read %zu of %ld bytes", path, got, size);
+    llama_set_error(err, err_size, "%s: read %zu of %ld bytes", path, got, size);
     free(image);
     return -1;
   }
@@ -376,13 +370,13 @@ int gguf_open(const char* path, gguf_file** out, char* err, size_t err_size) {
   gguf_file* f = (gguf_file*)calloc(1, sizeof(gguf_file));
   if (f == NULL) {
     free(image);
-    set_error(err, err_size, "%s: out of memory", path);
+    llama_set_error(err, err_size, "%s: out of memory", path);
     return -1;
   }
   f->image = image;
   f->size = (uint64_t)size;
   if (parse(f, detail, sizeof detail) != 0) {
-    set_error(err, err_size, "%s: %s", path, detail);
+    llama_set_error(err, err_size, "%s: %s", path, detail);
     gguf_close(f);
     return -1;
   }
@@ -403,7 +397,7 @@ void gguf_close(gguf_file* file) {
 int gguf_get_uint(const gguf_file* file, const char* key, uint64_t* out, char* err, size_t err_size) {
   const gguf_kv* kv = gguf_find_kv(file, key);
   if (kv == NULL) {
-    set_error(err, err_size, "metadata '%s' is missing", key);
+    llama_set_error(err, err_size, "metadata '%s' is missing", key);
     return -1;
   }
   switch (kv->type) {
@@ -415,10 +409,10 @@ int gguf_get_uint(const gguf_file* file, const char* key, uint64_t* out, char* e
         *out = (uint64_t)kv->i;
         return 0;
       }
-      set_error(err, err_size, "metadata '%s' is negative (%lld)", key, (long long)kv->i);
+      llama_set_error(err, err_size, "metadata '%s' is negative (%lld)", key, (long long)kv->i);
       return -1;
     default:
-      set_error(err, err_size, "metadata '%s' has type %u, not an integer", key, kv->type);
+      llama_set_error(err, err_size, "metadata '%s' has type %u, not an integer", key, kv->type);
       return -1;
   }
 }
@@ -426,11 +420,11 @@ int gguf_get_uint(const gguf_file* file, const char* key, uint64_t* out, char* e
 int gguf_get_float(const gguf_file* file, const char* key, double* out, char* err, size_t err_size) {
   const gguf_kv* kv = gguf_find_kv(file, key);
   if (kv == NULL) {
-    set_error(err, err_size, "metadata '%s' is missing", key);
+    llama_set_error(err, err_size, "metadata '%s' is missing", key);
     return -1;
   }
   if (kv->type != GGUF_TYPE_FLOAT32 && kv->type != GGUF_TYPE_FLOAT64) {
-    set_error(err, err_size, "metadata '%s' has type %u, not a float", key, kv->type);
+    llama_set_error(err, err_size, "metadata '%s' has type %u, not a float", key, kv->type);
     return -1;
   }
   *out = kv->f;
@@ -441,15 +435,15 @@ int gguf_get_string(const gguf_file* file, const char* key, char* out, size_t ou
                     size_t err_size) {
   const gguf_kv* kv = gguf_find_kv(file, key);
   if (kv == NULL) {
-    set_error(err, err_size, "metadata '%s' is missing", key);
+    llama_set_error(err, err_size, "metadata '%s' is missing", key);
     return -1;
   }
   if (kv->type != GGUF_TYPE_STRING) {
-    set_error(err, err_size, "metadata '%s' has type %u, not a string", key, kv->type);
+    llama_set_error(err, err_size, "metadata '%s' has type %u, not a string", key, kv->type);
     return -1;
   }
   if (kv->str_len >= out_size) {
-    set_error(err, err_size, "metadata '%s' is longer than %zu bytes", key, out_size ? out_size - 1 : 0);
+    llama_set_error(err, err_size, "metadata '%s' is longer than %zu bytes", key, out_size ? out_size - 1 : 0);
     return -1;
   }
   memcpy(out, kv->str, (size_t)kv->str_len);
@@ -485,16 +479,16 @@ float gguf_half_to_float(uint16_t h) {
 int gguf_tensor_to_f32(const gguf_file* file, const gguf_tensor_info* tensor, float* out, uint64_t count,
                        char* err, size_t err_size) {
   if (file == NULL || tensor == NULL || out == NULL) {
-    set_error(err, err_size, "gguf_tensor_to_f32: a NULL argument");
+    llama_set_error(err, err_size, "gguf_tensor_to_f32: a NULL argument");
     return -1;
   }
   if (count != tensor->n_elements) {
-    set_error(err, err_size, "tensor '%.*s' has %llu elements, %llu expected", (int)tensor->name_len, tensor->name,
+    llama_set_error(err, err_size, "tensor '%.*s' has %llu elements, %llu expected", (int)tensor->name_len, tensor->name,
               (unsigned long long)tensor->n_elements, (unsigned long long)count);
     return -1;
   }
   if (tensor->type != GGUF_TENSOR_F32 && tensor->type != GGUF_TENSOR_F16) {
-    set_error(err, err_size, "tensor '%.*s' has ggml type %u; only F32 (0) and F16 (1) are supported",
+    llama_set_error(err, err_size, "tensor '%.*s' has ggml type %u; only F32 (0) and F16 (1) are supported",
               (int)tensor->name_len, tensor->name, tensor->type);
     return -1;
   }

@@ -1,5 +1,6 @@
 /* model.c — see model.h. */
 #include "model.h"
+#include "error.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -10,13 +11,6 @@
 
 #include "gguf.h"
 
-static void set_error(char* err, size_t err_size, const char* format, ...) {
-  if (err == NULL || err_size == 0) return;
-  va_list args;
-  va_start(args, format);
-  vsnprintf(err, err_size, format, args);
-  va_end(args);
-}
 
 typedef struct llama_layer {
   float* attn_norm; /* [d] */
@@ -64,11 +58,11 @@ static int read_hparam(const gguf_file* file, const char* path, const char* key,
   uint64_t value;
   char detail[256];
   if (gguf_get_uint(file, key, &value, detail, sizeof detail) != 0) {
-    set_error(err, err_size, "%s: %s", path, detail);
+    llama_set_error(err, err_size, "%s: %s", path, detail);
     return -1;
   }
   if (value < (uint64_t)min || value > (uint64_t)max) {
-    set_error(err, err_size, "%s: metadata '%s' = %llu is outside [%lld, %lld]", path, key, (unsigned long long)value,
+    llama_set_error(err, err_size, "%s: metadata '%s' = %llu is outside [%lld, %lld]", path, key, (unsigned long long)value,
               (long long)min, (long long)max);
     return -1;
   }
@@ -82,30 +76,30 @@ static float* load_tensor(const gguf_file* file, const char* path, const char* n
                           char* err, size_t err_size) {
   const gguf_tensor_info* t = gguf_find_tensor(file, name);
   if (t == NULL) {
-    set_error(err, err_size, "%s: tensor '%s' is missing", path, name);
+    llama_set_error(err, err_size, "%s: tensor '%s' is missing", path, name);
     return NULL;
   }
   const uint32_t want_dims = ne1 == 1 ? 1 : 2;
   if (t->n_dims != want_dims || t->dims[0] != ne0 || t->dims[1] != ne1) {
-    set_error(err, err_size, "%s: tensor '%s' has shape [%llu, %llu, %llu, %llu] (%u dims), expected [%llu, %llu]",
+    llama_set_error(err, err_size, "%s: tensor '%s' has shape [%llu, %llu, %llu, %llu] (%u dims), expected [%llu, %llu]",
               path, name, (unsigned long long)t->dims[0], (unsigned long long)t->dims[1],
               (unsigned long long)t->dims[2], (unsigned long long)t->dims[3], t->n_dims, (unsigned long long)ne0,
               (unsigned long long)ne1);
     return NULL;
   }
   if (t->type != GGUF_TENSOR_F32 && t->type != GGUF_TENSOR_F16) {
-    set_error(err, err_size, "%s: tensor '%s' has ggml type %u; only F32 (0) and F16 (1) are supported", path, name,
+    llama_set_error(err, err_size, "%s: tensor '%s' has ggml type %u; only F32 (0) and F16 (1) are supported", path, name,
               t->type);
     return NULL;
   }
   float* data = (float*)malloc((size_t)(ne0 * ne1) * sizeof(float));
   if (data == NULL) {
-    set_error(err, err_size, "%s: out of memory for tensor '%s'", path, name);
+    llama_set_error(err, err_size, "%s: out of memory for tensor '%s'", path, name);
     return NULL;
   }
   char detail[256];
   if (gguf_tensor_to_f32(file, t, data, ne0 * ne1, detail, sizeof detail) != 0) {
-    set_error(err, err_size, "%s: %s", path, detail);
+    llama_set_error(err, err_size, "%s: %s", path, detail);
     free(data);
     return NULL;
   }
@@ -132,11 +126,11 @@ static int load_hparams(const gguf_file* file, const char* path, llama_hparams* 
   char arch[64];
   char detail[256];
   if (gguf_get_string(file, "general.architecture", arch, sizeof arch, detail, sizeof detail) != 0) {
-    set_error(err, err_size, "%s: %s", path, detail);
+    llama_set_error(err, err_size, "%s: %s", path, detail);
     return -1;
   }
   if (strcmp(arch, "llama") != 0) {
-    set_error(err, err_size, "%s: general.architecture is '%s', not 'llama'", path, arch);
+    llama_set_error(err, err_size, "%s: general.architecture is '%s', not 'llama'", path, arch);
     return -1;
   }
   if (read_hparam(file, path, "llama.embedding_length", 2, 65536, &hp->n_embd, err, err_size) != 0 ||
@@ -147,12 +141,12 @@ static int load_hparams(const gguf_file* file, const char* path, llama_hparams* 
       read_hparam(file, path, "llama.context_length", 1, 1 << 20, &hp->n_ctx, err, err_size) != 0)
     return -1;
   if (hp->n_embd % hp->n_head != 0 || (hp->n_embd / hp->n_head) % 2 != 0) {
-    set_error(err, err_size, "%s: embedding_length %d is not n_head (%d) times an even head_dim", path, hp->n_embd,
+    llama_set_error(err, err_size, "%s: embedding_length %d is not n_head (%d) times an even head_dim", path, hp->n_embd,
               hp->n_head);
     return -1;
   }
   if (hp->n_head % hp->n_head_kv != 0) {
-    set_error(err, err_size, "%s: head_count %d is not a multiple of head_count_kv %d", path, hp->n_head,
+    llama_set_error(err, err_size, "%s: head_count %d is not a multiple of head_count_kv %d", path, hp->n_head,
               hp->n_head_kv);
     return -1;
   }
@@ -161,7 +155,7 @@ static int load_hparams(const gguf_file* file, const char* path, llama_hparams* 
    * embedding), else the embedding's row count. */
   const gguf_tensor_info* embd = gguf_find_tensor(file, "token_embd.weight");
   if (embd == NULL) {
-    set_error(err, err_size, "%s: tensor 'token_embd.weight' is missing", path);
+    llama_set_error(err, err_size, "%s: tensor 'token_embd.weight' is missing", path);
     return -1;
   }
   if (gguf_find_kv(file, "llama.vocab_size") != NULL) {
@@ -169,7 +163,7 @@ static int load_hparams(const gguf_file* file, const char* path, llama_hparams* 
   } else if (embd->n_dims == 2 && embd->dims[1] <= (1u << 24)) {
     hp->n_vocab = (int32_t)embd->dims[1];
   } else {
-    set_error(err, err_size, "%s: llama.vocab_size is missing and token_embd.weight is not [d, vocab]", path);
+    llama_set_error(err, err_size, "%s: llama.vocab_size is missing and token_embd.weight is not [d, vocab]", path);
     return -1;
   }
   double value;
@@ -177,7 +171,7 @@ static int load_hparams(const gguf_file* file, const char* path, llama_hparams* 
   if (gguf_find_kv(file, "llama.rope.freq_base") != NULL) {
     if (gguf_get_float(file, "llama.rope.freq_base", &value, detail, sizeof detail) != 0 || !(value > 1.0) ||
         !isfinite(value)) {
-      set_error(err, err_size, "%s: llama.rope.freq_base must be a finite float > 1", path);
+      llama_set_error(err, err_size, "%s: llama.rope.freq_base must be a finite float > 1", path);
       return -1;
     }
     hp->rope_base = (float)value;
@@ -186,7 +180,7 @@ static int load_hparams(const gguf_file* file, const char* path, llama_hparams* 
   if (gguf_find_kv(file, "llama.attention.layer_norm_rms_epsilon") != NULL) {
     if (gguf_get_float(file, "llama.attention.layer_norm_rms_epsilon", &value, detail, sizeof detail) != 0 ||
         !(value > 0.0) || !(value < 1.0)) {
-      set_error(err, err_size, "%s: llama.attention.layer_norm_rms_epsilon must be a float in (0, 1)", path);
+      llama_set_error(err, err_size, "%s: llama.attention.layer_norm_rms_epsilon must be a float in (0, 1)", path);
       return -1;
     }
     hp->norm_eps = (float)value;
@@ -208,7 +202,7 @@ static int load_hparams(const gguf_file* file, const char* path, llama_hparams* 
 
 int llama_model_load(const char* path, llama_model** out, char* err, size_t err_size) {
   if (path == NULL || out == NULL) {
-    set_error(err, err_size, "llama_model_load: %s is NULL", path == NULL ? "path" : "out");
+    llama_set_error(err, err_size, "llama_model_load: %s is NULL", path == NULL ? "path" : "out");
     return -1;
   }
   gguf_file* file = NULL;
@@ -220,12 +214,12 @@ int llama_model_load(const char* path, llama_model** out, char* err, size_t err_
 
 int llama_model_load_gguf(const gguf_file* file, const char* path, llama_model** out, char* err, size_t err_size) {
   if (file == NULL || path == NULL || out == NULL) {
-    set_error(err, err_size, "llama_model_load_gguf: %s is NULL", file == NULL ? "file" : path == NULL ? "name" : "out");
+    llama_set_error(err, err_size, "llama_model_load_gguf: %s is NULL", file == NULL ? "file" : path == NULL ? "name" : "out");
     return -1;
   }
   llama_model* m = (llama_model*)calloc(1, sizeof(llama_model));
   if (m == NULL) {
-    set_error(err, err_size, "%s: out of memory", path);
+    llama_set_error(err, err_size, "%s: out of memory", path);
     return -1;
   }
   if (load_hparams(file, path, &m->hp, err, err_size) != 0) goto fail;
@@ -236,12 +230,12 @@ int llama_model_load_gguf(const gguf_file* file, const char* path, llama_model**
       (m->output_norm = load_tensor(file, path, "output_norm.weight", d, 1, err, err_size)) == NULL)
     goto fail;
   if (gguf_find_tensor(file, "output.weight") != NULL) {
-    set_error(err, err_size, "%s: has 'output.weight'; this runtime needs a tied LM head (token_embd.weight)", path);
+    llama_set_error(err, err_size, "%s: has 'output.weight'; this runtime needs a tied LM head (token_embd.weight)", path);
     goto fail;
   }
   m->layers = (llama_layer*)calloc((size_t)hp->n_layer, sizeof(llama_layer));
   if (m->layers == NULL) {
-    set_error(err, err_size, "%s: out of memory", path);
+    llama_set_error(err, err_size, "%s: out of memory", path);
     goto fail;
   }
   for (int32_t l = 0; l < hp->n_layer; ++l) {
@@ -263,7 +257,7 @@ int llama_model_load_gguf(const gguf_file* file, const char* path, llama_model**
   }
   m->rope_inv_freq = (float*)malloc(sizeof(float) * (size_t)(hp->head_dim / 2));
   if (m->rope_inv_freq == NULL) {
-    set_error(err, err_size, "%s: out of memory", path);
+    llama_set_error(err, err_size, "%s: out of memory", path);
     goto fail;
   }
   for (int32_t i = 0; i < hp->head_dim / 2; ++i)
@@ -299,12 +293,12 @@ void llama_session_free(llama_session* s) {
 int llama_session_create(const llama_model* model, int32_t max_tokens, llama_session** out, char* err,
                          size_t err_size) {
   if (model == NULL || out == NULL) {
-    set_error(err, err_size, "llama_session_create: %s is NULL", model == NULL ? "model" : "out");
+    llama_set_error(err, err_size, "llama_session_create: %s is NULL", model == NULL ? "model" : "out");
     return -1;
   }
   const llama_hparams* hp = &model->hp;
   if (max_tokens < 0 || max_tokens > hp->n_ctx) {
-    set_error(err, err_size, "llama_session_create: max_tokens %d is outside [0, n_ctx = %d]", max_tokens, hp->n_ctx);
+    llama_set_error(err, err_size, "llama_session_create: max_tokens %d is outside [0, n_ctx = %d]", max_tokens, hp->n_ctx);
     return -1;
   }
   const size_t capacity = (size_t)(max_tokens ? max_tokens : hp->n_ctx);
@@ -335,7 +329,7 @@ int llama_session_create(const llama_model* model, int32_t max_tokens, llama_ses
   return 0;
 oom:
   llama_session_free(s);
-  set_error(err, err_size, "llama_session_create: out of memory for a cache of %zu tokens", capacity);
+  llama_set_error(err, err_size, "llama_session_create: out of memory for a cache of %zu tokens", capacity);
   return -1;
 }
 
@@ -345,11 +339,11 @@ int32_t llama_session_capacity(const llama_session* s) { return s ? s->capacity 
 
 int llama_session_truncate(llama_session* s, int32_t num_keep, char* err, size_t err_size) {
   if (s == NULL) {
-    set_error(err, err_size, "llama_session_truncate: session is NULL");
+    llama_set_error(err, err_size, "llama_session_truncate: session is NULL");
     return -1;
   }
   if (num_keep < 0 || num_keep > s->length) {
-    set_error(err, err_size, "llama_session_truncate: num_keep %d is outside [0, %d]", num_keep, s->length);
+    llama_set_error(err, err_size, "llama_session_truncate: num_keep %d is outside [0, %d]", num_keep, s->length);
     return -1;
   }
   s->length = num_keep; /* the cache rows beyond are overwritten by later forwards */
@@ -394,11 +388,11 @@ static void rope(float* v, int32_t n, int32_t heads, int32_t head_dim, int32_t f
 int llama_session_forward(llama_session* s, const int32_t* tokens, int32_t n, const float** hidden, char* err,
                           size_t err_size) {
   if (s == NULL || tokens == NULL || hidden == NULL) {
-    set_error(err, err_size, "llama_session_forward: %s is NULL", s == NULL ? "session" : tokens == NULL ? "tokens" : "hidden");
+    llama_set_error(err, err_size, "llama_session_forward: %s is NULL", s == NULL ? "session" : tokens == NULL ? "tokens" : "hidden");
     return -1;
   }
   if (n < 1 || n > s->capacity - s->length) {
-    set_error(err, err_size, "llama_session_forward: %d tokens do not fit after %d in a cache of %d", n, s->length,
+    llama_set_error(err, err_size, "llama_session_forward: %d tokens do not fit after %d in a cache of %d", n, s->length,
               s->capacity);
     return -1;
   }
@@ -406,7 +400,7 @@ int llama_session_forward(llama_session* s, const int32_t* tokens, int32_t n, co
   const llama_hparams* hp = &m->hp;
   for (int32_t i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= hp->n_vocab) {
-      set_error(err, err_size, "llama_session_forward: token %d at index %d is outside [0, %d)", tokens[i], i,
+      llama_set_error(err, err_size, "llama_session_forward: token %d at index %d is outside [0, %d)", tokens[i], i,
                 hp->n_vocab);
       return -1;
     }

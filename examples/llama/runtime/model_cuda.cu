@@ -1,6 +1,7 @@
 // model_cuda.cu — see model_cuda.h. Each kernel below mirrors a step of
 // llama_session_forward in model.c; the comments name the CPU function.
 #include "model_cuda.h"
+#include "error.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -12,23 +13,16 @@
 
 namespace {
 
-void set_error(char* err, size_t err_size, const char* format, ...) {
-  if (err == nullptr || err_size == 0) return;
-  va_list args;
-  va_start(args, format);
-  vsnprintf(err, err_size, format, args);
-  va_end(args);
-}
 
 bool cuda_ok(cudaError_t e, const char* what, char* err, size_t err_size) {
   if (e == cudaSuccess) return true;
-  set_error(err, err_size, "%s: CUDA error %d (%s): %s", what, (int)e, cudaGetErrorName(e), cudaGetErrorString(e));
+  llama_set_error(err, err_size, "%s: CUDA error %d (%s): %s", what, (int)e, cudaGetErrorName(e), cudaGetErrorString(e));
   return false;
 }
 
 bool cublas_ok(cublasStatus_t s, const char* what, char* err, size_t err_size) {
   if (s == CUBLAS_STATUS_SUCCESS) return true;
-  set_error(err, err_size, "%s: cuBLAS status %d (%s)", what, (int)s, cublasGetStatusString(s));
+  llama_set_error(err, err_size, "%s: cuBLAS status %d (%s)", what, (int)s, cublasGetStatusString(s));
   return false;
 }
 
@@ -214,7 +208,7 @@ int llama_cuda_device_count(void) {
 
 int llama_cuda_stream_create(void** stream, char* err, size_t err_size) {
   if (stream == nullptr) {
-    set_error(err, err_size, "llama_cuda_stream_create: stream is NULL");
+    llama_set_error(err, err_size, "llama_cuda_stream_create: stream is NULL");
     return -1;
   }
   cudaStream_t s = nullptr;
@@ -230,7 +224,7 @@ void llama_cuda_stream_destroy(void* stream) {
 
 int llama_cuda_malloc(size_t bytes, void** out, char* err, size_t err_size) {
   if (out == nullptr) {
-    set_error(err, err_size, "llama_cuda_malloc: out is NULL");
+    llama_set_error(err, err_size, "llama_cuda_malloc: out is NULL");
     return -1;
   }
   void* p = nullptr;
@@ -243,7 +237,7 @@ void llama_cuda_free(void* device_pointer) { cudaFree(device_pointer); }
 
 int llama_cuda_copy_to_host(void* host, const void* device, size_t bytes, void* stream, char* err, size_t err_size) {
   if (host == nullptr || device == nullptr) {
-    set_error(err, err_size, "llama_cuda_copy_to_host: %s is NULL", host == nullptr ? "host" : "device");
+    llama_set_error(err, err_size, "llama_cuda_copy_to_host: %s is NULL", host == nullptr ? "host" : "device");
     return -1;
   }
   const cudaStream_t s = (cudaStream_t)stream;
@@ -257,7 +251,7 @@ int llama_cuda_copy_to_host(void* host, const void* device, size_t bytes, void* 
 int llama_cuda_copy_to_device(void* device, const void* host, size_t bytes, void* stream, char* err,
                               size_t err_size) {
   if (host == nullptr || device == nullptr) {
-    set_error(err, err_size, "llama_cuda_copy_to_device: %s is NULL", host == nullptr ? "host" : "device");
+    llama_set_error(err, err_size, "llama_cuda_copy_to_device: %s is NULL", host == nullptr ? "host" : "device");
     return -1;
   }
   const cudaStream_t s = (cudaStream_t)stream;
@@ -299,12 +293,12 @@ static bool upload(const float* host, size_t count, const char* name, float** ou
 int llama_cuda_model_upload(const llama_model* model, void* stream, llama_cuda_model** out, char* err,
                             size_t err_size) {
   if (model == nullptr || out == nullptr) {
-    set_error(err, err_size, "llama_cuda_model_upload: %s is NULL", model == nullptr ? "model" : "out");
+    llama_set_error(err, err_size, "llama_cuda_model_upload: %s is NULL", model == nullptr ? "model" : "out");
     return -1;
   }
   llama_cuda_model* m = (llama_cuda_model*)calloc(1, sizeof(llama_cuda_model));
   if (m == nullptr) {
-    set_error(err, err_size, "llama_cuda_model_upload: out of memory");
+    llama_set_error(err, err_size, "llama_cuda_model_upload: out of memory");
     return -1;
   }
   m->hp = *llama_model_hparams(model);
@@ -320,7 +314,7 @@ int llama_cuda_model_upload(const llama_model* model, void* stream, llama_cuda_m
     goto fail;
   m->layers = (DeviceLayer*)calloc((size_t)hp.n_layer, sizeof(DeviceLayer));
   if (m->layers == nullptr) {
-    set_error(err, err_size, "llama_cuda_model_upload: out of memory");
+    llama_set_error(err, err_size, "llama_cuda_model_upload: out of memory");
     goto fail;
   }
   for (int32_t l = 0; l < hp.n_layer; ++l) {
@@ -360,12 +354,12 @@ void llama_cuda_session_free(llama_cuda_session* s) {
 int llama_cuda_session_create(const llama_cuda_model* model, int32_t max_tokens, llama_cuda_session** out, char* err,
                               size_t err_size) {
   if (model == nullptr || out == nullptr) {
-    set_error(err, err_size, "llama_cuda_session_create: %s is NULL", model == nullptr ? "model" : "out");
+    llama_set_error(err, err_size, "llama_cuda_session_create: %s is NULL", model == nullptr ? "model" : "out");
     return -1;
   }
   const llama_hparams& hp = model->hp;
   if (max_tokens < 0 || max_tokens > hp.n_ctx) {
-    set_error(err, err_size, "llama_cuda_session_create: max_tokens %d is outside [0, n_ctx = %d]", max_tokens,
+    llama_set_error(err, err_size, "llama_cuda_session_create: max_tokens %d is outside [0, n_ctx = %d]", max_tokens,
               hp.n_ctx);
     return -1;
   }
@@ -374,14 +368,14 @@ int llama_cuda_session_create(const llama_cuda_model* model, int32_t max_tokens,
                kv_dim = (size_t)hp.n_head_kv * hp.head_dim, ff = (size_t)hp.n_ff, layers = (size_t)hp.n_layer;
   llama_cuda_session* s = (llama_cuda_session*)calloc(1, sizeof(llama_cuda_session));
   if (s == nullptr) {
-    set_error(err, err_size, "llama_cuda_session_create: out of memory");
+    llama_set_error(err, err_size, "llama_cuda_session_create: out of memory");
     return -1;
   }
   s->model = model;
   s->capacity = (int32_t)capacity;
   const char* what = "llama_cuda_session_create: device memory";
   if ((s->tokens = (int32_t*)calloc(capacity, sizeof(int32_t))) == nullptr) {
-    set_error(err, err_size, "llama_cuda_session_create: out of memory");
+    llama_set_error(err, err_size, "llama_cuda_session_create: out of memory");
     goto fail;
   }
   if (!cuda_ok(cudaMalloc((void**)&s->ids, capacity * sizeof(int32_t)), what, err, err_size) ||
@@ -416,11 +410,11 @@ const int32_t* llama_cuda_session_tokens(const llama_cuda_session* s) { return s
 
 int llama_cuda_session_truncate(llama_cuda_session* s, int32_t num_keep, char* err, size_t err_size) {
   if (s == nullptr) {
-    set_error(err, err_size, "llama_cuda_session_truncate: session is NULL");
+    llama_set_error(err, err_size, "llama_cuda_session_truncate: session is NULL");
     return -1;
   }
   if (num_keep < 0 || num_keep > s->length) {
-    set_error(err, err_size, "llama_cuda_session_truncate: num_keep %d is outside [0, %d]", num_keep, s->length);
+    llama_set_error(err, err_size, "llama_cuda_session_truncate: num_keep %d is outside [0, %d]", num_keep, s->length);
     return -1;
   }
   s->length = num_keep;  // later forwards overwrite the cache rows beyond
@@ -430,17 +424,17 @@ int llama_cuda_session_truncate(llama_cuda_session* s, int32_t num_keep, char* e
 int llama_cuda_session_record_tokens(llama_cuda_session* s, int32_t first, const int32_t* ids, int32_t n, char* err,
                                      size_t err_size) {
   if (s == nullptr || ids == nullptr) {
-    set_error(err, err_size, "llama_cuda_session_record_tokens: %s is NULL", s == nullptr ? "session" : "ids");
+    llama_set_error(err, err_size, "llama_cuda_session_record_tokens: %s is NULL", s == nullptr ? "session" : "ids");
     return -1;
   }
   if (first < 0 || n < 0 || n > s->length - first) {
-    set_error(err, err_size, "llama_cuda_session_record_tokens: positions [%d, %d + %d) are outside [0, %d)", first,
+    llama_set_error(err, err_size, "llama_cuda_session_record_tokens: positions [%d, %d + %d) are outside [0, %d)", first,
               first, n, s->length);
     return -1;
   }
   for (int32_t i = 0; i < n; ++i)
     if (ids[i] < 0 || ids[i] >= s->model->hp.n_vocab) {
-      set_error(err, err_size, "llama_cuda_session_record_tokens: token %d at index %d is outside [0, %d)", ids[i], i,
+      llama_set_error(err, err_size, "llama_cuda_session_record_tokens: token %d at index %d is outside [0, %d)", ids[i], i,
                 s->model->hp.n_vocab);
       return -1;
     }
@@ -468,7 +462,7 @@ static int forward_ids(llama_cuda_session* s, int32_t n, const float** hidden, c
   const float scale = 1.0f / sqrtf((float)hd);
   const size_t attention_shared = (size_t)(2 * hd + kAttentionThreads) * sizeof(float);
   if (attention_shared > 48 * 1024) {
-    set_error(err, err_size, "llama_cuda_session_forward: head_dim %d is too large for the attention kernel", hd);
+    llama_set_error(err, err_size, "llama_cuda_session_forward: head_dim %d is too large for the attention kernel", hd);
     return -1;
   }
 
@@ -514,11 +508,11 @@ static int forward_ids(llama_cuda_session* s, int32_t n, const float** hidden, c
 static int check_forward_args(llama_cuda_session* s, const void* tokens, int32_t n, const float** hidden,
                               const char* fn, char* err, size_t err_size) {
   if (s == nullptr || tokens == nullptr || hidden == nullptr) {
-    set_error(err, err_size, "%s: %s is NULL", fn, s == nullptr ? "session" : tokens == nullptr ? "tokens" : "hidden");
+    llama_set_error(err, err_size, "%s: %s is NULL", fn, s == nullptr ? "session" : tokens == nullptr ? "tokens" : "hidden");
     return -1;
   }
   if (n < 1 || n > s->capacity - s->length) {
-    set_error(err, err_size, "%s: %d tokens do not fit after %d in a cache of %d", fn, n, s->length, s->capacity);
+    llama_set_error(err, err_size, "%s: %d tokens do not fit after %d in a cache of %d", fn, n, s->length, s->capacity);
     return -1;
   }
   return 0;
@@ -529,7 +523,7 @@ int llama_cuda_session_forward(llama_cuda_session* s, const int32_t* tokens, int
   if (check_forward_args(s, tokens, n, hidden, "llama_cuda_session_forward", err, err_size) != 0) return -1;
   for (int32_t i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= s->model->hp.n_vocab) {
-      set_error(err, err_size, "llama_cuda_session_forward: token %d at index %d is outside [0, %d)", tokens[i], i,
+      llama_set_error(err, err_size, "llama_cuda_session_forward: token %d at index %d is outside [0, %d)", tokens[i], i,
                 s->model->hp.n_vocab);
       return -1;
     }

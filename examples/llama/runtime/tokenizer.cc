@@ -1,5 +1,6 @@
 // tokenizer.cc — see tokenizer.h.
 #include "tokenizer.h"
+#include "error.h"
 
 #include <sentencepiece_processor.h>
 
@@ -18,13 +19,6 @@ struct llama_tokenizer {
 
 namespace {
 
-void set_error(char* err, size_t err_size, const char* format, ...) {
-  if (err == nullptr || err_size == 0) return;
-  va_list args;
-  va_start(args, format);
-  std::vsnprintf(err, err_size, format, args);
-  va_end(args);
-}
 
 bool valid_id(const llama_tokenizer* t, int32_t id) { return id >= 0 && id < t->processor.GetPieceSize(); }
 
@@ -32,28 +26,28 @@ bool valid_id(const llama_tokenizer* t, int32_t id) { return id >= 0 && id < t->
 
 extern "C" int llama_tokenizer_load(const char* path, llama_tokenizer** out, char* err, size_t err_size) {
   if (path == nullptr || out == nullptr) {
-    set_error(err, err_size, "llama_tokenizer_load: %s is NULL", path == nullptr ? "path" : "out");
+    llama_set_error(err, err_size, "llama_tokenizer_load: %s is NULL", path == nullptr ? "path" : "out");
     return -1;
   }
   try {
     auto* t = new llama_tokenizer;
     const auto status = t->processor.Load(path);
     if (!status.ok()) {
-      set_error(err, err_size, "%s: not a SentencePiece model: %s", path, status.ToString().c_str());
+      llama_set_error(err, err_size, "%s: not a SentencePiece model: %s", path, status.ToString().c_str());
       delete t;
       return -1;
     }
     if (t->processor.GetPieceSize() <= 0) {
-      set_error(err, err_size, "%s: the SentencePiece model has no pieces", path);
+      llama_set_error(err, err_size, "%s: the SentencePiece model has no pieces", path);
       delete t;
       return -1;
     }
     *out = t;
     return 0;
   } catch (const std::bad_alloc&) {
-    set_error(err, err_size, "%s: out of memory", path);
+    llama_set_error(err, err_size, "%s: out of memory", path);
   } catch (const std::exception& e) {
-    set_error(err, err_size, "%s: %s", path, e.what());
+    llama_set_error(err, err_size, "%s: %s", path, e.what());
   }
   return -1;
 }
@@ -68,25 +62,25 @@ extern "C" int llama_tokenizer_encode(const llama_tokenizer* t, const char* text
                                       int32_t capacity, int32_t* count, char* err, size_t err_size) {
   if (t == nullptr || (text == nullptr && length > 0) || count == nullptr || (ids == nullptr && capacity > 0) ||
       capacity < 0) {
-    set_error(err, err_size, "llama_tokenizer_encode: a NULL argument or a negative capacity");
+    llama_set_error(err, err_size, "llama_tokenizer_encode: a NULL argument or a negative capacity");
     return -1;
   }
   try {
     std::vector<int> pieces;
     const auto status = t->processor.Encode(std::string(text ? text : "", length), &pieces);
     if (!status.ok()) {
-      set_error(err, err_size, "encoding failed: %s", status.ToString().c_str());
+      llama_set_error(err, err_size, "encoding failed: %s", status.ToString().c_str());
       return -1;
     }
     *count = static_cast<int32_t>(pieces.size());
     if (pieces.size() > static_cast<size_t>(capacity)) {
-      set_error(err, err_size, "the text encodes to %zu tokens, more than the capacity %d", pieces.size(), capacity);
+      llama_set_error(err, err_size, "the text encodes to %zu tokens, more than the capacity %d", pieces.size(), capacity);
       return -1;
     }
     for (size_t i = 0; i < pieces.size(); ++i) ids[i] = pieces[i];
     return 0;
   } catch (const std::exception& e) {
-    set_error(err, err_size, "encoding failed: %s", e.what());
+    llama_set_error(err, err_size, "encoding failed: %s", e.what());
   }
   return -1;
 }
@@ -94,25 +88,25 @@ extern "C" int llama_tokenizer_encode(const llama_tokenizer* t, const char* text
 extern "C" int llama_tokenizer_decode(const llama_tokenizer* t, const int32_t* ids, int32_t count, char** text,
                                       size_t* length, char* err, size_t err_size) {
   if (t == nullptr || (ids == nullptr && count > 0) || count < 0 || text == nullptr) {
-    set_error(err, err_size, "llama_tokenizer_decode: a NULL argument or a negative count");
+    llama_set_error(err, err_size, "llama_tokenizer_decode: a NULL argument or a negative count");
     return -1;
   }
   try {
     std::vector<int> pieces(ids, ids + count);
     for (int32_t i = 0; i < count; ++i)
       if (!valid_id(t, ids[i])) {
-        set_error(err, err_size, "token %d at index %d is outside [0, %d)", ids[i], i, t->processor.GetPieceSize());
+        llama_set_error(err, err_size, "token %d at index %d is outside [0, %d)", ids[i], i, t->processor.GetPieceSize());
         return -1;
       }
     std::string decoded;
     const auto status = t->processor.Decode(pieces, &decoded);
     if (!status.ok()) {
-      set_error(err, err_size, "decoding failed: %s", status.ToString().c_str());
+      llama_set_error(err, err_size, "decoding failed: %s", status.ToString().c_str());
       return -1;
     }
     char* copy = static_cast<char*>(std::malloc(decoded.size() + 1));
     if (copy == nullptr) {
-      set_error(err, err_size, "out of memory");
+      llama_set_error(err, err_size, "out of memory");
       return -1;
     }
     std::memcpy(copy, decoded.data(), decoded.size());
@@ -121,7 +115,7 @@ extern "C" int llama_tokenizer_decode(const llama_tokenizer* t, const int32_t* i
     if (length != nullptr) *length = decoded.size();
     return 0;
   } catch (const std::exception& e) {
-    set_error(err, err_size, "decoding failed: %s", e.what());
+    llama_set_error(err, err_size, "decoding failed: %s", e.what());
   }
   return -1;
 }
@@ -129,24 +123,24 @@ extern "C" int llama_tokenizer_decode(const llama_tokenizer* t, const int32_t* i
 extern "C" int llama_tokenizer_piece(const llama_tokenizer* t, int32_t id, char* out, size_t out_size, char* err,
                                      size_t err_size) {
   if (t == nullptr || out == nullptr || out_size == 0) {
-    set_error(err, err_size, "llama_tokenizer_piece: a NULL argument");
+    llama_set_error(err, err_size, "llama_tokenizer_piece: a NULL argument");
     return -1;
   }
   if (!valid_id(t, id)) {
-    set_error(err, err_size, "token %d is outside [0, %d)", id, t->processor.GetPieceSize());
+    llama_set_error(err, err_size, "token %d is outside [0, %d)", id, t->processor.GetPieceSize());
     return -1;
   }
   try {
     const std::string& piece = t->processor.IdToPiece(id);
     if (piece.size() >= out_size) {
-      set_error(err, err_size, "the piece of token %d is longer than %zu bytes", id, out_size - 1);
+      llama_set_error(err, err_size, "the piece of token %d is longer than %zu bytes", id, out_size - 1);
       return -1;
     }
     std::memcpy(out, piece.data(), piece.size());
     out[piece.size()] = '\0';
     return 0;
   } catch (const std::exception& e) {
-    set_error(err, err_size, "piece lookup failed: %s", e.what());
+    llama_set_error(err, err_size, "piece lookup failed: %s", e.what());
   }
   return -1;
 }
