@@ -260,9 +260,12 @@ func (c *Context) call(fn func(raw capi.Struct_SS_flashspec_context) capi.Enum_S
 
 // ---- LM head --------------------------------------------------------------
 
-// LMHead is an uploaded LM head W, [vocab, hidden], immutable.
+// LMHead is an uploaded LM head W, [vocab, hidden], immutable: the whole
+// head (NewLMHead) or one rank's vocabulary slice of it (NewLMHeadShard).
 type LMHead struct {
-	raw           capi.Struct_SS_flashspec_lm_head
+	raw capi.Struct_SS_flashspec_lm_head
+	// vocab is the global vocabulary (V of a whole head), what token ids,
+	// draft logits rows and token masks span; hidden is d.
 	vocab, hidden int
 }
 
@@ -296,7 +299,7 @@ func (h *LMHead) Close() error {
 	return nil
 }
 
-// VocabSize is V.
+// VocabSize is V, or for a shard head the tokens of its slice.
 func (h *LMHead) VocabSize() int { return int(capi.Flashspec_lm_head_vocab_size(h.raw)) }
 
 // HiddenSize is d.
@@ -336,6 +339,29 @@ func (c *Context) Draft(head *LMHead, hidden []float32, o *DraftOptions) (tokens
 	if err != nil {
 		return nil, nil, err
 	}
+	var a arena
+	defer a.free()
+	p, release, err := o.cParams(&a, rows, head.vocab)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer release()
+	t := capi.Flashspec_tensor_make(in(&a, hidden), capi.FLASHSPEC_DTYPE_F32, capi.FLASHSPEC_MEMORY_HOST, int64(rows), int64(head.hidden))
+	defer capi.DeleteFlashspec_tensor(t)
+	tp, sp := out[int32](&a, rows), out[float32](&a, rows)
+	err = c.call(func(raw capi.Struct_SS_flashspec_context) capi.Enum_SS_flashspec_status {
+		return capi.Flashspec_draft(raw, hr, t, p, uintptr(tp), uintptr(sp))
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return back[int32](tp, rows), back[float32](sp, rows), nil
+}
+
+// cParams checks o (nil: the defaults) for a call over rows hidden rows and
+// a vocabulary of vocab tokens, then builds the C params in a's buffers;
+// release deletes them.
+func (o *DraftOptions) cParams(a *arena, rows, vocab int) (capi.Flashspec_draft_params, func(), error) {
 	if o == nil {
 		o = &DraftOptions{}
 	}
@@ -354,36 +380,30 @@ func (c *Context) Draft(head *LMHead, hidden []float32, o *DraftOptions) (tokens
 	}
 	words := 0
 	if o.Controls != nil {
-		if words, err = o.Controls.check("Controls", rows, rows, head.vocab, "rows"); err != nil {
+		var err error
+		if words, err = o.Controls.check("Controls", rows, rows, vocab, "rows"); err != nil {
 			return nil, nil, err
 		}
 	}
-	var a arena
-	defer a.free()
-	t := capi.Flashspec_tensor_make(in(&a, hidden), capi.FLASHSPEC_DTYPE_F32, capi.FLASHSPEC_MEMORY_HOST, int64(rows), int64(head.hidden))
-	defer capi.DeleteFlashspec_tensor(t)
 	p := capi.NewFlashspec_draft_params()
-	defer capi.DeleteFlashspec_draft_params(p)
 	capi.Flashspec_draft_params_init(p)
 	p.SetTemperature(o.Temperature)
-	p.SetTemperatures(in(&a, o.Temperatures))
-	p.SetSeeds(in(&a, o.Seeds))
-	p.SetRequest_ids(in(&a, o.RequestIDs))
-	p.SetSteps(in(&a, o.Steps))
-	p.SetPositions(in(&a, o.Positions))
+	p.SetTemperatures(in(a, o.Temperatures))
+	p.SetSeeds(in(a, o.Seeds))
+	p.SetRequest_ids(in(a, o.RequestIDs))
+	p.SetSteps(in(a, o.Steps))
+	p.SetPositions(in(a, o.Positions))
+	var controls capi.Flashspec_sampling_controls
 	if o.Controls != nil {
-		controls := o.Controls.cControls(&a, words)
-		defer capi.DeleteFlashspec_sampling_controls(controls)
+		controls = o.Controls.cControls(a, words)
 		p.SetControls(controls)
 	}
-	tp, sp := out[int32](&a, rows), out[float32](&a, rows)
-	err = c.call(func(raw capi.Struct_SS_flashspec_context) capi.Enum_SS_flashspec_status {
-		return capi.Flashspec_draft(raw, hr, t, p, uintptr(tp), uintptr(sp))
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	return back[int32](tp, rows), back[float32](sp, rows), nil
+	return p, func() {
+		if controls != nil {
+			capi.DeleteFlashspec_sampling_controls(controls)
+		}
+		capi.DeleteFlashspec_draft_params(p)
+	}, nil
 }
 
 func rowsOf(values []float32, cols int, name string) (int, error) {
@@ -411,6 +431,13 @@ func rowsOf(values []float32, cols int, name string) (int, error) {
 // rows); see SamplingControls. Logprobs asks for the emitted tokens'
 // logprobs and TopLogprobs (0..MaxTopLogprobs) for each slot's tokens of
 // largest raw logit, in the VerifyResult.
+//
+// DraftParents (nil: each request's drafts are a chain) makes each
+// request's drafts a tree: draft k of request r (node k) has parent node
+// DraftParents[DraftOffsets[r] + k] in [-1, k) (-1: the root), and target
+// row k + 1 of the request is the target after the path to node k. It needs
+// DraftOffsets[R] entries and greedy drafts (DraftLogits nil); the result's
+// AcceptedNodes give the accepted path (see "Tree verify" in flashspec.h).
 type VerifyBatch struct {
 	DraftOffsets      []int32
 	DraftTokens       []int32
@@ -427,6 +454,7 @@ type VerifyBatch struct {
 	DraftControls     *SamplingControls
 	Logprobs          bool
 	TopLogprobs       int
+	DraftParents      []int32
 }
 
 // VerifyResult is what finalize wrote. The logprob slices are indexed as
@@ -448,7 +476,11 @@ type VerifyResult struct {
 	TopTokens   []int32
 	TopLogprobs []float32
 	TopN        int
-	offsets     []int32
+	// AcceptedNodes [DraftOffsets[R] + R], for a batch with DraftParents:
+	// slot k < AcceptedCounts[r] of request r holds the node index of the
+	// k-th accepted node, -1 the rest. Nil for a chain batch.
+	AcceptedNodes []int32
+	offsets       []int32
 }
 
 func (r *VerifyResult) slots(request int) (start, count int) {
@@ -460,6 +492,16 @@ func (r *VerifyResult) slots(request int) (start, count int) {
 func (r *VerifyResult) Tokens(request int) []int32 {
 	start, count := r.slots(request)
 	return r.EmittedTokens[start : start+count]
+}
+
+// Nodes are the node indices of request r's accepted path down its tree
+// (the drafts its accepted tokens are); nil for a chain batch.
+func (r *VerifyResult) Nodes(request int) []int32 {
+	if r.AcceptedNodes == nil {
+		return nil
+	}
+	start, count := r.slots(request)
+	return r.AcceptedNodes[start : start+count-1]
 }
 
 // TokenLogprobs are the logprobs of request r's emitted tokens (raw: under
@@ -513,6 +555,7 @@ func (b *VerifyBatch) checkSizes(head *LMHead) (int, error) {
 	}{
 		{"DraftTokens", true, len(b.DraftTokens), drafts, perDraft},
 		{"AcceptUniforms", b.AcceptUniforms != nil, len(b.AcceptUniforms), drafts, perDraft},
+		{"DraftParents", b.DraftParents != nil, len(b.DraftParents), drafts, perDraft},
 		{"Temperatures", b.Temperatures != nil, len(b.Temperatures), requests, perRequest},
 		{"DraftTemperatures", b.DraftTemperatures != nil, len(b.DraftTemperatures), requests, perRequest},
 		{"Seeds", b.Seeds != nil, len(b.Seeds), requests, perRequest},
@@ -576,6 +619,7 @@ func (b *VerifyBatch) cBatch(a *arena, head *LMHead) (capi.Flashspec_verify_batc
 	batch.SetRequest_ids(in(a, b.RequestIDs))
 	batch.SetSteps(in(a, b.Steps))
 	batch.SetAccept_uniforms(in(a, b.AcceptUniforms))
+	batch.SetDraft_parents(in(a, b.DraftParents))
 	batch.SetMax_draft_len(b.MaxDraftLen)
 	for _, c := range []struct {
 		controls *SamplingControls
@@ -626,7 +670,11 @@ func (c *Context) finalizeWith(b *VerifyBatch, head *LMHead, fn func(raw capi.St
 	result.SetEmitted_tokens(uintptr(ep))
 	result.SetNext_steps(uintptr(np))
 	// checkSizes bounded TopLogprobs by MaxTopLogprobs.
-	var lp, rp, ttp, tlp unsafe.Pointer
+	var lp, rp, ttp, tlp, nodes unsafe.Pointer
+	if b.DraftParents != nil {
+		nodes = out[int32](&a, emitted)
+		result.SetAccepted_nodes(uintptr(nodes))
+	}
 	if b.Logprobs {
 		lp, rp = out[float32](&a, emitted), out[float32](&a, emitted)
 		result.SetLogprobs(uintptr(lp))
@@ -648,6 +696,9 @@ func (c *Context) finalizeWith(b *VerifyBatch, head *LMHead, fn func(raw capi.St
 		NextSteps: back[uint64](np, requests), offsets: offsets}
 	if b.Logprobs {
 		res.Logprobs, res.RawLogprobs = back[float32](lp, emitted), back[float32](rp, emitted)
+	}
+	if nodes != nil {
+		res.AcceptedNodes = back[int32](nodes, emitted)
 	}
 	if top > 0 {
 		res.TopTokens, res.TopLogprobs, res.TopN = back[int32](ttp, top), back[float32](tlp, top), b.TopLogprobs
