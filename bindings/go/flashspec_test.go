@@ -217,15 +217,15 @@ func TestPhiloxAndPluginTable(t *testing.T) {
 }
 
 // Each Go block of bindings/README.md is taken verbatim from an example
-// (example_test.go, example_engine_test.go, example_controls_test.go),
-// which go test runs.
+// (example_test.go, example_engine_test.go, example_controls_test.go,
+// example_shards_test.go), which go test runs.
 func TestReadmeSnippetIsFromTheExample(t *testing.T) {
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var examples string
-	for _, name := range []string{"example_test.go", "example_engine_test.go", "example_controls_test.go"} {
+	for _, name := range []string{"example_test.go", "example_engine_test.go", "example_controls_test.go", "example_shards_test.go"} {
 		example, err := os.ReadFile(name)
 		if err != nil {
 			t.Fatal(err)
@@ -233,8 +233,8 @@ func TestReadmeSnippetIsFromTheExample(t *testing.T) {
 		examples += string(example)
 	}
 	parts := strings.Split(string(readme), "```go\n")
-	if len(parts) < 4 {
-		t.Fatalf("%d Go blocks in bindings/README.md, want the core, the controls and the engine one", len(parts)-1)
+	if len(parts) < 5 {
+		t.Fatalf("%d Go blocks in bindings/README.md, want the core, the controls, the shards and the engine one", len(parts)-1)
 	}
 	for _, part := range parts[1:] {
 		block := strings.SplitN(part, "```", 2)[0]
