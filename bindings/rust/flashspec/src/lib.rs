@@ -10,6 +10,13 @@
 //! This crate passes host slices; with the CUDA backend each call waits for
 //! its work before returning (device memory goes through `flashspec-sys`).
 //!
+//! Vocabulary shards (tensor-parallel LM heads, see "Vocabulary shards" in
+//! flashspec.h): [`Context::lm_head_shard`] uploads one rank's slice,
+//! [`Context::verify_shard`] / [`Context::draft_shard`] write
+//! [`SHARD_RECORD_BYTES`] per row into a caller byte buffer, and after the
+//! caller's all-gather [`Context::finalize_shards`] /
+//! [`Context::draft_from_shards`] emit what the unsharded calls would.
+//!
 //! The speculative engine ([`Engine`], from [`Context::engine`]) takes the
 //! target model and callback drafters as closures; a closure's error or
 //! panic fails the generation with a [`GenerateError`] whose `source` is
@@ -26,6 +33,11 @@ mod controls;
 pub use controls::{pack_token_mask, LogitBias, LogitBiasBuf, SamplingControls, TokenMask, MAX_TOP_K, MAX_TOP_LOGPROBS, TOP_K_ALL};
 mod engine;
 pub use engine::{Arm, ArmMetrics, BoxError, CallbackDrafterOptions, CallbackPanic, CallbackResult, Canceller, Drafter, Engine, EngineMetrics, EngineOptions, FinishReason, GenerateError, GenerateOptions, Generation, NgramOptions, Policy};
+
+/// Bytes of one row's record in the shard calls (FLASHSPEC_SHARD_RECORD_BYTES).
+pub const SHARD_RECORD_BYTES: usize = sys::FLASHSPEC_SHARD_RECORD_BYTES;
+/// The record layout this crate's library writes and reads (FLASHSPEC_SHARD_RECORD_VERSION).
+pub const SHARD_RECORD_VERSION: i32 = sys::FLASHSPEC_SHARD_RECORD_VERSION;
 
 /// The examples of bindings/README.md, run as doctests.
 #[doc = include_str!("../../../README.md")]
@@ -237,6 +249,27 @@ impl Context {
         Ok(LmHead { raw, vocab, hidden, _context: PhantomData })
     }
 
+    /// Upload one rank's slice of a vocabulary-sharded LM head: `weight`
+    /// holds the rows `slice` (global token ids) of a `[vocab_size, hidden]`
+    /// head, row-major (copied). The head serves only the shard calls
+    /// ([`Context::verify_shard`], [`Context::draft_shard`]); the library
+    /// refuses a slice outside `[0, vocab_size)`.
+    pub fn lm_head_shard(&self, weight: &[f32], slice: std::ops::Range<usize>, hidden: usize, vocab_size: usize) -> Result<LmHead<'_>> {
+        let rows = slice.end.checked_sub(slice.start).ok_or_else(|| out_of_range(format!("slice: {}..{} ends before it begins", slice.start, slice.end)))?;
+        if weight.len() != rows.saturating_mul(hidden) {
+            return Err(out_of_range(format!("weight: {} values for the slice {}..{} of {hidden} columns", weight.len(), slice.start, slice.end)));
+        }
+        // The library adds the slice's rows to vocab_begin in i64.
+        let (Ok(begin), Ok(_), Ok(vocab)) = (i64::try_from(slice.start), i64::try_from(slice.end), i64::try_from(vocab_size)) else {
+            return Err(out_of_range(format!("slice: {}..{} of {vocab_size} tokens is past i64", slice.start, slice.end)));
+        };
+        let t = host_tensor(weight, rows, hidden);
+        let mut raw = ptr::null_mut();
+        let status = unsafe { sys::flashspec_lm_head_create_shard(self.raw, &t, sys::FLASHSPEC_LM_HEAD_COPY, begin, vocab, &mut raw) };
+        self.finish(status)?;
+        Ok(LmHead { raw, vocab: vocab_size, hidden, _context: PhantomData })
+    }
+
     /// Reserve summaries for [`Context::verify`] / [`Context::finalize`].
     pub fn summaries(&self, max_rows: i32, max_requests: i32) -> Result<Summaries<'_>> {
         let mut raw = ptr::null_mut();
@@ -251,28 +284,49 @@ impl Context {
     /// set and T > 0 samples the controlled q.
     pub fn draft(&self, head: &LmHead<'_>, hidden: &[f32], options: &DraftOptions<'_>) -> Result<(Vec<i32>, Vec<f32>)> {
         let rows = rows_of(hidden, head.hidden, "hidden")?;
-        for (name, len) in [("temperatures", options.temperatures.map(<[f32]>::len)), ("seeds", options.seeds.map(<[u64]>::len)), ("request_ids", options.request_ids.map(<[u64]>::len)), ("steps", options.steps.map(<[u64]>::len)), ("positions", options.positions.map(<[i32]>::len))] {
-            if let Some(n) = len.filter(|&n| n < rows) {
-                return Err(Error { status: sys::FLASHSPEC_ERR_OUT_OF_RANGE, message: format!("{name}: {n} entries for {rows} rows") });
-            }
-        }
-        let controls = options.controls.as_ref().map(|c| c.raw("controls", rows, rows, head.vocab, "rows")).transpose()?;
+        let params = options.raw(rows, head.vocab)?;
         let t = host_tensor(hidden, rows, head.hidden);
-        let mut p = std::mem::MaybeUninit::<sys::flashspec_draft_params>::zeroed();
-        let mut p = unsafe {
-            sys::flashspec_draft_params_init_sized(p.as_mut_ptr(), std::mem::size_of::<sys::flashspec_draft_params>());
-            p.assume_init()
-        };
-        p.temperature = options.temperature;
-        p.temperatures = opt_ptr(options.temperatures);
-        p.seeds = opt_ptr(options.seeds);
-        p.request_ids = opt_ptr(options.request_ids);
-        p.steps = opt_ptr(options.steps);
-        p.positions = opt_ptr(options.positions);
-        p.controls = controls.as_ref().map_or(ptr::null(), |c| c as *const _);
         let mut tokens = vec![0i32; rows];
         let mut scores = vec![0f32; rows];
-        let status = unsafe { sys::flashspec_draft(self.raw, head.raw, &t, &p, tokens.as_mut_ptr(), scores.as_mut_ptr()) };
+        let status = unsafe { sys::flashspec_draft(self.raw, head.raw, &t, &params.params, tokens.as_mut_ptr(), scores.as_mut_ptr()) };
+        self.finish(status)?;
+        Ok((tokens, scores))
+    }
+
+    /// One rank's draft pass over its slice (`head` from
+    /// [`Context::lm_head_shard`]): writes one record per row of `hidden`
+    /// to the first `rows × SHARD_RECORD_BYTES` bytes of `records` (refused
+    /// before the call when shorter). `options` as for [`Context::draft`],
+    /// without controls (UNSUPPORTED). All-gather the records, then
+    /// [`Context::draft_from_shards`].
+    pub fn draft_shard(&self, head: &LmHead<'_>, hidden: &[f32], options: &DraftOptions<'_>, records: &mut [u8]) -> Result<()> {
+        let rows = rows_of(hidden, head.hidden, "hidden")?;
+        let params = options.raw(rows, head.vocab)?;
+        check_record_room(records, rows, "hidden rows")?;
+        let t = host_tensor(hidden, rows, head.hidden);
+        self.finish(unsafe { sys::flashspec_draft_shard(self.raw, head.raw, &t, &params.params, records.as_mut_ptr().cast()) })
+    }
+
+    /// The drafts from the gathered records of `num_shards` ranks
+    /// (`records` is exactly `num_shards × rows × SHARD_RECORD_BYTES`
+    /// bytes, rank after rank, each rank's rows in order): the tokens and
+    /// scores [`Context::draft`] on the whole head gives for the same
+    /// `options`. A gather of another record version, or whose slices do
+    /// not tile the vocabulary in rank order, is the library's
+    /// INVALID_ARGUMENT naming `records`.
+    pub fn draft_from_shards(&self, records: &[u8], num_shards: usize, options: &DraftOptions<'_>) -> Result<(Vec<i32>, Vec<f32>)> {
+        let per_shard = SHARD_RECORD_BYTES.saturating_mul(num_shards);
+        if num_shards == 0 || records.is_empty() || records.len() % per_shard != 0 {
+            return Err(out_of_range(format!("records: {} bytes are not num_shards = {num_shards} ranks of whole {SHARD_RECORD_BYTES}-byte records", records.len())));
+        }
+        let rows = records.len() / per_shard;
+        let (shards_i32, rows_i32) = (i32::try_from(num_shards).unwrap_or(i32::MAX), i32::try_from(rows).unwrap_or(i32::MAX));
+        // No head: the controls are checked for their lengths only (the
+        // library refuses them for shard calls).
+        let params = options.raw(rows, 0)?;
+        let mut tokens = vec![0i32; rows];
+        let mut scores = vec![0f32; rows];
+        let status = unsafe { sys::flashspec_draft_from_shards(self.raw, &params.params, records.as_ptr().cast(), shards_i32, rows_i32, tokens.as_mut_ptr(), scores.as_mut_ptr()) };
         self.finish(status)?;
         Ok((tokens, scores))
     }
@@ -293,6 +347,40 @@ impl Context {
         self.finish(unsafe { sys::flashspec_verify(self.raw, head.raw, &parts.batch, summaries.raw) })
     }
 
+    /// One rank's verify pass over its slice (`head` from
+    /// [`Context::lm_head_shard`]): writes one record per target row
+    /// (`draft_offsets[R] + R`) to the first `rows × SHARD_RECORD_BYTES`
+    /// bytes of `records` (refused before the call when shorter). Shard
+    /// calls take greedy drafts (chains or trees) without controls or
+    /// logprobs (UNSUPPORTED). All-gather the records, then
+    /// [`Context::finalize_shards`].
+    pub fn verify_shard(&self, head: &LmHead<'_>, batch: &VerifyBatch<'_>, records: &mut [u8]) -> Result<()> {
+        let parts = batch.raw(head)?;
+        check_record_room(records, parts.target_rows, "target rows")?;
+        self.finish(unsafe { sys::flashspec_verify_shard(self.raw, head.raw, &parts.batch, records.as_mut_ptr().cast()) })
+    }
+
+    /// Algorithm 1 on the gathered records of `num_shards` ranks for
+    /// `batch`: `records` is exactly `num_shards × rows × SHARD_RECORD_BYTES`
+    /// bytes (rows = `draft_offsets[R] + R`), rank after rank. Emits what
+    /// [`Context::verify_and_finalize`] on the whole head would. `head` is
+    /// any rank's shard (it gives the hidden size of `target_hidden`). A
+    /// gather of another record version, or whose slices do not tile the
+    /// vocabulary in rank order, is the library's INVALID_ARGUMENT naming
+    /// `records`.
+    pub fn finalize_shards(&self, head: &LmHead<'_>, batch: &VerifyBatch<'_>, records: &[u8], num_shards: usize) -> Result<VerifyResult> {
+        let parts = batch.raw(head)?;
+        let expected = parts.target_rows.saturating_mul(SHARD_RECORD_BYTES).saturating_mul(num_shards);
+        if num_shards == 0 || records.len() != expected {
+            return Err(out_of_range(format!("records: {} bytes, not num_shards = {num_shards} × {} rows × {SHARD_RECORD_BYTES} = {expected}", records.len(), parts.target_rows)));
+        }
+        let mut out = VerifyResult::sized(batch);
+        let result = out.raw();
+        let shards = i32::try_from(num_shards).unwrap_or(i32::MAX);
+        self.finish(unsafe { sys::flashspec_finalize_shards(self.raw, &parts.batch, records.as_ptr().cast(), shards, &result) })?;
+        Ok(out)
+    }
+
     /// Algorithm 1 on the summaries of the last verify of `batch`.
     pub fn finalize(&self, head: &LmHead<'_>, batch: &VerifyBatch<'_>, summaries: &Summaries<'_>) -> Result<VerifyResult> {
         let parts = batch.raw(head)?;
@@ -311,6 +399,19 @@ fn check(status: sys::flashspec_status, ctx: *const sys::flashspec_context) -> R
     Err(Error { status, message })
 }
 
+fn out_of_range(message: String) -> Error {
+    Error { status: sys::FLASHSPEC_ERR_OUT_OF_RANGE, message }
+}
+
+/// Refuses a records buffer the library would write past the end of.
+fn check_record_room(records: &[u8], rows: usize, what: &str) -> Result<()> {
+    let needed = rows.saturating_mul(SHARD_RECORD_BYTES);
+    if records.len() < needed {
+        return Err(out_of_range(format!("records: {} bytes, fewer than {rows} {what} × {SHARD_RECORD_BYTES} = {needed}", records.len())));
+    }
+    Ok(())
+}
+
 fn host_tensor(data: &[f32], rows: usize, cols: usize) -> sys::flashspec_tensor {
     sys::flashspec_tensor { data: data.as_ptr().cast(), dtype: sys::FLASHSPEC_DTYPE_F32, memory: sys::FLASHSPEC_MEMORY_HOST, rows: rows as i64, cols: cols as i64, row_stride: cols as i64 }
 }
@@ -322,6 +423,11 @@ fn rows_of(values: &[f32], cols: usize, name: &str) -> Result<usize> {
     Ok(values.len() / cols)
 }
 
+/// An optional output the batch did not ask for is NULL to the library.
+fn ptr_or_null<T>(v: &mut [T]) -> *mut T {
+    if v.is_empty() { ptr::null_mut() } else { v.as_mut_ptr() }
+}
+
 fn opt_ptr<T>(s: Option<&[T]>) -> *const T {
     s.map_or(ptr::null(), <[T]>::as_ptr)
 }
@@ -329,6 +435,8 @@ fn opt_ptr<T>(s: Option<&[T]>) -> *const T {
 /// An uploaded LM head; borrows its context.
 pub struct LmHead<'c> {
     raw: *mut sys::flashspec_lm_head,
+    /// The global vocabulary (a shard's too): what draft logits and
+    /// controls are sized by.
     vocab: usize,
     hidden: usize,
     _context: PhantomData<&'c Context>,
@@ -348,6 +456,14 @@ impl LmHead<'_> {
     /// d.
     pub fn hidden_size(&self) -> usize {
         unsafe { sys::flashspec_lm_head_hidden_size(self.raw) as usize }
+    }
+    /// The global id of the head's first token (0 unless a shard).
+    pub fn vocab_begin(&self) -> usize {
+        unsafe { sys::flashspec_lm_head_vocab_begin(self.raw) as usize }
+    }
+    /// The global vocabulary size (`vocab_size()` unless a shard).
+    pub fn global_vocab_size(&self) -> usize {
+        unsafe { sys::flashspec_lm_head_global_vocab_size(self.raw) as usize }
     }
 }
 
@@ -376,6 +492,38 @@ pub struct DraftOptions<'a> {
     pub controls: Option<SamplingControls<'a>>,
 }
 
+struct RawDraftParams {
+    params: sys::flashspec_draft_params,
+    // params.controls points at this.
+    _controls: Option<Box<sys::flashspec_sampling_controls>>,
+}
+
+impl DraftOptions<'_> {
+    /// The C params for `rows` hidden rows over `vocab` tokens, after
+    /// checking that the library reads no slice past its end.
+    fn raw(&self, rows: usize, vocab: usize) -> Result<RawDraftParams> {
+        for (name, len) in [("temperatures", self.temperatures.map(<[f32]>::len)), ("seeds", self.seeds.map(<[u64]>::len)), ("request_ids", self.request_ids.map(<[u64]>::len)), ("steps", self.steps.map(<[u64]>::len)), ("positions", self.positions.map(<[i32]>::len))] {
+            if let Some(n) = len.filter(|&n| n < rows) {
+                return Err(out_of_range(format!("{name}: {n} entries for {rows} rows")));
+            }
+        }
+        let controls = self.controls.as_ref().map(|c| c.raw("controls", rows, rows, vocab, "rows").map(Box::new)).transpose()?;
+        let mut p = std::mem::MaybeUninit::<sys::flashspec_draft_params>::zeroed();
+        let mut p = unsafe {
+            sys::flashspec_draft_params_init_sized(p.as_mut_ptr(), std::mem::size_of::<sys::flashspec_draft_params>());
+            p.assume_init()
+        };
+        p.temperature = self.temperature;
+        p.temperatures = opt_ptr(self.temperatures);
+        p.seeds = opt_ptr(self.seeds);
+        p.request_ids = opt_ptr(self.request_ids);
+        p.steps = opt_ptr(self.steps);
+        p.positions = opt_ptr(self.positions);
+        p.controls = controls.as_deref().map_or(ptr::null(), |c| c as *const _);
+        Ok(RawDraftParams { params: p, _controls: controls })
+    }
+}
+
 /// A ragged batch (flashspec_verify_batch): request r drafted
 /// `draft_tokens[draft_offsets[r]..draft_offsets[r+1]]`; its n_r + 1 target
 /// rows start at row `draft_offsets[r] + r` of `target_hidden`.
@@ -386,6 +534,12 @@ pub struct DraftOptions<'a> {
 /// row, `draft_offsets[R]`). `logprobs` asks for the emitted tokens'
 /// logprobs, `top_logprobs` (≤ [`MAX_TOP_LOGPROBS`]) for each slot's tokens
 /// of largest raw logit, in the [`VerifyResult`].
+///
+/// `draft_parents` (one per draft) verifies each request's drafts as a tree
+/// ("Tree verify" in flashspec.h): draft k of request r is node k, its
+/// parent `draft_parents[draft_offsets[r] + k]` a node index in `[-1, k)`
+/// (-1: the root); target row k + 1 scores the path to node k. Trees take
+/// greedy drafts; [`VerifyResult::nodes`] gives the accepted path.
 #[derive(Debug, Clone, Default)]
 pub struct VerifyBatch<'a> {
     pub draft_offsets: &'a [i32],
@@ -404,10 +558,14 @@ pub struct VerifyBatch<'a> {
     pub draft_controls: Option<SamplingControls<'a>>,
     pub logprobs: bool,
     pub top_logprobs: usize,
+    /// `None`: each request's drafts are a chain; else `[draft_offsets[R]]`.
+    pub draft_parents: Option<&'a [i32]>,
 }
 
 struct RawBatch {
     batch: sys::flashspec_verify_batch,
+    /// `draft_offsets[R] + R`: the rows verify scores and finalize emits.
+    target_rows: usize,
     // The batch points at these.
     _hidden: Box<sys::flashspec_tensor>,
     _logits: Option<Box<sys::flashspec_tensor>>,
@@ -448,6 +606,10 @@ impl VerifyBatch<'_> {
         if drafts < 0 || self.draft_tokens.len() < drafts as usize || self.accept_uniforms.map_or(false, |u| u.len() < drafts as usize) {
             return Err(Error { status: sys::FLASHSPEC_ERR_OUT_OF_RANGE, message: format!("draft_tokens/accept_uniforms: fewer than draft_offsets[R] = {drafts} entries") });
         }
+        if let Some(n) = self.draft_parents.map(<[i32]>::len).filter(|&n| n < drafts as usize) {
+            return Err(out_of_range(format!("draft_parents: {n} entries for draft_offsets[R] = {drafts} drafts")));
+        }
+        b.draft_parents = opt_ptr(self.draft_parents);
         if self.top_logprobs > MAX_TOP_LOGPROBS {
             return Err(Error { status: sys::FLASHSPEC_ERR_OUT_OF_RANGE, message: format!("top_logprobs: {}, at most {MAX_TOP_LOGPROBS}", self.top_logprobs) });
         }
@@ -458,7 +620,7 @@ impl VerifyBatch<'_> {
         b.draft_controls = draft_controls.as_deref().map_or(ptr::null(), |c| c as *const _);
         b.logprobs = i32::from(self.logprobs);
         b.top_logprobs = self.top_logprobs as i32;
-        Ok(RawBatch { batch: b, _hidden: hidden, _logits: logits, _controls: controls, _draft_controls: draft_controls })
+        Ok(RawBatch { batch: b, target_rows: drafts + requests, _hidden: hidden, _logits: logits, _controls: controls, _draft_controls: draft_controls })
     }
 }
 
@@ -486,6 +648,10 @@ pub struct VerifyResult {
     /// Their raw logprobs, alike.
     pub top_logprobs: Vec<f32>,
     pub top_n: usize,
+    /// `[draft_offsets[R] + R]` for a tree batch ([`VerifyBatch::draft_parents`]),
+    /// else empty: slot k < accepted_counts[r] of request r holds the node
+    /// index of its k-th accepted node, -1 the rest.
+    pub accepted_nodes: Vec<i32>,
     offsets: Vec<i32>,
 }
 
@@ -505,6 +671,7 @@ impl VerifyResult {
             top_tokens: vec![0; top],
             top_logprobs: vec![0.0; top],
             top_n: batch.top_logprobs,
+            accepted_nodes: vec![0; if batch.draft_parents.is_some() { emitted } else { 0 }],
             offsets: batch.draft_offsets.to_vec(),
         }
     }
@@ -518,11 +685,11 @@ impl VerifyResult {
         r.accepted_counts = self.accepted_counts.as_mut_ptr();
         r.emitted_tokens = self.emitted_tokens.as_mut_ptr();
         r.next_steps = self.next_steps.as_mut_ptr();
-        let or_null = |v: &mut Vec<f32>| if v.is_empty() { ptr::null_mut() } else { v.as_mut_ptr() };
-        r.logprobs = or_null(&mut self.logprobs);
-        r.raw_logprobs = or_null(&mut self.raw_logprobs);
-        r.top_logprobs = or_null(&mut self.top_logprobs);
-        r.top_tokens = if self.top_tokens.is_empty() { ptr::null_mut() } else { self.top_tokens.as_mut_ptr() };
+        r.logprobs = ptr_or_null(&mut self.logprobs);
+        r.raw_logprobs = ptr_or_null(&mut self.raw_logprobs);
+        r.top_logprobs = ptr_or_null(&mut self.top_logprobs);
+        r.top_tokens = ptr_or_null(&mut self.top_tokens);
+        r.accepted_nodes = ptr_or_null(&mut self.accepted_nodes);
         r
     }
 
@@ -534,6 +701,13 @@ impl VerifyResult {
     /// Request r's emitted tokens: accepted drafts, then the recovered or bonus token.
     pub fn tokens(&self, request: usize) -> &[i32] {
         &self.emitted_tokens[self.slots(request)]
+    }
+
+    /// The node indices of request r's accepted path, root first; `None`
+    /// unless the batch was a tree.
+    pub fn nodes(&self, request: usize) -> Option<&[i32]> {
+        let slots = self.slots(request);
+        (!self.accepted_nodes.is_empty()).then(|| &self.accepted_nodes[slots.start..slots.end - 1])
     }
 
     /// The logprobs of request r's emitted tokens, under the controlled
