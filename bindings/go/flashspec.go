@@ -271,23 +271,33 @@ type LMHead struct {
 
 // NewLMHead uploads W, row-major [vocab, hidden] float32 (copied).
 func (c *Context) NewLMHead(w []float32, vocab, hidden int) (*LMHead, error) {
-	// len(w) / hidden == vocab rather than len(w) == vocab*hidden alone,
+	return c.uploadLMHead(w, vocab, hidden, func(raw capi.Struct_SS_flashspec_context, t capi.Flashspec_tensor, slot uintptr) capi.Enum_SS_flashspec_status {
+		return capi.Flashspec_lm_head_create(raw, t, capi.FLASHSPEC_LM_HEAD_COPY, slot)
+	})
+}
+
+// uploadLMHead checks w against [rows, hidden], then creates a head from it
+// with create (whole or shard); the head's vocab is rows until the caller
+// says otherwise.
+func (c *Context) uploadLMHead(w []float32, rows, hidden int,
+	create func(raw capi.Struct_SS_flashspec_context, t capi.Flashspec_tensor, slot uintptr) capi.Enum_SS_flashspec_status) (*LMHead, error) {
+	// len(w) / hidden == rows rather than len(w) == rows*hidden alone,
 	// which wraps for huge sizes.
-	if vocab < 0 || hidden < 0 || (hidden != 0 && len(w)/hidden != vocab) || len(w) != vocab*hidden {
-		return nil, &Error{Status: ErrOutOfRange, Message: fmt.Sprintf("weight: %d values for [%d, %d]", len(w), vocab, hidden)}
+	if rows < 0 || hidden < 0 || (hidden != 0 && len(w)/hidden != rows) || len(w) != rows*hidden {
+		return nil, &Error{Status: ErrOutOfRange, Message: fmt.Sprintf("weight: %d values for [%d, %d]", len(w), rows, hidden)}
 	}
 	var a arena
 	defer a.free()
-	t := capi.Flashspec_tensor_make(in(&a, w), capi.FLASHSPEC_DTYPE_F32, capi.FLASHSPEC_MEMORY_HOST, int64(vocab), int64(hidden))
+	t := capi.Flashspec_tensor_make(in(&a, w), capi.FLASHSPEC_DTYPE_F32, capi.FLASHSPEC_MEMORY_HOST, int64(rows), int64(hidden))
 	defer capi.DeleteFlashspec_tensor(t)
 	slot := out[uintptr](&a, 1)
 	err := c.call(func(raw capi.Struct_SS_flashspec_context) capi.Enum_SS_flashspec_status {
-		return capi.Flashspec_lm_head_create(raw, t, capi.FLASHSPEC_LM_HEAD_COPY, uintptr(slot))
+		return create(raw, t, uintptr(slot))
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &LMHead{raw: capi.SwigcptrStruct_SS_flashspec_lm_head(readHandle(slot)), vocab: vocab, hidden: hidden}, nil
+	return &LMHead{raw: capi.SwigcptrStruct_SS_flashspec_lm_head(readHandle(slot)), vocab: rows, hidden: hidden}, nil
 }
 
 // Close frees the head. Closing twice is a no-op.

@@ -31,21 +31,14 @@ const (
 // tokens. A shard head serves only the shard calls (VerifyShard,
 // FinalizeShards, DraftShard); Draft and Verify refuse it.
 func (c *Context) NewLMHeadShard(w []float32, rows, hidden, vocabBegin, vocabSize int) (*LMHead, error) {
-	if rows < 0 || hidden < 0 || (hidden != 0 && len(w)/hidden != rows) || len(w) != rows*hidden {
-		return nil, &Error{Status: ErrOutOfRange, Message: fmt.Sprintf("weight: %d values for [%d, %d]", len(w), rows, hidden)}
-	}
-	var a arena
-	defer a.free()
-	t := capi.Flashspec_tensor_make(in(&a, w), capi.FLASHSPEC_DTYPE_F32, capi.FLASHSPEC_MEMORY_HOST, int64(rows), int64(hidden))
-	defer capi.DeleteFlashspec_tensor(t)
-	slot := out[uintptr](&a, 1)
-	err := c.call(func(raw capi.Struct_SS_flashspec_context) capi.Enum_SS_flashspec_status {
-		return capi.Flashspec_lm_head_create_shard(raw, t, capi.FLASHSPEC_LM_HEAD_COPY, int64(vocabBegin), int64(vocabSize), uintptr(slot))
+	head, err := c.uploadLMHead(w, rows, hidden, func(raw capi.Struct_SS_flashspec_context, t capi.Flashspec_tensor, slot uintptr) capi.Enum_SS_flashspec_status {
+		return capi.Flashspec_lm_head_create_shard(raw, t, capi.FLASHSPEC_LM_HEAD_COPY, int64(vocabBegin), int64(vocabSize), slot)
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &LMHead{raw: capi.SwigcptrStruct_SS_flashspec_lm_head(readHandle(slot)), vocab: vocabSize, hidden: hidden}, nil
+	head.vocab = vocabSize
+	return head, nil
 }
 
 // VocabBegin is the global id of the head's first token (0 unless a shard).
