@@ -11,6 +11,7 @@
 #include <string>
 
 #include "combine.h"
+#include "controls.h"
 #include "device_storage.h"
 #include "dispatch.h"
 #include "finalize.h"
@@ -56,10 +57,14 @@ class CudaBackend final : public Backend {
     shard_status_.allocate(sizeof(int32_t), "cudaMalloc (shard batch status)");
     check_cuda(cudaMemset(done_counter_.as<void>(), 0, sizeof(int32_t)), "cudaMemset (scan counter)");
 
-    // Rows beyond the weight-streaming scan's go through cuBLAS, one
-    // vocabulary chunk of logits at a time.
-    if (max_rows_ > tuning::kStreamMaxRows) {
+    // Rows beyond the weight-streaming scan's, and every call with sampling
+    // controls or logprobs (controls.h), go through cuBLAS, one vocabulary
+    // chunk of logits at a time.
+    {
       chunk_ = gemm_chunk_tokens(max_rows_);
+      const size_t controls_bytes = controls::workspace_bytes(max_rows_, config.max_requests, chunk_);
+      controls_storage_.allocate(controls_bytes, "cudaMalloc (sampling controls workspace)");
+      controls_ = controls::carve_workspace(controls_storage_.as<void>(), max_rows_, config.max_requests, chunk_);
       chunk_logits_.allocate(size_t(max_rows_) * size_t(chunk_) * sizeof(float), "cudaMalloc (logits chunk)");
       cublas_workspace_.allocate(tuning::kCublasWorkspaceBytes, "cudaMalloc (cuBLAS workspace)");
       cublasHandle_t handle = nullptr;
@@ -80,7 +85,8 @@ class CudaBackend final : public Backend {
     cudaGetLastError();
     if (cublas_) cublasDestroy(cublas_);
     for (DeviceBuffer* b : {&plans_, &hidden_bad_, &partials_, &q_partials_, &residuals_, &flag_, &done_counter_,
-                            &staging_, &chunk_logits_, &cublas_workspace_, &shard_summaries_, &shard_status_})
+                            &staging_, &chunk_logits_, &cublas_workspace_, &shard_summaries_, &shard_status_,
+                            &controls_storage_})
       b->reset();
     if (previous != device_) cudaSetDevice(previous);
   }
@@ -152,6 +158,10 @@ class CudaBackend final : public Backend {
     store->max_requests = max_requests;
     store->rows.allocate(size_t(max_rows) * sizeof(RowSummary), "cudaMalloc (summaries)");
     store->batch_status.allocate(sizeof(int32_t), "cudaMalloc (summaries)");
+    const size_t top = size_t(max_rows) * FLASHSPEC_MAX_TOP_LOGPROBS;
+    store->top_tokens.allocate(top * sizeof(int32_t), "cudaMalloc (summaries)");
+    store->top_logprobs.allocate(top * sizeof(float), "cudaMalloc (summaries)");
+    store->drawing_rows.allocate(size_t(max_rows) * sizeof(int32_t), "cudaMalloc (summaries)");
     return store;
   }
 
@@ -159,8 +169,15 @@ class CudaBackend final : public Backend {
     DeviceScope scope(device_);
     const auto& head = static_cast<const CudaLmHead&>(head_base);
     guard([&] {
-      check_cuda(prepare::draft_plans(args, plans_.as<RowPlan>(), stream_), "draft plans");
+      check_cuda(prepare::draft_plans(args, head.vocab, plans_.as<RowPlan>(), stream_), "draft plans");
       const bool tc = stage(head, *args.hidden);
+      if (args.controls.present) {
+        controls::Outputs out = {};
+        out.tokens_out = args.tokens_out;
+        out.scores_out = args.scores_out;
+        run_controlled(head, tc, args.rows, args.controls, args.rows, nullptr, nullptr, 0, out, Field::kHidden);
+        return;
+      }
       StreamTail tail = stream_tail();
       tail.tokens_out = args.tokens_out;
       tail.scores_out = args.scores_out;
@@ -181,6 +198,16 @@ class CudaBackend final : public Backend {
                                        store.batch_status.as<int32_t>(), stream_),
                  "verify plans");
       const bool tc = stage(head, *args.target_hidden);
+      store.top_n = args.top_logprobs;
+      if (args.controls.present || args.logprobs || args.top_logprobs > 0) {
+        controls::Outputs out = {};
+        out.summaries = store.rows.as<RowSummary>();
+        out.top_tokens = store.top_tokens.as<int32_t>();
+        out.top_logprobs = store.top_logprobs.as<float>();
+        run_controlled(head, tc, args.total_rows, args.controls, args.num_requests, args.draft_offsets,
+                       store.batch_status.as<int32_t>(), args.top_logprobs, out, Field::kHidden);
+        return;
+      }
       StreamTail tail = stream_tail();
       tail.batch_status = store.batch_status.as<int32_t>();
       tail.summaries = store.rows.as<RowSummary>();
@@ -197,8 +224,10 @@ class CudaBackend final : public Backend {
     DeviceScope scope(device_);
     const auto& store = static_cast<const CudaSummaries&>(store_base);
     guard([&] {
+      const finalize::TopLogprobs top{store.top_tokens.as<int32_t>(), store.top_logprobs.as<float>(), store.top_n,
+                                      store.drawing_rows.as<int32_t>()};
       check_cuda(finalize::requests(args, store.rows.as<RowSummary>(), store.batch_status.as<int32_t>(), result,
-                                    stream_),
+                                    top, stream_),
                  "finalize");
     });
   }
@@ -222,7 +251,7 @@ class CudaBackend final : public Backend {
     DeviceScope scope(device_);
     const auto& head = static_cast<const CudaLmHead&>(head_base);
     guard([&] {
-      check_cuda(prepare::draft_plans(args, plans_.as<RowPlan>(), stream_), "draft plans");
+      check_cuda(prepare::draft_plans(args, head.vocab, plans_.as<RowPlan>(), stream_), "draft plans");
       scan_records(head, *args.hidden, args.rows, records);
     });
   }
@@ -239,7 +268,7 @@ class CudaBackend final : public Backend {
                                                  stream_),
                  "merge of shard records");
       check_cuda(finalize::requests(args, shard_summaries_.as<RowSummary>(), shard_status_.as<int32_t>(), result,
-                                    stream_),
+                                    finalize::TopLogprobs{}, stream_),
                  "finalize");
     });
   }
@@ -247,7 +276,7 @@ class CudaBackend final : public Backend {
   void draft_from_records(const DraftArgs& args, const ShardRecord* records, int32_t shards) override {
     DeviceScope scope(device_);
     guard([&] {
-      check_cuda(prepare::draft_plans(args, plans_.as<RowPlan>(), stream_), "draft plans");
+      check_cuda(prepare::draft_plans(args, 0, plans_.as<RowPlan>(), stream_), "draft plans");
       check_cuda(combine::drafts_from_records(plans_.as<RowPlan>(), records, shards, args.rows, args.tokens_out,
                                               args.scores_out, stream_),
                  "merge of shard records");
@@ -337,6 +366,45 @@ class CudaBackend final : public Backend {
     return tc;
   }
 
+  // The pass of a call with sampling controls or logprobs (plans written,
+  // hidden rows staged): cuBLAS chunks over W in its own dtype, so the
+  // hidden rows must have been staged in it.
+  void run_controlled(const CudaLmHead& head, bool tc, int rows, const ControlsArgs& c, int32_t requests,
+                      const int32_t* draft_offsets, const int32_t* batch_status, int32_t top_n,
+                      const controls::Outputs& out, Field field) {
+    const bool wide = head.dtype == FLASHSPEC_DTYPE_F32;
+    require(tc || wide, FLASHSPEC_ERR_UNSUPPORTED, field,
+            "sampling controls and logprobs on the CUDA backend need hidden rows in the LM head's dtype (and a "
+            "16-byte-aligned head)");
+    const int64_t slices = (head.vocab + controls::kSliceTokens - 1) / controls::kSliceTokens;
+    require(slices <= controls_.max_groups, FLASHSPEC_ERR_UNSUPPORTED, Field::kHead,
+            "the vocabulary is too large for sampling controls on the CUDA backend (at most " +
+                std::to_string(int64_t(controls_.max_groups) * controls::kSliceTokens) + " tokens)");
+    controls::Pass p = {};
+    p.w = head.data;
+    p.ldw = head.row_stride;
+    p.w_dtype = head.dtype;
+    p.vocab = int32_t(head.vocab);
+    p.d = int32_t(head.hidden);
+    p.hidden = staging_.as<void>();
+    p.k_pad = int32_t(round_up(head.hidden, 32));
+    p.rows = rows;
+    p.plans = plans_.as<RowPlan>();
+    p.hidden_bad = hidden_bad_.as<int32_t>();
+    p.controls = c;
+    p.requests = requests;
+    p.draft_offsets = draft_offsets;
+    p.batch_status = batch_status;
+    p.top_n = top_n;
+    p.cublas = cublas_;
+    p.chunk_logits = chunk_logits_.as<float>();
+    p.chunk = chunk_;
+    const char* cublas_failure = nullptr;
+    const cudaError_t e = controls::run(controls_, p, out, stream_, &cublas_failure);
+    check_cuda(e, "sampling controls pass");
+    if (cublas_failure) fail(FLASHSPEC_ERR_CUDA, std::string("sampling controls pass: ") + cublas_failure);
+  }
+
   // The scan of a shard's rows (plans already written) into its records.
   void scan_records(const CudaLmHead& head, const flashspec_tensor& hidden, int rows, ShardRecord* records) {
     const bool tc = stage(head, hidden);
@@ -384,13 +452,15 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_;
   int32_t max_rows_;
   ScanLimits limits_;
-  cublasHandle_t cublas_ = nullptr;  // many-row scans; NULL when max_rows ≤ kStreamMaxRows
+  cublasHandle_t cublas_ = nullptr;  // many-row scans and calls with sampling controls
   int32_t chunk_ = 0;                // tokens per cuBLAS logits chunk
   DeviceBuffer chunk_logits_, cublas_workspace_;
   DeviceBuffer done_counter_;  // CTAs of a weight-streaming scan that have finished
   int last_error_ = 0;
   DeviceBuffer plans_, hidden_bad_, partials_, q_partials_, residuals_, flag_, staging_;
   DeviceBuffer shard_summaries_, shard_status_;  // finalize of gathered shard records
+  DeviceBuffer controls_storage_;                // calls with sampling controls or logprobs
+  controls::Workspace controls_ = {};
 };
 
 }  // namespace

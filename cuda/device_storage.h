@@ -19,6 +19,10 @@ class CudaSummaries final : public SummaryStore {
  public:
   DeviceBuffer rows;          // RowSummary[max_rows]
   DeviceBuffer batch_status;  // int32_t: what the verify plans found of the batch as a whole
+  DeviceBuffer top_tokens;    // int32_t[max_rows][FLASHSPEC_MAX_TOP_LOGPROBS]: each row's top raw tokens
+  DeviceBuffer top_logprobs;  // float, alike
+  DeviceBuffer drawing_rows;  // int32_t[max_rows]: finalize's scratch, the row that drew each slot
+  int32_t top_n = 0;          // top raw tokens per row the last verify kept
 };
 
 }  // namespace cuda

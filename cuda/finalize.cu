@@ -15,33 +15,64 @@ struct FinalizeArgs {
   const RowSummary* rows;
   const int32_t* batch_status;
   ResultArgs result;
+  finalize::TopLogprobs top;
 };
 
 __global__ void finalize_kernel(const FinalizeArgs a) {
   pdl_wait();
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   const bool bad_batch = *a.batch_status != FLASHSPEC_OK;
+  const int32_t n = a.top.n;
   if (bad_batch)
     for (int k = r; k < a.batch.total_rows; k += gridDim.x * blockDim.x) {
       a.result.emitted_tokens[k] = -1;
       if (a.result.accepted_nodes) a.result.accepted_nodes[k] = -1;
+      if (a.result.logprobs) a.result.logprobs[k] = NAN;
+      if (a.result.raw_logprobs) a.result.raw_logprobs[k] = NAN;
+      for (int32_t i = 0; i < n; ++i) {
+        if (a.result.top_tokens) a.result.top_tokens[int64_t(k) * n + i] = -1;
+        if (a.result.top_logprobs) a.result.top_logprobs[int64_t(k) * n + i] = NAN;
+      }
     }
-  if (r >= a.batch.num_requests) return;
-  // Offsets that do not describe the batch still make a view; only its
-  // step is read then.
+  if (r >= a.batch.num_requests || bad_batch) {
+    if (r < a.batch.num_requests) {
+      a.result.accepted_counts[r] = -1;
+      // Offsets that do not describe the batch still make a view; only its
+      // step is read then.
+      if (a.result.next_steps) a.result.next_steps[r] = request_view(a.batch, r).step + 1;
+    }
+    return;
+  }
   const RequestView v = request_view(a.batch, r);
-  int32_t* accepted_nodes = a.result.accepted_nodes ? a.result.accepted_nodes + v.first_row : nullptr;
-  int32_t accepted = -1;
-  if (!bad_batch && a.batch.draft_parents) {
+  auto at = [&v](auto* out) { return out ? out + v.first_row : nullptr; };
+  int32_t* accepted_nodes = at(a.result.accepted_nodes);
+  int32_t* drawing_rows = a.top.drawing_rows ? a.top.drawing_rows + v.first_row : nullptr;
+  int32_t accepted;
+  if (a.batch.draft_parents) {
     accepted = finalize_tree_request(v, a.batch.draft_tokens, a.batch.draft_parents, a.rows,
-                                     a.result.emitted_tokens + v.first_row, accepted_nodes, nullptr, nullptr,
-                                     nullptr);
-  } else if (!bad_batch) {
+                                     a.result.emitted_tokens + v.first_row, accepted_nodes, at(a.result.logprobs),
+                                     at(a.result.raw_logprobs), drawing_rows);
+  } else {
     accepted = finalize_request(v, a.batch.draft_tokens, a.rows, a.batch.accept_uniforms,
                                 a.result.emitted_tokens + v.first_row);
+    if (a.result.logprobs || a.result.raw_logprobs)
+      emitted_logprobs(v, a.rows, accepted, at(a.result.logprobs), at(a.result.raw_logprobs));
+    for (int32_t k = 0; k <= v.num_drafts; ++k) {
+      const bool emitted = accepted >= 0 && k <= accepted;
+      if (drawing_rows) drawing_rows[k] = emitted ? k : -1;
+      if (accepted_nodes) accepted_nodes[k] = emitted && k < accepted ? k : -1;
+    }
   }
-  if (accepted_nodes && !bad_batch && !a.batch.draft_parents)
-    for (int32_t k = 0; k <= v.num_drafts; ++k) accepted_nodes[k] = k < accepted ? k : -1;
+  // Slot k's top logprobs are those of the row that drew its token.
+  if (n > 0 && drawing_rows)
+    for (int32_t k = 0; k <= v.num_drafts; ++k) {
+      const int32_t row = drawing_rows[k];
+      const int64_t slot = int64_t(v.first_row + k) * n, source = int64_t(v.first_row + row) * n;
+      for (int32_t i = 0; i < n; ++i) {
+        if (a.result.top_tokens) a.result.top_tokens[slot + i] = row >= 0 ? a.top.tokens[source + i] : -1;
+        if (a.result.top_logprobs) a.result.top_logprobs[slot + i] = row >= 0 ? a.top.logprobs[source + i] : NAN;
+      }
+    }
   a.result.accepted_counts[r] = accepted;
   if (a.result.next_steps) a.result.next_steps[r] = v.step + 1;
 }
@@ -51,8 +82,8 @@ __global__ void finalize_kernel(const FinalizeArgs a) {
 namespace finalize {
 
 cudaError_t requests(const VerifyArgs& args, const RowSummary* rows, const int32_t* batch_status,
-                     const ResultArgs& result, cudaStream_t stream) {
-  FinalizeArgs a{args, rows, batch_status, result};
+                     const ResultArgs& result, const TopLogprobs& top, cudaStream_t stream) {
+  FinalizeArgs a{args, rows, batch_status, result, top};
   const int threads = tuning::kFinalizeThreads;
   const int blocks = (args.num_requests + threads - 1) / threads;
   void* params[] = {&a};

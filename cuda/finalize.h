@@ -13,10 +13,19 @@ namespace flashspec {
 namespace cuda {
 namespace finalize {
 
+// The top raw tokens and logprobs the verify kept per row ([rows][n]), and
+// scratch for the row that drew each emitted slot ([rows]); n = 0: none.
+struct TopLogprobs {
+  const int32_t* tokens;
+  const float* logprobs;
+  int32_t n;
+  int32_t* drawing_rows;
+};
+
 // A batch whose offsets the verify plans found invalid (*batch_status ≠ 0)
-// emits −1 everywhere.
+// emits −1 everywhere (NaN logprobs).
 cudaError_t requests(const VerifyArgs& args, const RowSummary* rows, const int32_t* batch_status,
-                     const ResultArgs& result, cudaStream_t stream);
+                     const ResultArgs& result, const TopLogprobs& top, cudaStream_t stream);
 
 }  // namespace finalize
 }  // namespace cuda

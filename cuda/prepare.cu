@@ -61,13 +61,19 @@ __global__ void __launch_bounds__(kPlanThreads) verify_plans_kernel(const Verify
     }
     if (a.batch.draft_parents && !valid_tree(a.batch.draft_parents + v.first_draft, v.num_drafts))
       status = FLASHSPEC_ERR_OUT_OF_RANGE;
-    for (int32_t j = 0; j <= v.num_drafts; ++j)
-      a.plans[v.first_row + j] = status == FLASHSPEC_OK ? batch_row_plan(a.batch, v, j) : inert_plan(status);
+    if (status == FLASHSPEC_OK) status = control_values_status(a.batch.controls, r, vocab);
+    for (int32_t j = 0; j <= v.num_drafts; ++j) {
+      // Under typical acceptance a rejecting row samples p itself (row_plan.h).
+      const bool typical = j < v.num_drafts && a.batch.controls.present &&
+                           typical_acceptance(row_controls(a.batch.controls, r, v.first_row + j));
+      a.plans[v.first_row + j] = status == FLASHSPEC_OK ? batch_row_plan(a.batch, v, j, typical) : inert_plan(status);
+    }
   }
 }
 
 struct DraftPlanArgs {
   DraftArgs draft;  // device-resident arrays, not yet checked
+  int64_t vocab;    // the controls' token ids are checked against it
   RowPlan* plans;
 };
 
@@ -79,6 +85,8 @@ __global__ void draft_plans_kernel(const DraftPlanArgs a) {
     a.plans[r] = inert_plan(FLASHSPEC_ERR_INVALID_ARGUMENT);
   else if (v.position < 0 || v.position > FLASHSPEC_MAX_DRAFT_LEN)
     a.plans[r] = inert_plan(FLASHSPEC_ERR_OUT_OF_RANGE);
+  else if (const int32_t status = control_values_status(a.draft.controls, r, a.vocab))
+    a.plans[r] = inert_plan(status);
   else
     a.plans[r] = draft_row_plan(v);
 }
@@ -128,8 +136,8 @@ cudaError_t verify_plans(const VerifyArgs& args, int32_t vocab, const int32_t* d
   return cudaGetLastError();
 }
 
-cudaError_t draft_plans(const DraftArgs& args, RowPlan* plans, cudaStream_t stream) {
-  DraftPlanArgs a{args, plans};
+cudaError_t draft_plans(const DraftArgs& args, int64_t vocab, RowPlan* plans, cudaStream_t stream) {
+  DraftPlanArgs a{args, vocab, plans};
   draft_plans_kernel<<<(args.rows + 127) / 128, 128, 0, stream>>>(a);
   return cudaGetLastError();
 }

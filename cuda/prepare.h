@@ -16,14 +16,15 @@ namespace cuda {
 namespace prepare {
 
 // Row plans of a verify batch; device-side checks of offsets, token ids,
-// temperatures and uniforms land in each plan's status and, for offsets that
+// temperatures, uniforms and control values land in each plan's status and, for offsets that
 // do not describe the batch, in *batch_status. Token ids are checked against
 // *device_vocab when given (device memory), else against vocab.
 cudaError_t verify_plans(const VerifyArgs& args, int32_t vocab, const int32_t* device_vocab, RowPlan* plans,
                          int32_t* batch_status, cudaStream_t stream);
 
-// Row plans of a draft call; invalid temperatures or positions land in status.
-cudaError_t draft_plans(const DraftArgs& args, RowPlan* plans, cudaStream_t stream);
+// Row plans of a draft call; invalid temperatures, positions or control
+// values (checked against `vocab`) land in status.
+cudaError_t draft_plans(const DraftArgs& args, int64_t vocab, RowPlan* plans, cudaStream_t stream);
 
 // Copies hidden rows into `out` ([rows, k_pad], zero beyond d): as raw 16-bit
 // values when as_float is false (the tensor-core path, same dtype as W), as

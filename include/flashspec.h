@@ -316,13 +316,31 @@ FLASHSPEC_API int64_t flashspec_lm_head_hidden_size(const flashspec_lm_head* hea
  * per hidden row the controls apply to: per target row of a verify
  * (draft_offsets[R] + R rows), per draft-logits row for draft_controls
  * (draft_offsets[R] rows), per hidden row of a draft call. Arrays live in
- * the memory of the call's batch or params. The CPU backend applies every
- * control; the CUDA backend refuses controls, logprobs and typical
- * acceptance with FLASHSPEC_ERR_UNSUPPORTED in this version.
+ * the memory of the call's batch or params. Both backends apply every
+ * control, token for token alike (up to near-ties of fp32 rounding).
  *
  * Cost (CPU backend): still one read of W per call. A row with controls
  * keeps its logits in host scratch (4·V bytes per row) while the call
  * runs; top-k sorts k tokens, top-p without top-k sorts the allowed tokens.
+ *
+ * CUDA backend: a call with controls or logprobs reads W once in cuBLAS
+ * chunks of logits held in the context's workspace, and keeps per row a few
+ * numbers and its best candidates by x: top-k of them with a top-k ≤
+ * FLASHSPEC_MAX_TOP_K, else FLASHSPEC_MAX_TOP_K; nothing vocabulary-sized is
+ * written. Top-p's mass over all allowed tokens comes from the row's
+ * log-sum-exp. Limits of this version, each reported per request on the
+ * device (accepted_counts[r] = −1; the row's summary status):
+ *   - top-p or min-p without a top-k ≤ FLASHSPEC_MAX_TOP_K whose kept set
+ *     holds more than FLASHSPEC_MAX_TOP_K tokens: FLASHSPEC_ERR_UNSUPPORTED
+ *     (rare on language-model logits at T ≤ 1; flat rows reach it);
+ *   - more than 4096 bias entries in one request: FLASHSPEC_ERR_UNSUPPORTED;
+ *   - control values out of range (device memory is checked on the
+ *     device): the status the host check gives; a mask row that allows no
+ *     token: FLASHSPEC_ERR_INVALID_ARGUMENT.
+ * Stochastic drafts (draft_logits) take no controls, draft_controls or
+ * logprobs there (FLASHSPEC_ERR_UNSUPPORTED at the call); the hidden rows
+ * must be in the LM head's dtype (bf16/fp16 heads aligned for tensor cores,
+ * or fp32) and V at most 1,048,576 (else FLASHSPEC_ERR_UNSUPPORTED).
  *
  * Typical acceptance (Medusa, Cai et al. 2024) is opt-in per request and is
  * NOT distribution-preserving: draft x_j is accepted iff p_j(x_j) >

@@ -212,7 +212,7 @@ flashspec_status flashspec_finalize_shards(flashspec_context* ctx, const flashsp
     const VerifyArgs args = validate_finalize_shards(*ctx, load_batch(batch), records, num_shards);
     const ResultArgs out = validate_result(*ctx, result);
     validate_result_requests(out, false, 0, "batch");
-    validate_result_disjoint(args, out, records, num_shards);
+    validate_result_disjoint(args, out, backend_memory(*ctx->backend) == FLASHSPEC_MEMORY_HOST, records, num_shards);
     naming_fields(verify_names(), [&] {
       ctx->backend->finalize_records(args, static_cast<const ShardRecord*>(records), num_shards, out);
     });
@@ -325,7 +325,7 @@ flashspec_status flashspec_finalize(flashspec_context* ctx, const flashspec_veri
     const VerifyArgs args = validate_batch_for_finalize(*ctx, load_batch(batch), summaries->verified);
     const ResultArgs out = validate_result(*ctx, result);
     validate_result_requests(out, summaries->verified.logprobs, summaries->verified.top_logprobs, "batch");
-    validate_result_disjoint(args, out);
+    validate_result_disjoint(args, out, backend_memory(*ctx->backend) == FLASHSPEC_MEMORY_HOST);
     ctx->backend->finalize(args, store, out);
   });
 }
@@ -341,7 +341,7 @@ flashspec_status flashspec_verify_and_finalize(flashspec_context* ctx, const fla
     const LmHeadStorage& storage = validate_head(*ctx, head, "head");
     const VerifyArgs args = validate_batch(*ctx, storage, load_batch(batch), ctx->own_summaries.get(), "context workspace");
     validate_result_requests(out, args.logprobs, args.top_logprobs, "batch");
-    validate_result_disjoint(args, out);
+    validate_result_disjoint(args, out, backend_memory(*ctx->backend) == FLASHSPEC_MEMORY_HOST);
     naming_fields(verify_names(), [&] {
       ctx->backend->verify(storage, args, *ctx->own_summaries);
       ctx->backend->finalize(args, *ctx->own_summaries, out);

@@ -89,17 +89,16 @@ void check_draft_tokens(const int32_t* tokens, int32_t count, int64_t vocab) {
             "entry " + str(k) + " is " + str(tokens[k]) + ", outside [0, " + str(vocab) + ")");
 }
 
-// Checks of a controls struct that need no vocabulary: struct_size, the
-// backend, and the host values of the per-request arrays. `rows` is the
+// Checks of a controls struct that need no vocabulary: struct_size and the
+// host values of the per-request arrays (the CUDA backend checks device
+// values on the device). `rows` is the
 // number of mask rows. The vocabulary-dependent checks follow in
 // check_controls_for_vocab.
-ControlsArgs load_controls(const flashspec_context& ctx, const flashspec_sampling_controls* given, int32_t requests,
+ControlsArgs load_controls(const flashspec_sampling_controls* given, int32_t requests,
                            bool host, bool allow_typical, const std::string& argument) {
   ControlsArgs a;
   if (!given) return a;
   const flashspec_sampling_controls c = load_struct(given, flashspec_sampling_controls_init, argument);
-  require(ctx.backend->kind() != FLASHSPEC_BACKEND_CUDA, FLASHSPEC_ERR_UNSUPPORTED, argument.c_str(),
-          "the CUDA backend does not apply sampling controls in this version (the CPU backend does)");
   auto name = [&argument](const char* field) { return argument + "->" + field; };
   if (!allow_typical)
     require(!c.typical_epsilon && !c.typical_delta, FLASHSPEC_ERR_INVALID_ARGUMENT, name("typical_epsilon").c_str(),
@@ -321,15 +320,22 @@ VerifyArgs validate_batch_common(const flashspec_context& ctx, const flashspec_v
   require(batch->top_logprobs >= 0 && batch->top_logprobs <= FLASHSPEC_MAX_TOP_LOGPROBS, FLASHSPEC_ERR_OUT_OF_RANGE,
           "batch->top_logprobs",
           "must be in [0, " + str(FLASHSPEC_MAX_TOP_LOGPROBS) + "], got " + str(batch->top_logprobs));
-  require((batch->logprobs == 0 && batch->top_logprobs == 0) || backend.kind() != FLASHSPEC_BACKEND_CUDA,
-          FLASHSPEC_ERR_UNSUPPORTED, batch->logprobs ? "batch->logprobs" : "batch->top_logprobs",
-          "the CUDA backend does not return logprobs in this version (the CPU backend does)");
 
   VerifyArgs args;
-  args.controls = load_controls(ctx, batch->controls, requests, host, true, "batch->controls");
-  args.draft_controls = load_controls(ctx, batch->draft_controls, requests, host, false, "batch->draft_controls");
+  args.controls = load_controls(batch->controls, requests, host, true, "batch->controls");
+  args.draft_controls = load_controls(batch->draft_controls, requests, host, false, "batch->draft_controls");
   require(!args.draft_controls.present || batch->draft_logits, FLASHSPEC_ERR_INVALID_ARGUMENT,
           "batch->draft_controls", "apply to stochastic drafts' q: give draft_logits too");
+  if (backend.kind() == FLASHSPEC_BACKEND_CUDA && batch->draft_logits && !empty_draft_logits) {
+    const char* analysed = args.draft_controls.present ? "batch->draft_controls"
+                           : args.controls.present     ? "batch->controls"
+                           : batch->logprobs           ? "batch->logprobs"
+                           : batch->top_logprobs       ? "batch->top_logprobs"
+                                                       : nullptr;
+    require(!analysed, FLASHSPEC_ERR_UNSUPPORTED, analysed ? analysed : "",
+            "the CUDA backend verifies stochastic drafts (draft_logits) without sampling controls or logprobs in "
+            "this version (the CPU backend applies them)");
+  }
   if (batch->draft_parents) {
     require(!batch->draft_logits, FLASHSPEC_ERR_UNSUPPORTED, "batch->draft_parents",
             "tree verify takes point-mass drafts (draft_logits must be NULL)");
@@ -426,7 +432,7 @@ DraftArgs validate_draft_params(const flashspec_context& ctx, const flashspec_dr
                 "params->positions",
                 "entry " + str(r) + " is " + str(p.positions[r]) + ", outside [0, " + str(FLASHSPEC_MAX_DRAFT_LEN) + "]");
   }
-  ControlsArgs controls = load_controls(ctx, p.controls, rows, host, false, "params->controls");
+  ControlsArgs controls = load_controls(p.controls, rows, host, false, "params->controls");
   if (vocab > 0) check_controls_for_vocab(controls, rows, rows, vocab, host, "params->controls");
   inputs.push_back(array_span("params->temperatures", p.temperatures, rows, sizeof(float)));
   inputs.push_back(array_span("params->seeds", p.seeds, rows, sizeof(uint64_t)));
@@ -618,7 +624,9 @@ VerifyArgs validate_batch_for_finalize(const flashspec_context& ctx, const flash
 
 namespace {
 // The arrays a verify batch reads but its steps (which next_steps may be).
-void batch_input_spans(const VerifyArgs& a, std::vector<Span>& inputs) {
+// `host`: the batch lives in host memory, where the bias list's length can
+// be read from its offsets.
+void batch_input_spans(const VerifyArgs& a, bool host, std::vector<Span>& inputs) {
   const int64_t R = a.num_requests;
   for (Span span : {array_span("batch->draft_offsets", a.draft_offsets, R + 1, sizeof(int32_t)),
                     array_span("batch->draft_tokens", a.draft_tokens, a.total_drafts, sizeof(int32_t)),
@@ -631,12 +639,13 @@ void batch_input_spans(const VerifyArgs& a, std::vector<Span>& inputs) {
                     array_span("batch->accept_uniforms", a.accept_uniforms, a.total_drafts, sizeof(float)),
                     array_span("batch->draft_parents", a.draft_parents, a.total_drafts, sizeof(int32_t))})
     inputs.push_back(span);
-  add_controls_spans(a.controls, "batch->controls", a.num_requests, a.total_rows, true, inputs);
-  add_controls_spans(a.draft_controls, "batch->draft_controls", a.num_requests, a.total_drafts, true, inputs);
+  add_controls_spans(a.controls, "batch->controls", a.num_requests, a.total_rows, host, inputs);
+  add_controls_spans(a.draft_controls, "batch->draft_controls", a.num_requests, a.total_drafts, host, inputs);
 }
 }  // namespace
 
-void validate_result_disjoint(const VerifyArgs& a, const ResultArgs& out, const void* records, int32_t shards) {
+void validate_result_disjoint(const VerifyArgs& a, const ResultArgs& out, bool host, const void* records,
+                              int32_t shards) {
   const int64_t R = a.num_requests;
   const int64_t rows = a.total_rows;
   const int64_t top = int64_t(a.top_logprobs) * rows;
@@ -650,7 +659,7 @@ void validate_result_disjoint(const VerifyArgs& a, const ResultArgs& out, const 
       array_span("result->top_logprobs", out.top_logprobs, top, sizeof(float)),
       array_span("result->accepted_nodes", out.accepted_nodes, rows, sizeof(int32_t))};
   std::vector<Span> inputs;
-  batch_input_spans(a, inputs);
+  batch_input_spans(a, host, inputs);
   if (records) inputs.push_back(array_span("records", records, int64_t(shards) * rows, sizeof(ShardRecord)));
   const Span steps = array_span("batch->steps", a.steps, R, sizeof(uint64_t));
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -697,7 +706,7 @@ VerifyArgs validate_verify_shard(const flashspec_context& ctx, const LmHeadStora
   require_shardable(args);
   require_records(records, 1);
   std::vector<Span> inputs;
-  batch_input_spans(args, inputs);
+  batch_input_spans(args, batch.memory == FLASHSPEC_MEMORY_HOST, inputs);
   require_disjoint(array_span("records", records, args.total_rows, sizeof(ShardRecord)), inputs);
   return args;
 }

@@ -68,7 +68,8 @@ void validate_result_requests(const ResultArgs& result, bool logprobs_kept, int3
 // The aliasing rule of flashspec_finalize: no output shares memory with an
 // input (the batch's arrays and, for finalize_shards, the `shards` ranks'
 // records) or another output, except next_steps == batch->steps exactly.
-void validate_result_disjoint(const VerifyArgs& args, const ResultArgs& result, const void* records = nullptr,
-                              int32_t shards = 0);
+// `host`: the batch lives in host memory (the backend's memory).
+void validate_result_disjoint(const VerifyArgs& args, const ResultArgs& result, bool host,
+                              const void* records = nullptr, int32_t shards = 0);
 
 }  // namespace flashspec

@@ -53,6 +53,34 @@ FS_HOST_DEVICE RowControls row_controls(const ControlsArgs& a, int32_t request, 
   return c;
 }
 
+// The status of request `request`'s control values: FLASHSPEC_OK, or the
+// status the C API gives the same value in host memory. Values in device
+// memory are checked with this on the device, per request.
+FS_HOST_DEVICE int32_t control_values_status(const ControlsArgs& a, int32_t request, int64_t vocab) {
+  if (!a.present) return FLASHSPEC_OK;
+  if (a.top_k) {
+    const int32_t k = a.top_k[request];
+    if (k < 1 || (k > FLASHSPEC_MAX_TOP_K && int64_t(k) < vocab)) return FLASHSPEC_ERR_OUT_OF_RANGE;
+  }
+  if (a.top_p && !(a.top_p[request] > 0.0f && a.top_p[request] <= 1.0f)) return FLASHSPEC_ERR_INVALID_ARGUMENT;
+  if (a.min_p && !(a.min_p[request] >= 0.0f && a.min_p[request] <= 1.0f)) return FLASHSPEC_ERR_INVALID_ARGUMENT;
+  if (a.repetition_penalty && !(a.repetition_penalty[request] > 0.0f && is_finite(a.repetition_penalty[request])))
+    return FLASHSPEC_ERR_INVALID_ARGUMENT;
+  if (a.typical_epsilon && !(a.typical_epsilon[request] >= 0.0f && a.typical_epsilon[request] <= 1.0f))
+    return FLASHSPEC_ERR_INVALID_ARGUMENT;
+  if (a.typical_delta && !(a.typical_delta[request] >= 0.0f && is_finite(a.typical_delta[request])))
+    return FLASHSPEC_ERR_INVALID_ARGUMENT;
+  if (a.bias_offsets) {
+    const int32_t lo = a.bias_offsets[request], hi = a.bias_offsets[request + 1];
+    if (lo < 0 || hi < lo || (request == 0 && lo != 0)) return FLASHSPEC_ERR_OUT_OF_RANGE;
+    for (int32_t k = lo; k < hi; ++k) {
+      if (a.bias_tokens[k] < 0 || int64_t(a.bias_tokens[k]) >= vocab) return FLASHSPEC_ERR_OUT_OF_RANGE;
+      if (!is_finite(a.bias_values[k])) return FLASHSPEC_ERR_INVALID_ARGUMENT;
+    }
+  }
+  return FLASHSPEC_OK;
+}
+
 // A draft call over `rows` hidden rows.
 struct DraftArgs {
   const flashspec_tensor* hidden;

@@ -96,6 +96,33 @@ FS_HOST_DEVICE int32_t kept_count(const float* ranked_x, int32_t count, const Ro
   return n;
 }
 
+// The kept prefix's length n when the ranked tokens given, ranked_x[0 ..
+// count), are only the first of more allowed tokens and top-k keeps all of
+// them (the CUDA backend's candidate list): top-p's mass over every allowed
+// token is `mass` = Σ exp(x − ranked_x[0]), summed elsewhere. Returns n, or
+// −1 when the prefix would run past the tokens given.
+FS_HOST_DEVICE int32_t kept_count_of_first(const float* ranked_x, int32_t count, float mass, const RowControls& c) {
+  const float x0 = ranked_x[0];
+  int32_t n = -1;
+  if (c.top_p < 1.0f) {
+    const float target = c.top_p * mass;
+    float cumulative = 0.0f;
+    for (int32_t i = 0; i < count; ++i) {
+      cumulative += expf(ranked_x[i] - x0);
+      if (cumulative >= target) {
+        n = i + 1;
+        break;
+      }
+    }
+  }
+  if (c.min_p > 0.0f) {
+    const int32_t end = n < 0 ? count : n;
+    for (int32_t i = 1; i < end; ++i)
+      if (expf(ranked_x[i] - x0) < c.min_p) return i;
+  }
+  return n;
+}
+
 // log of typical acceptance's threshold min(ε, δ·exp(−H)) for a row whose
 // controlled distribution has entropy H.
 FS_HOST_DEVICE float typical_log_threshold(const RowControls& c, float entropy) {

@@ -1,0 +1,904 @@
+// The controlled pass (controls.h): cuBLAS chunks of logits, a fold per
+// 4096-token slice, a merge of each row's candidates after every chunk, and
+// one block per row that applies the controls and writes the row's summary.
+#include <algorithm>
+#include <utility>
+
+#include "controls.h"
+#include "launch.cuh"
+#include "sampling/controls.h"
+#include "util/philox.h"
+
+namespace flashspec {
+namespace cuda {
+namespace controls {
+namespace {
+
+constexpr int kFoldThreads = 256;
+constexpr int kTokensPerThread = kSliceTokens / kFoldThreads;
+static_assert(kTokensPerThread % 4 == 0, "each thread takes whole Philox blocks of four tokens");
+constexpr int kRowThreads = 1024;  // merge and summary blocks: one candidate per thread
+static_assert(kCandidates <= kRowThreads, "the summary block ranks one candidate per thread");
+constexpr int kTopN = FLASHSPEC_MAX_TOP_LOGPROBS;
+constexpr int kBiasThreads = 256;
+
+// One row's reduction over a token range (the controlled x = (l + bias)/T of
+// the allowed tokens; T = 0: l + bias).
+struct ControlPartial {
+  float m, s, w;          // log-sum-exp of x (T > 0) as (max, Σ e^(x−m)), and Σ e^(x−m)·x
+  float rm, rs;           // log-sum-exp of the raw logits
+  float best, second;     // the sample of a row nothing truncates: Gumbel (T > 0) or x (T = 0) score
+  float best_x, best_raw;
+  int32_t token;          // −1: none
+  float tracked_x;        // the drafted token's x (−Inf when masked) and raw logit
+  float tracked_raw;
+  int32_t allowed;        // allowed tokens
+  int32_t flags;          // kPartial*
+};
+
+__device__ ControlPartial empty_control_partial() {
+  ControlPartial p;
+  p.m = neg_inf();
+  p.s = 0.0f;
+  p.w = 0.0f;
+  p.rm = neg_inf();
+  p.rs = 0.0f;
+  p.best = neg_inf();
+  p.second = neg_inf();
+  p.best_x = 0.0f;
+  p.best_raw = 0.0f;
+  p.token = -1;
+  p.tracked_x = neg_inf();
+  p.tracked_raw = 0.0f;
+  p.allowed = 0;
+  p.flags = 0;
+  return p;
+}
+
+// (m, s, w) ← (m, s, w) ∪ {x}: the log-sum-exp with Σ e^(x−m)·x beside it.
+__device__ __forceinline__ void weighted_lse_add(float& m, float& s, float& w, float x) {
+  if (x > m) {
+    const float scale = expf(m - x);
+    s = s * scale + 1.0f;
+    w = w * scale + x;
+    m = x;
+  } else {
+    const float e = expf(x - m);
+    s += e;
+    w += e * x;
+  }
+}
+
+__device__ void merge_control_partial(ControlPartial& a, const ControlPartial& b) {
+  if (b.m > a.m) {
+    const float scale = expf(a.m - b.m);
+    a.s = a.s * scale + b.s;
+    a.w = a.w * scale + b.w;
+    a.m = b.m;
+  } else if (b.m != neg_inf()) {
+    const float e = expf(b.m - a.m);
+    a.s += b.s * e;
+    a.w += b.w * e;
+  }
+  lse_merge(a.rm, a.rs, b.rm, b.rs);
+  const bool b_wins = b.token >= 0 && (a.token < 0 || b.best > a.best || (b.best == a.best && b.token < a.token));
+  if (b_wins) {
+    a.second = fmaxf(a.best, b.second);
+    a.best = b.best;
+    a.best_x = b.best_x;
+    a.best_raw = b.best_raw;
+    a.token = b.token;
+  } else {
+    a.second = fmaxf(a.second, b.best);
+  }
+  if (b.flags & kPartialTracked) {
+    a.tracked_x = b.tracked_x;
+    a.tracked_raw = b.tracked_raw;
+  }
+  a.allowed += b.allowed;
+  a.flags |= b.flags;
+}
+
+// Keys that order tokens as the controls rank them: larger x first, ties by
+// smaller id; 0 is no key.
+__device__ __forceinline__ uint32_t order_bits(float x) {
+  const uint32_t u = __float_as_uint(x + 0.0f);  // −0 ranks as +0
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ uint64_t rank_key(float x, int32_t token) {
+  return (uint64_t(order_bits(x)) << 32) | uint64_t(0xffffffffu - uint32_t(token));
+}
+__device__ __forceinline__ float key_x(uint64_t key) {
+  const uint32_t o = uint32_t(key >> 32);
+  return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
+}
+__device__ __forceinline__ int32_t key_token(uint64_t key) { return int32_t(0xffffffffu - uint32_t(key)); }
+
+// What a row of the pass needs from its request: its controls (the bias
+// entries sorted and summed by the bias kernel), and how many candidates it
+// keeps: 0 when nothing truncates it (or T = 0, where the argmax is always
+// kept), top-k when that bounds the kept set, else kCandidates.
+struct RowSetup {
+  RowPlan plan;
+  RowControls c;
+  int32_t request;
+  bool greedy;
+  int32_t keep;
+  int32_t bias_status;
+};
+
+struct Lists {
+  uint64_t* slice_keys;
+  float* slice_raws;
+  int32_t* slice_counts;
+  uint64_t* merged_keys;
+  float* merged_raws;
+  int32_t* merged_counts;
+  uint64_t* thresholds;
+  int32_t capacity;  // entries per slice and per merged list
+};
+
+struct Common {
+  const RowPlan* plans;
+  ControlsArgs controls;
+  const int32_t* row_requests;
+  const int32_t* bias_tokens;
+  const float* bias_values;
+  const int32_t* bias_counts;
+  int32_t vocab;
+  int32_t rows;
+  int32_t slices;   // slices per chunk: the stride of the slice lists
+  int32_t top_n;
+  Lists candidates;
+  Lists tops;
+};
+
+__device__ RowSetup row_setup(const Common& a, int row) {
+  RowSetup r;
+  r.plan = a.plans[row];
+  r.greedy = r.plan.flags & kPlanGreedy;
+  r.request = 0;
+  r.c = no_controls();
+  r.keep = 0;
+  r.bias_status = FLASHSPEC_OK;
+  if (r.plan.status != FLASHSPEC_OK) return r;  // an inert row: its request's arrays may not be read
+  r.request = a.row_requests[row];
+  r.c = row_controls(a.controls, r.request, row);
+  if (a.controls.bias_offsets) {
+    const int32_t count = a.bias_counts[r.request];
+    r.bias_status = count < 0 ? FLASHSPEC_ERR_UNSUPPORTED : FLASHSPEC_OK;
+    r.c.bias_tokens = a.bias_tokens + int64_t(r.request) * kMaxBiasEntries;
+    r.c.bias_values = a.bias_values + int64_t(r.request) * kMaxBiasEntries;
+    r.c.bias_count = count < 0 ? 0 : count;
+  }
+  if (!r.greedy && truncates(r.c, a.vocab)) r.keep = r.c.top_k <= kCandidates ? r.c.top_k : kCandidates;
+  return r;
+}
+
+// Index of the first sorted bias token ≥ token.
+__device__ int32_t lower_bound(const int32_t* sorted, int32_t count, int32_t token) {
+  int32_t lo = 0, hi = count;
+  while (lo < hi) {
+    const int32_t mid = (lo + hi) >> 1;
+    if (sorted[mid] < token) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+// ---- Block-wide selection of the K largest distinct keys -----------------
+
+// Keys held by a block's threads, read round by round: round i of thread t
+// gives one key (0: none). Every thread runs the same number of rounds.
+struct RegisterKeys {
+  const uint64_t* keys;  // the thread's kTokensPerThread keys
+  __device__ int rounds() const { return kTokensPerThread; }
+  __device__ uint64_t key(int i) const { return keys[i]; }
+};
+
+// Keys of a row's lists in global memory: the merged list, then the slices'.
+struct ListKeys {
+  const uint64_t* merged;
+  int32_t merged_count;
+  const uint64_t* slices;    // slice s at slices + s * capacity
+  const int32_t* counts;     // [slices] (shared memory)
+  const int32_t* starts;     // running starts of the slices after the merged list (shared memory)
+  int32_t slice_count;
+  int32_t capacity;
+  int32_t total;
+  __device__ int rounds() const { return (total + int(blockDim.x) - 1) / int(blockDim.x); }
+  __device__ uint64_t at(int index) const {
+    if (index < merged_count) return merged[index];
+    int s = 0;
+    while (s + 1 < slice_count && index >= starts[s + 1]) ++s;
+    return slices[int64_t(s) * capacity + (index - starts[s])];
+  }
+  __device__ uint64_t key(int i) const {
+    const int index = i * int(blockDim.x) + int(threadIdx.x);
+    return index < total ? at(index) : 0;
+  }
+};
+
+// The K-th largest of the block's nonzero keys (distinct, more than K of
+// them): radix selection on 8-bit digits, most significant first, with
+// warp-aggregated shared-memory histograms.
+template <class Keys>
+__device__ uint64_t kth_largest(const Keys& keys, int k, uint32_t* hist, int32_t* shared_pick) {
+  uint64_t prefix = 0, mask = 0;
+  int remaining = k;
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+    __syncthreads();
+    for (int i = 0; i < keys.rounds(); ++i) {
+      const uint64_t key = keys.key(i);
+      const bool match = key != 0 && (key & mask) == prefix;
+      const uint32_t digit = uint32_t(key >> shift) & 255u;
+      const unsigned active = __ballot_sync(0xffffffffu, match);
+      if (match) {
+        const unsigned same = __match_any_sync(active, digit);
+        if (int(threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&hist[digit], uint32_t(__popc(same)));
+      }
+    }
+    __syncthreads();
+    // The digit holding the remaining-th largest key: warp 0 scans the bins
+    // from the top, eight per lane.
+    if (threadIdx.x < 32) {
+      const int lane = int(threadIdx.x);
+      uint32_t counts[8];
+      int local = 0;
+      for (int i = 0; i < 8; ++i) {
+        counts[i] = hist[255 - (lane * 8 + i)];
+        local += int(counts[i]);
+      }
+      int inclusive = local;
+      for (int offset = 1; offset < 32; offset <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, inclusive, offset);
+        if (lane >= offset) inclusive += v;
+      }
+      int above = inclusive - local;
+      if (above < remaining && inclusive >= remaining) {
+        int b = 255 - lane * 8;
+        for (int i = 0; i < 8; ++i, --b) {
+          if (above + int(counts[i]) >= remaining) break;
+          above += int(counts[i]);
+        }
+        shared_pick[0] = b;
+        shared_pick[1] = remaining - above;
+      }
+    }
+    __syncthreads();
+    prefix |= uint64_t(uint32_t(shared_pick[0])) << shift;
+    mask |= uint64_t(255) << shift;
+    remaining = shared_pick[1];
+    __syncthreads();
+  }
+  return prefix;
+}
+
+// A position in an output list for each thread that takes an entry, in no
+// particular order (the summary ranks the list).
+__device__ __forceinline__ int append_position(bool take, int32_t* counter) {
+  const unsigned takers = __ballot_sync(0xffffffffu, take);
+  if (!takers) return -1;
+  const int lane = int(threadIdx.x & 31);
+  const int leader = __ffs(takers) - 1;
+  int base = 0;
+  if (lane == leader) base = atomicAdd(counter, __popc(takers));
+  base = __shfl_sync(0xffffffffu, base, leader);
+  return take ? base + __popc(takers & ((1u << lane) - 1u)) : -1;
+}
+
+// Writes the block's `keep` largest keys (with their raw logits) to
+// out_keys/out_raws and their count to *out_count; keys below `floor` are
+// out already. Returns the count.
+template <class Keys, class Raw>
+__device__ int select_into(const Keys& keys, Raw raw_of, int keep, uint64_t floor, uint64_t* out_keys,
+                           float* out_raws, int32_t* out_count, uint32_t* hist, int32_t* shared) {
+  // shared[0]: keys at or above floor; shared[1..2]: selection; shared[3]: written.
+  if (threadIdx.x == 0) {
+    shared[0] = 0;
+    shared[3] = 0;
+  }
+  __syncthreads();
+  int mine = 0;
+  for (int i = 0; i < keys.rounds(); ++i) {
+    const uint64_t key = keys.key(i);
+    mine += key != 0 && key >= floor;
+  }
+  if (mine) atomicAdd(&shared[0], mine);
+  __syncthreads();
+  const int present = shared[0];
+  uint64_t cut = floor > 0 ? floor : 1;
+  if (present > keep) cut = kth_largest(keys, keep, hist, shared + 1);
+  for (int i = 0; i < keys.rounds(); ++i) {
+    const uint64_t key = keys.key(i);
+    const bool take = key != 0 && key >= cut;
+    const int at = append_position(take, &shared[3]);
+    if (take) {
+      out_keys[at] = key;
+      out_raws[at] = raw_of(i);
+    }
+  }
+  __syncthreads();
+  const int written = shared[3];
+  if (threadIdx.x == 0) *out_count = written;
+  return written;
+}
+
+// ---- Bias entries: sorted by token, repeats summed in list order ---------
+
+struct BiasArgs {
+  ControlsArgs controls;
+  const int32_t* draft_offsets;  // verify: rows of request r; NULL: row r is request r
+  int32_t requests;
+  int32_t rows;
+  const int32_t* batch_status;
+  int32_t* row_requests;
+  int32_t* bias_tokens;
+  float* bias_values;
+  int32_t* bias_counts;
+};
+
+constexpr int kBiasSort = kMaxBiasEntries;
+
+__global__ void __launch_bounds__(kBiasThreads) bias_kernel(const BiasArgs a) {
+  const int r = blockIdx.x;
+  const bool bad_batch = a.batch_status && *a.batch_status != FLASHSPEC_OK;
+  if (threadIdx.x == 0 && !bad_batch) {
+    if (a.draft_offsets) {
+      const int32_t first = a.draft_offsets[r] + r, last = a.draft_offsets[r + 1] + r;
+      for (int32_t row = first; row <= last && row < a.rows; ++row) a.row_requests[row] = r;
+    } else {
+      a.row_requests[r] = r;
+    }
+  }
+  if (!a.controls.bias_offsets || bad_batch) return;
+  __shared__ uint64_t entries[kBiasSort];
+  const int32_t lo = a.controls.bias_offsets[r], hi = a.controls.bias_offsets[r + 1];
+  const int32_t n = (lo >= 0 && hi > lo) ? hi - lo : 0;  // bad offsets fail the request's rows (plans)
+  if (n > kMaxBiasEntries) {
+    if (threadIdx.x == 0) a.bias_counts[r] = -1;
+    return;
+  }
+  int size = 1;
+  while (size < n) size <<= 1;
+  for (int i = threadIdx.x; i < size; i += blockDim.x)
+    entries[i] = i < n ? (uint64_t(uint32_t(a.controls.bias_tokens[lo + i])) << 32) | uint32_t(i) : ~uint64_t(0);
+  __syncthreads();
+  // Bitonic sort, ascending: by token, then by list position.
+  for (int k = 2; k <= size; k <<= 1)
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < size; i += blockDim.x) {
+        const int partner = i ^ j;
+        if (partner > i) {
+          const bool ascending = (i & k) == 0;
+          const uint64_t x = entries[i], y = entries[partner];
+          if ((x > y) == ascending) {
+            entries[i] = y;
+            entries[partner] = x;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  if (threadIdx.x != 0) return;
+  int32_t* tokens = a.bias_tokens + int64_t(r) * kMaxBiasEntries;
+  float* values = a.bias_values + int64_t(r) * kMaxBiasEntries;
+  int32_t count = 0;
+  for (int i = 0; i < n; ++i) {
+    const int32_t token = int32_t(entries[i] >> 32);
+    const float value = a.controls.bias_values[lo + int32_t(uint32_t(entries[i]))];
+    if (count > 0 && tokens[count - 1] == token) {
+      values[count - 1] += value;
+    } else {
+      tokens[count] = token;
+      values[count] = 0.0f + value;  // as the host sums: 0, then each entry in list order
+      ++count;
+    }
+  }
+  a.bias_counts[r] = count;
+}
+
+// ---- The fold of one slice of a chunk ------------------------------------
+
+struct FoldArgs {
+  Common common;
+  const float* logits;  // [rows][chunk_ld]
+  int32_t chunk_ld;
+  int32_t v0;           // global id of the chunk's first token
+  int32_t count;        // tokens in the chunk
+  ControlPartial* partials;
+  int32_t partial_stride;
+  int32_t group_base;
+};
+
+__global__ void __launch_bounds__(kFoldThreads) fold_kernel(const FoldArgs a) {
+  const int row = blockIdx.y, s = blockIdx.x;
+  const RowSetup r = row_setup(a.common, row);
+  const int begin = s * kSliceTokens, end = min(a.count, begin + kSliceTokens);
+  const float* l = a.logits + int64_t(row) * a.chunk_ld;
+
+  __shared__ int32_t bias_range[2];
+  __shared__ ControlPartial reduce[kFoldThreads];
+  __shared__ uint32_t hist[256];
+  __shared__ int32_t shared[4];
+  if (threadIdx.x == 0) {
+    bias_range[0] = lower_bound(r.c.bias_tokens, r.c.bias_count, a.v0 + begin);
+    bias_range[1] = lower_bound(r.c.bias_tokens, r.c.bias_count, a.v0 + end);
+  }
+  __syncthreads();
+  const bool inert = r.plan.status != FLASHSPEC_OK;
+  const int32_t blo = bias_range[0], bhi = bias_range[1];
+
+  ControlPartial part = empty_control_partial();
+  float raw[kTokensPerThread];
+  uint64_t key[kTokensPerThread];
+  for (int q = 0; q < kTokensPerThread / 4; ++q) {
+    const int base = begin + (q * kFoldThreads + int(threadIdx.x)) * 4;
+    const int32_t token0 = a.v0 + base;
+    Philox4 noise = {{0, 0, 0, 0}};
+    const bool sampled = !inert && !r.greedy && r.keep == 0 && base < end;
+    if (sampled) {
+      if ((token0 & 3) == 0) noise = row_block(r.plan.key, uint32_t(token0) >> 2);
+      else
+        for (int k = 0; k < 4; ++k) noise.v[k] = row_word(r.plan.key, token0 + k);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int idx = q * 4 + k, i = base + k;
+      raw[idx] = neg_inf();
+      key[idx] = 0;
+      if (inert || i >= end) continue;
+      const int32_t token = token0 + k;
+      const float lv = l[i];
+      raw[idx] = lv;
+      if (!is_finite(lv)) part.flags |= kPartialNonFinite;
+      lse_add(part.rm, part.rs, lv);
+      if (token == r.plan.tracked) {
+        part.tracked_raw = lv;
+        part.flags |= kPartialTracked;
+      }
+      if (!token_allowed(r.c, token)) continue;
+      float biased = lv;
+      if (bhi > blo) {
+        const int32_t at = blo + lower_bound(r.c.bias_tokens + blo, bhi - blo, token);
+        if (at < bhi && r.c.bias_tokens[at] == token)
+          biased = repetition_penalised(lv, r.c.repetition_penalty) + r.c.bias_values[at];
+      }
+      const float x = r.greedy ? biased : biased * r.plan.inv_t;
+      if (!is_finite(x)) part.flags |= is_finite(lv) ? kPartialScaleOverflow : kPartialNonFinite;
+      ++part.allowed;
+      if (token == r.plan.tracked) part.tracked_x = x;
+      if (!r.greedy) weighted_lse_add(part.m, part.s, part.w, x);
+      if (r.keep > 0) {
+        key[idx] = rank_key(x, token);
+        continue;
+      }
+      if (token == r.plan.excluded) continue;
+      const float score = r.greedy ? x : x + gumbel_from_bits(noise.v[k]);
+      if (score > part.best) {
+        part.second = part.best;
+        part.best = score;
+        part.best_x = x;
+        part.best_raw = lv;
+        part.token = token;
+      } else if (score > part.second) {
+        part.second = score;
+      }
+    }
+  }
+
+  // The block's partial: a tree in shared memory, in a fixed order.
+  reduce[threadIdx.x] = part;
+  __syncthreads();
+  for (int half = kFoldThreads / 2; half > 0; half >>= 1) {
+    if (int(threadIdx.x) < half) merge_control_partial(reduce[threadIdx.x], reduce[threadIdx.x + half]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) a.partials[int64_t(a.group_base + s) * a.partial_stride + row] = reduce[0];
+  if (inert) return;
+
+  const Common& c = a.common;
+  if (r.keep > 0) {
+    const Lists& list = c.candidates;
+    const int64_t at = (int64_t(row) * c.slices + s) * list.capacity;
+    select_into(RegisterKeys{key}, [&](int i) { return raw[i]; }, r.keep, list.thresholds[row],
+                list.slice_keys + at, list.slice_raws + at, list.slice_counts + row * c.slices + s, hist, shared);
+  }
+  if (c.top_n > 0) {
+    for (int i = 0; i < kTokensPerThread; ++i) {
+      const int q = i / 4, k = i % 4;
+      const int tok = begin + (q * kFoldThreads + int(threadIdx.x)) * 4 + k;
+      key[i] = tok < end ? rank_key(raw[i], a.v0 + tok) : 0;
+    }
+    const Lists& list = c.tops;
+    const int64_t at = (int64_t(row) * c.slices + s) * list.capacity;
+    select_into(RegisterKeys{key}, [&](int i) { return raw[i]; }, c.top_n, list.thresholds[row],
+                list.slice_keys + at, list.slice_raws + at, list.slice_counts + row * c.slices + s, hist, shared);
+  }
+}
+
+// ---- The merge of a chunk's slice lists into each row's list -------------
+
+struct MergeArgs {
+  Common common;
+  int32_t slices_in_chunk;
+  int32_t from;  // merged list read (0 or 1); the other is written
+};
+
+__device__ void merge_list(const Lists& list, int row, int slices, int slices_in_chunk, int from, int keep,
+                           uint32_t* hist, int32_t* shared, int32_t* counts, int32_t* starts) {
+  const int to = 1 - from;
+  const int64_t merged_from = (int64_t(from) * gridDim.x + row) * list.capacity;
+  const int64_t merged_to = (int64_t(to) * gridDim.x + row) * list.capacity;
+  const int32_t merged_count = list.merged_counts[from * gridDim.x + row];
+  if (threadIdx.x == 0) {
+    int32_t running = merged_count;
+    for (int s = 0; s < slices_in_chunk; ++s) {
+      counts[s] = list.slice_counts[row * slices + s];
+      starts[s] = running;
+      running += counts[s];
+    }
+    shared[0] = running;
+  }
+  __syncthreads();
+  const int total = shared[0];
+  __syncthreads();
+  const uint64_t* slice_keys = list.slice_keys + int64_t(row) * slices * list.capacity;
+  const float* slice_raws = list.slice_raws + int64_t(row) * slices * list.capacity;
+  const ListKeys keys{list.merged_keys + merged_from, merged_count, slice_keys, counts, starts, slices_in_chunk,
+                      list.capacity, total};
+  const float* merged_raws = list.merged_raws + merged_from;
+  auto raw_of = [&](int i) {
+    const int index = i * int(blockDim.x) + int(threadIdx.x);
+    if (index < merged_count) return merged_raws[index];
+    int s = 0;
+    while (s + 1 < slices_in_chunk && index >= starts[s + 1]) ++s;
+    return slice_raws[int64_t(s) * list.capacity + (index - starts[s])];
+  };
+  const int written = select_into(keys, raw_of, keep, 0, list.merged_keys + merged_to, list.merged_raws + merged_to,
+                                  list.merged_counts + to * gridDim.x + row, hist, shared);
+  // The keep-th best key so far bounds every later slice's candidates.
+  __shared__ unsigned long long least;
+  if (threadIdx.x == 0) least = ~0ull;
+  __syncthreads();
+  if (written == keep)
+    for (int i = threadIdx.x; i < written; i += blockDim.x) atomicMin(&least, list.merged_keys[merged_to + i]);
+  __syncthreads();
+  if (threadIdx.x == 0) list.thresholds[row] = written == keep ? least : 0;
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kRowThreads) merge_kernel(const MergeArgs a) {
+  const int row = blockIdx.x;
+  const RowSetup r = row_setup(a.common, row);
+  if (r.plan.status != FLASHSPEC_OK) return;
+  __shared__ uint32_t hist[256];
+  __shared__ int32_t shared[4];
+  __shared__ int32_t counts[64], starts[64];
+  if (r.keep > 0)
+    merge_list(a.common.candidates, row, a.common.slices, a.slices_in_chunk, a.from, r.keep, hist, shared, counts,
+               starts);
+  if (a.common.top_n > 0)
+    merge_list(a.common.tops, row, a.common.slices, a.slices_in_chunk, a.from, a.common.top_n, hist, shared, counts,
+               starts);
+}
+
+// ---- Each row's summary ---------------------------------------------------
+
+struct SummaryArgs {
+  Common common;
+  const ControlPartial* partials;
+  int32_t partial_stride;
+  int32_t groups;
+  int32_t final_list;  // merged list holding the last chunk's merge
+  const int32_t* hidden_bad;
+  Outputs out;
+};
+
+// (best, second, token) of a block, ties towards the smaller token.
+struct Winner {
+  float best, second;
+  int32_t token;
+  int32_t index;
+};
+
+__device__ void merge_winner(Winner& a, const Winner& b) {
+  const bool b_wins = b.token >= 0 && (a.token < 0 || b.best > a.best || (b.best == a.best && b.token < a.token));
+  if (b_wins) {
+    a.second = fmaxf(a.best, b.second);
+    a.best = b.best;
+    a.token = b.token;
+    a.index = b.index;
+  } else {
+    a.second = fmaxf(a.second, b.best);
+  }
+}
+
+__global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs a) {
+  const int row = blockIdx.x;
+  const Common& c = a.common;
+  const RowSetup r = row_setup(c, row);
+  __shared__ ControlPartial all;
+  __shared__ uint64_t ranked[kCandidates];
+  __shared__ int16_t order[kCandidates];
+  __shared__ float ranked_x[kCandidates];
+  __shared__ Winner winners[kRowThreads / 32];
+  __shared__ float sums[kRowThreads / 32];
+  __shared__ int32_t kept, status_shared, candidate_count;
+  __shared__ float lse_shared;
+
+  if (threadIdx.x == 0) {
+    ControlPartial p = empty_control_partial();
+    if (r.plan.status == FLASHSPEC_OK)
+      for (int g = 0; g < a.groups; ++g) merge_control_partial(p, a.partials[int64_t(g) * a.partial_stride + row]);
+    all = p;
+    int32_t status = r.plan.status;
+    if (status == FLASHSPEC_OK) status = r.bias_status;
+    if (status == FLASHSPEC_OK && (a.hidden_bad[row] || (p.flags & (kPartialNonFinite | kPartialScaleOverflow))))
+      status = FLASHSPEC_ERR_NON_FINITE;
+    if (status == FLASHSPEC_OK && p.allowed == 0) status = FLASHSPEC_ERR_INVALID_ARGUMENT;  // the mask allows nothing
+    status_shared = status;
+    candidate_count = (status == FLASHSPEC_OK && r.keep > 0)
+                          ? c.candidates.merged_counts[a.final_list * c.rows + row]
+                          : 0;
+  }
+  __syncthreads();
+
+  // A truncated row: rank its candidates (bitonic, descending).
+  const int n_c = candidate_count;
+  const int64_t list_at = (int64_t(a.final_list) * c.rows + row) * c.candidates.capacity;
+  if (n_c > 0) {
+    for (int i = threadIdx.x; i < kCandidates; i += blockDim.x) {
+      ranked[i] = i < n_c ? c.candidates.merged_keys[list_at + i] : 0;
+      order[i] = int16_t(i);
+    }
+    __syncthreads();
+    int size = 1;
+    while (size < n_c) size <<= 1;
+    for (int k = 2; k <= size; k <<= 1)
+      for (int j = k >> 1; j > 0; j >>= 1) {
+        const int i = threadIdx.x, partner = i ^ j;
+        if (i < size && partner > i) {
+          const bool descending = (i & k) == 0;
+          const uint64_t x = ranked[i], y = ranked[partner];
+          if ((x < y) == descending) {
+            ranked[i] = y;
+            ranked[partner] = x;
+            const int16_t t = order[i];
+            order[i] = order[partner];
+            order[partner] = t;
+          }
+        }
+        __syncthreads();
+      }
+    for (int i = threadIdx.x; i < n_c; i += blockDim.x) ranked_x[i] = key_x(ranked[i]);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int32_t k = min(int64_t(r.c.top_k), int64_t(all.allowed)) <= n_c ? 1 : 0;
+      int32_t n = k ? kept_count(ranked_x, n_c, r.c)
+                    : kept_count_of_first(ranked_x, n_c, all.s * expf(all.m - ranked_x[0]), r.c);
+      if (n < 0) status_shared = FLASHSPEC_ERR_UNSUPPORTED;  // kept set beyond kCandidates tokens
+      n = n < 0 ? 0 : n;
+      float s = 0.0f;
+      for (int32_t i = 0; i < n; ++i) s += expf(ranked_x[i] - ranked_x[0]);
+      kept = n;
+      lse_shared = n > 0 ? ranked_x[0] + logf(s) : 0.0f;
+    }
+    __syncthreads();
+  }
+  const int32_t status = status_shared;
+  const bool truncated = n_c > 0 && status == FLASHSPEC_OK;
+  const float lse = truncated ? lse_shared : (r.greedy ? 0.0f : lse_value(all.m, all.s));
+
+  // The sample: over the kept prefix for a truncated row, else the fold's.
+  Winner w{all.best, all.second, all.token, -1};
+  float best_x = all.best_x, best_raw = all.best_raw;
+  float entropy = 0.0f;
+  const bool typical = status == FLASHSPEC_OK && !r.greedy && r.plan.tracked >= 0 && typical_acceptance(r.c);
+  if (truncated) {
+    Winner mine{neg_inf(), neg_inf(), -1, -1};
+    float weighted = 0.0f;
+    for (int i = threadIdx.x; i < kept; i += blockDim.x) {
+      const int32_t token = key_token(ranked[i]);
+      const float x = ranked_x[i];
+      weighted += expf(x - lse) * x;
+      if (token == r.plan.excluded) continue;
+      merge_winner(mine, Winner{x + gumbel_from_bits(row_word(r.plan.key, token)), neg_inf(), token, i});
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      Winner other;
+      other.best = __shfl_down_sync(0xffffffffu, mine.best, offset);
+      other.second = __shfl_down_sync(0xffffffffu, mine.second, offset);
+      other.token = __shfl_down_sync(0xffffffffu, mine.token, offset);
+      other.index = __shfl_down_sync(0xffffffffu, mine.index, offset);
+      merge_winner(mine, other);
+      weighted += __shfl_down_sync(0xffffffffu, weighted, offset);
+    }
+    if ((threadIdx.x & 31) == 0) {
+      winners[threadIdx.x >> 5] = mine;
+      sums[threadIdx.x >> 5] = weighted;
+    }
+    __syncthreads();
+    w = Winner{neg_inf(), neg_inf(), -1, -1};
+    weighted = 0.0f;
+    for (int k = 0; k < kRowThreads / 32; ++k) {
+      merge_winner(w, winners[k]);
+      weighted += sums[k];
+    }
+    if (w.index >= 0) {
+      best_x = ranked_x[w.index];
+      best_raw = c.candidates.merged_raws[list_at + order[w.index]];
+    }
+    entropy = lse - weighted;
+  } else if (typical) {
+    entropy = lse - all.w / all.s;
+  }
+  if (threadIdx.x != 0) return;
+
+  // The drafted token is kept if allowed and, in a truncated row, ranked
+  // within the prefix.
+  float draft_x = all.tracked_x;
+  if (truncated && draft_x != neg_inf() && rank_key(draft_x, r.plan.tracked) < ranked[kept - 1]) draft_x = neg_inf();
+
+  if (a.out.summaries) {
+    RowSummary s;
+    s.lse = lse;
+    s.draft_logit = r.plan.tracked >= 0 ? draft_x : 0.0f;
+    s.draft_logq = 0.0f;
+    s.candidate = w.token;
+    s.candidate_gap = winner_gap(w.best, w.second);
+    s.status = status;
+    s.typical = typical ? 1 : 0;
+    s.typical_log_threshold = typical ? typical_log_threshold(r.c, entropy) : 0.0f;
+    s.candidate_logit = best_x;
+    s.raw_lse = lse_value(all.rm, all.rs);
+    s.draft_raw_logit = r.plan.tracked >= 0 ? all.tracked_raw : 0.0f;
+    s.candidate_raw_logit = w.token >= 0 ? best_raw : 0.0f;
+    a.out.summaries[row] = s;
+  } else {
+    const bool ok = status == FLASHSPEC_OK && w.token >= 0;
+    a.out.tokens_out[row] = ok ? w.token : -1;
+    if (a.out.scores_out) a.out.scores_out[row] = !ok ? NAN : (r.greedy ? best_x : best_x - lse);
+  }
+
+  // The row's top raw logits, ranked (a short insertion sort).
+  if (c.top_n > 0 && a.out.top_tokens) {
+    const int64_t at = (int64_t(a.final_list) * c.rows + row) * c.tops.capacity;
+    const int32_t count = status == FLASHSPEC_OK ? c.tops.merged_counts[a.final_list * c.rows + row] : 0;
+    uint64_t keys[kTopN];
+    float raws[kTopN];
+    for (int i = 0; i < count; ++i) {
+      uint64_t key = c.tops.merged_keys[at + i];
+      float raw = c.tops.merged_raws[at + i];
+      int j = i;
+      for (; j > 0 && keys[j - 1] < key; --j) {
+        keys[j] = keys[j - 1];
+        raws[j] = raws[j - 1];
+      }
+      keys[j] = key;
+      raws[j] = raw;
+    }
+    const float raw_lse = lse_value(all.rm, all.rs);
+    for (int i = 0; i < c.top_n; ++i) {
+      a.out.top_tokens[int64_t(row) * c.top_n + i] = i < count ? key_token(keys[i]) : -1;
+      a.out.top_logprobs[int64_t(row) * c.top_n + i] = i < count ? raws[i] - raw_lse : neg_inf();
+    }
+  }
+}
+
+int64_t align(int64_t v) { return (v + 255) / 256 * 256; }
+
+}  // namespace
+
+size_t workspace_bytes(int32_t max_rows, int32_t max_requests, int32_t chunk) {
+  Workspace ws = carve_workspace(nullptr, max_rows, max_requests, chunk);
+  return size_t(reinterpret_cast<uintptr_t>(ws.row_requests) + align(int64_t(max_rows) * sizeof(int32_t)));
+}
+
+Workspace carve_workspace(void* base, int32_t max_rows, int32_t max_requests, int32_t chunk) {
+  Workspace ws = {};
+  ws.max_rows = max_rows;
+  ws.max_requests = std::max(max_requests, max_rows);
+  ws.slices_per_chunk = (chunk + kSliceTokens - 1) / kSliceTokens;
+  ws.max_groups = kMaxVocabulary / kSliceTokens;
+  uintptr_t at = reinterpret_cast<uintptr_t>(base);
+  auto take = [&at](int64_t bytes) {
+    const uintptr_t p = at;
+    at += uintptr_t(align(bytes));
+    return reinterpret_cast<void*>(p);
+  };
+  const int64_t rows = max_rows, slices = ws.slices_per_chunk;
+  ws.partials = take(int64_t(ws.max_groups) * rows * int64_t(sizeof(ControlPartial)));
+  ws.slice_keys = static_cast<uint64_t*>(take(rows * slices * kCandidates * 8));
+  ws.slice_raws = static_cast<float*>(take(rows * slices * kCandidates * 4));
+  ws.slice_counts = static_cast<int32_t*>(take(rows * slices * 4));
+  ws.merged_keys = static_cast<uint64_t*>(take(2 * rows * kCandidates * 8));
+  ws.merged_raws = static_cast<float*>(take(2 * rows * kCandidates * 4));
+  ws.merged_counts = static_cast<int32_t*>(take(2 * rows * 4));
+  ws.thresholds = static_cast<uint64_t*>(take(rows * 8));
+  ws.top_slice_keys = static_cast<uint64_t*>(take(rows * slices * kTopN * 8));
+  ws.top_slice_raws = static_cast<float*>(take(rows * slices * kTopN * 4));
+  ws.top_slice_counts = static_cast<int32_t*>(take(rows * slices * 4));
+  ws.top_merged_keys = static_cast<uint64_t*>(take(2 * rows * kTopN * 8));
+  ws.top_merged_raws = static_cast<float*>(take(2 * rows * kTopN * 4));
+  ws.top_merged_counts = static_cast<int32_t*>(take(2 * rows * 4));
+  ws.top_thresholds = static_cast<uint64_t*>(take(rows * 8));
+  ws.bias_tokens = static_cast<int32_t*>(take(int64_t(ws.max_requests) * kMaxBiasEntries * 4));
+  ws.bias_values = static_cast<float*>(take(int64_t(ws.max_requests) * kMaxBiasEntries * 4));
+  ws.bias_counts = static_cast<int32_t*>(take(int64_t(ws.max_requests) * 4));
+  ws.row_requests = static_cast<int32_t*>(reinterpret_cast<void*>(at));
+  return ws;
+}
+
+cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStream_t stream,
+                const char** cublas_failure) {
+  *cublas_failure = nullptr;
+  const int32_t slices_total = (p.vocab + kSliceTokens - 1) / kSliceTokens;
+  if (slices_total > ws.max_groups || p.rows > ws.max_rows || p.requests > ws.max_requests)
+    return cudaErrorInvalidValue;
+  cudaError_t e = cudaSuccess;
+  // Each row's lists start empty; merged list 0 is read first.
+  for (auto [ptr, bytes] : {std::pair<void*, size_t>{ws.merged_counts, size_t(ws.max_rows) * 8},
+                            std::pair<void*, size_t>{ws.thresholds, size_t(ws.max_rows) * 8},
+                            std::pair<void*, size_t>{ws.top_merged_counts, size_t(ws.max_rows) * 8},
+                            std::pair<void*, size_t>{ws.top_thresholds, size_t(ws.max_rows) * 8}})
+    if ((e = cudaMemsetAsync(ptr, 0, bytes, stream)) != cudaSuccess) return e;
+
+  BiasArgs b{p.controls, p.draft_offsets, p.requests, p.rows, p.batch_status, ws.row_requests,
+             ws.bias_tokens, ws.bias_values, ws.bias_counts};
+  bias_kernel<<<unsigned(p.requests), kBiasThreads, 0, stream>>>(b);
+  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+
+  Common common = {};
+  common.plans = p.plans;
+  common.controls = p.controls;
+  common.row_requests = ws.row_requests;
+  common.bias_tokens = ws.bias_tokens;
+  common.bias_values = ws.bias_values;
+  common.bias_counts = ws.bias_counts;
+  common.vocab = p.vocab;
+  common.rows = p.rows;
+  common.slices = ws.slices_per_chunk;
+  common.top_n = p.top_n;
+  common.candidates = Lists{ws.slice_keys,  ws.slice_raws,    ws.slice_counts, ws.merged_keys,
+                            ws.merged_raws, ws.merged_counts, ws.thresholds,   kCandidates};
+  common.tops = Lists{ws.top_slice_keys,  ws.top_slice_raws,    ws.top_slice_counts, ws.top_merged_keys,
+                      ws.top_merged_raws, ws.top_merged_counts, ws.top_thresholds,   kTopN};
+  // The merged lists are indexed [list][rows][capacity] with this call's row
+  // count as the stride (merge and summary kernels use gridDim / rows).
+
+  const bool wide = p.w_dtype == FLASHSPEC_DTYPE_F32;
+  const cudaDataType type = wide ? CUDA_R_32F : (p.w_dtype == FLASHSPEC_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F);
+  const size_t element = wide ? 4 : 2;
+  const float alpha = 1.0f, beta = 0.0f;
+  int group = 0, from = 0;
+  for (int32_t v0 = 0; v0 < p.vocab; v0 += p.chunk) {
+    const int32_t count = std::min(p.chunk, p.vocab - v0);
+    const void* w = static_cast<const unsigned char*>(p.w) + int64_t(v0) * p.ldw * int64_t(element);
+    const cublasStatus_t s = cublasGemmEx(p.cublas, CUBLAS_OP_T, CUBLAS_OP_N, count, p.rows, p.d, &alpha, w, type,
+                                          int(p.ldw), p.hidden, type, p.k_pad, &beta, p.chunk_logits, CUDA_R_32F,
+                                          p.chunk, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      *cublas_failure = "cublasGemmEx";
+      return cudaSuccess;
+    }
+    const int slices = (count + kSliceTokens - 1) / kSliceTokens;
+    FoldArgs f{common, p.chunk_logits, p.chunk, v0, count, static_cast<ControlPartial*>(ws.partials), ws.max_rows,
+               group};
+    fold_kernel<<<dim3(unsigned(slices), unsigned(p.rows)), kFoldThreads, 0, stream>>>(f);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    MergeArgs m{common, slices, from};
+    merge_kernel<<<unsigned(p.rows), kRowThreads, 0, stream>>>(m);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    from = 1 - from;
+    group += slices;
+  }
+  SummaryArgs s{common, static_cast<const ControlPartial*>(ws.partials), ws.max_rows, group, from, p.hidden_bad, out};
+  summary_kernel<<<unsigned(p.rows), kRowThreads, 0, stream>>>(s);
+  return cudaGetLastError();
+}
+
+}  // namespace controls
+}  // namespace cuda
+}  // namespace flashspec

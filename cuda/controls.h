@@ -1,0 +1,116 @@
+// Sampling controls and logprobs on the device (flashspec.h, "Sampling
+// controls"): the pass over the LM head for a call whose rows are analysed
+// whole, without writing anything vocabulary-sized.
+//
+// Such a call takes the cuBLAS chunk path whatever its row count: cuBLAS
+// writes one vocabulary chunk of logits [rows, chunk] into the L2-sized
+// workspace, and a fold kernel reduces each 4096-token slice of it per row
+// to a ControlPartial (log-sum-exps of x and of the raw logits, the sample
+// of an untruncated row, the drafted token's x and raw logit, the allowed
+// count) and, for a row that top-k, top-p or min-p truncates, to the slice's
+// best `keep` candidates by (x, then smaller id). A merge kernel keeps each
+// row's best `keep` candidates across slices after every chunk, so a row
+// holds at most FLASHSPEC_MAX_TOP_K candidates however large V is. After
+// the last chunk one block per row ranks its candidates and applies the
+// controls with the shared rules of sampling/controls.h:
+//   - top-k ≤ FLASHSPEC_MAX_TOP_K: the kept set lies among the candidates;
+//     its length and mass are summed in rank order as on the CPU;
+//   - top-p or min-p without such a top-k: the kept set is found among the
+//     FLASHSPEC_MAX_TOP_K best tokens, top-p's mass over all allowed tokens
+//     from the row's log-sum-exp. A row whose kept set is larger fails with
+//     FLASHSPEC_ERR_UNSUPPORTED (flashspec.h documents the bound).
+// The sample of a truncated row is the Gumbel-max over its kept prefix with
+// the noise of the RNG contract, recomputed for those tokens only.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "flashspec.h"
+#include "kernels/args.h"
+#include "sampling/fold.h"
+#include "sampling/row_summary.h"
+
+namespace flashspec {
+namespace cuda {
+namespace controls {
+
+constexpr int32_t kSliceTokens = 4096;                 // tokens per fold block
+constexpr int32_t kCandidates = FLASHSPEC_MAX_TOP_K;   // candidates a row keeps
+constexpr int32_t kMaxBiasEntries = 4096;              // bias entries per request the device sorts
+constexpr int32_t kMaxVocabulary = 1 << 20;            // the partials hold this many tokens' slices
+
+// Device scratch of the controlled path, sized at context creation.
+struct Workspace {
+  int32_t max_rows;
+  int32_t max_requests;           // per-request bias scratch (≥ max_rows: draft rows are requests)
+  int32_t slices_per_chunk;       // chunk / kSliceTokens
+  int32_t max_groups;             // slices over the whole vocabulary the partials hold
+  void* partials;                 // [max_groups][max_rows] ControlPartial
+  uint64_t* slice_keys;           // [max_rows][slices_per_chunk][kCandidates]
+  float* slice_raws;
+  int32_t* slice_counts;          // [max_rows][slices_per_chunk]
+  uint64_t* merged_keys;          // [2][max_rows][kCandidates]
+  float* merged_raws;
+  int32_t* merged_counts;         // [2][max_rows]
+  uint64_t* thresholds;           // [max_rows]: the keep-th best key so far, 0 if fewer
+  uint64_t* top_slice_keys;       // the same for the top raw logits: [max_rows][slices_per_chunk][20]
+  float* top_slice_raws;
+  int32_t* top_slice_counts;
+  uint64_t* top_merged_keys;      // [2][max_rows][20]
+  float* top_merged_raws;
+  int32_t* top_merged_counts;
+  uint64_t* top_thresholds;
+  int32_t* bias_tokens;           // [max_requests][kMaxBiasEntries] sorted, distinct
+  float* bias_values;             // their summed values
+  int32_t* bias_counts;           // [max_requests], −1: more entries than the device sorts
+  int32_t* row_requests;          // [max_rows]
+};
+
+// Bytes of each array of a workspace for `max_rows` rows, `max_requests`
+// requests and cuBLAS chunks of `chunk` tokens, laid out one after another.
+size_t workspace_bytes(int32_t max_rows, int32_t max_requests, int32_t chunk);
+Workspace carve_workspace(void* base, int32_t max_rows, int32_t max_requests, int32_t chunk);
+
+// What one controlled pass needs besides the workspace.
+struct Pass {
+  const void* w;                  // LM head [vocab, ldw], bf16/fp16 (hidden staged alike) or fp32
+  int64_t ldw;
+  flashspec_dtype w_dtype;
+  int32_t vocab;
+  int32_t d;
+  const void* hidden;             // staged hidden rows [rows, k_pad]
+  int32_t k_pad;
+  int32_t rows;
+  const RowPlan* plans;           // [rows]
+  const int32_t* hidden_bad;      // [rows]
+  ControlsArgs controls;          // per request
+  int32_t requests;               // requests the controls' arrays index
+  const int32_t* draft_offsets;   // verify: [requests + 1]; draft calls: NULL (row r is request r)
+  const int32_t* batch_status;    // verify: the plans' batch status; NULL for a draft call
+  int32_t top_n;                  // top raw logprobs per row
+  cublasHandle_t cublas;
+  float* chunk_logits;            // [rows, chunk]
+  int32_t chunk;
+};
+
+// Where a controlled pass writes: verify summaries (and the top raw tokens
+// and logprobs, [rows][top_n]) or a draft call's outputs.
+struct Outputs {
+  RowSummary* summaries;
+  int32_t* top_tokens;
+  float* top_logprobs;
+  int32_t* tokens_out;
+  float* scores_out;
+};
+
+// Enqueues the pass on `stream`. Returns a CUDA error, or (cudaSuccess) a
+// cuBLAS failure named in *cublas_failure.
+cudaError_t run(const Workspace& ws, const Pass& pass, const Outputs& out, cudaStream_t stream,
+                const char** cublas_failure);
+
+}  // namespace controls
+}  // namespace cuda
+}  // namespace flashspec
