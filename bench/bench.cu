@@ -36,40 +36,6 @@
 
 namespace {
 
-// ---- timing ---------------------------------------------------------------
-
-struct Timer {
-  cudaStream_t stream;
-  int reps;
-  // Median of `reps` replays, rotating over the graphs (one per buffer).
-  double median_ms(const std::vector<cudaGraphExec_t>& graphs) {
-    for (int w = 0; w < 5; ++w) CUDA_OK(cudaGraphLaunch(graphs[size_t(w) % graphs.size()], stream));
-    std::vector<cudaEvent_t> ev(size_t(reps) * 2);
-    for (auto& e : ev) CUDA_OK(cudaEventCreate(&e));
-    for (int r = 0; r < reps; ++r) {
-      CUDA_OK(cudaEventRecord(ev[size_t(2 * r)], stream));
-      CUDA_OK(cudaGraphLaunch(graphs[size_t(r) % graphs.size()], stream));
-      CUDA_OK(cudaEventRecord(ev[size_t(2 * r + 1)], stream));
-    }
-    CUDA_OK(cudaStreamSynchronize(stream));
-    std::vector<float> ms(static_cast<size_t>(reps));
-    for (int r = 0; r < reps; ++r) CUDA_OK(cudaEventElapsedTime(&ms[size_t(r)], ev[size_t(2 * r)], ev[size_t(2 * r + 1)]));
-    for (auto& e : ev) cudaEventDestroy(e);
-    std::sort(ms.begin(), ms.end());
-    return ms[size_t(reps / 2)];
-  }
-  cudaGraphExec_t capture(const std::function<void()>& body) {
-    cudaGraph_t g;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    body();
-    CUDA_OK(cudaStreamEndCapture(stream, &g));
-    cudaGraphExec_t exec;
-    CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
-    CUDA_OK(cudaGraphDestroy(g));
-    return exec;
-  }
-};
-
 struct Result {
   int vocab, d, rows, buffers;
   double floor_ms, gemm_ms, standard_ms, verify_ms, draft_g_ms, draft_s_ms;
