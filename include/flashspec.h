@@ -38,8 +38,9 @@
  *     c0 = purpose << 28 | position << 18 | token >> 2   (word = token & 3)
  *     c1 = low 32 bits of step
  *     c2 = low 32 bits of request id, c3 = high 32 bits of request id
- * where position is the row within the request (draft position), and the
- * purposes (flashspec_rng_purpose) are never shared. A uniform u in (0, 1) is
+ * where position is the row within the request (draft position; for the
+ * acceptance uniform of a tree's stochastic child, its node index: see
+ * Tree verify), and the purposes (flashspec_rng_purpose) are never shared. A uniform u in (0, 1) is
  * (x + 0.5) / 2^32 of one 32-bit word x; Gumbel noise is −log(−log u),
  * evaluated so that both tails are kept. Hence every token is a function of
  * (seed, request id, step, position, token) alone: independent of tiling,
@@ -434,8 +435,9 @@ FLASHSPEC_API flashspec_status flashspec_draft(flashspec_context* ctx, const fla
  * (0 ≤ j < n_r) scores draft token j + 1, row n_r gives the bonus token.
  * target_hidden therefore has draft_offsets[R] + R rows.
  *
- * Drafts given by their tokens alone (draft_logits NULL) are greedy, point-
- * mass drafts: q(x) = 1. A stochastic draft passes draft_logits, a
+ * Drafts given by their tokens alone (no draft_logits, no sparse support)
+ * are greedy, point-mass drafts: q(x) = 1. A stochastic draft passes
+ * either its sparse support (draft_support_*, below) or draft_logits, a
  * [draft_offsets[R], V] fp32/bf16/fp16 view; its row k holds the logits the
  * draft token k was sampled from, and q = softmax(draft_logits row /
  * draft_temperature). Acceptance is then min(1, p/q) and the residual
@@ -472,29 +474,100 @@ typedef struct flashspec_verify_batch {
                                         row's n tokens of largest raw logit for finalize */
   const int32_t* draft_parents;      /* [draft_offsets[R]] NULL: each request's drafts are a
                                         chain. Else a tree (see Tree verify below) */
+  /* Appended in 0.3: sparse draft distributions (see below). All three or none;
+   * not with draft_logits or draft_controls. */
+  const int32_t* draft_support_offsets; /* [draft_offsets[R] + 1] non-decreasing from 0: draft
+                                           row k's support is entries [offsets[k], offsets[k + 1]),
+                                           1..FLASHSPEC_MAX_DRAFT_SUPPORT of them; NULL: none */
+  const int32_t* draft_support_tokens;  /* [draft_support_offsets[draft_offsets[R]]] ids in [0, V),
+                                           distinct within a row */
+  const float* draft_support_probs;     /* the same length: q of each support token, finite and
+                                           ≥ 0, each row summing to 1 within
+                                           FLASHSPEC_DRAFT_SUPPORT_TOLERANCE */
 } flashspec_verify_batch;
+
+/* Sparse draft distributions. A drafter that samples from its top-k (or
+ * any truncated) distribution may pass q as that support instead of dense
+ * logits: per draft row k, at most FLASHSPEC_MAX_DRAFT_SUPPORT token ids and
+ * their probabilities; q = 0 off the support. The library divides each row
+ * by its sum, so q is exactly normalised; verify is exact (the emitted
+ * tokens are distributed as the target's) when the drafter sampled the
+ * token from that truncated, renormalised q — not when it sampled from its
+ * full distribution and passes only the top of it. Acceptance is min(1,
+ * p(x)/q(x)), the residual max(p − q, 0): off the support it is p itself,
+ * so only the support tokens are treated apart (Σ max(p − q, 0) = 1 −
+ * Σ_support min(p, q)) and no dense q row is built. Same one read of W; the
+ * rows that resample keep their logits while the call runs, as for
+ * draft_logits. draft_temperatures is not read for a sparse q. A point-mass
+ * draft is the support {x} with probability 1, so point-mass and
+ * stochastic requests share one batch this way.
+ * Errors (host batches, before anything is read): NULL_POINTER (one of the
+ * three arrays given without the others), INVALID_ARGUMENT (draft_logits or
+ * draft_controls given too; a token repeated within a row; a negative
+ * probability; a row not summing to 1 within the tolerance; a drafted
+ * token outside its row's support or with q = 0 there, naming
+ * "batch->draft_tokens"), OUT_OF_RANGE (offsets[0] ≠ 0, a row with 0 or
+ * more than FLASHSPEC_MAX_DRAFT_SUPPORT tokens, a token outside [0, V)),
+ * NON_FINITE (a NaN or Inf probability). The CUDA backend and the shard
+ * calls refuse sparse supports with FLASHSPEC_ERR_UNSUPPORTED in this
+ * version. */
+#define FLASHSPEC_MAX_DRAFT_SUPPORT 64
+#define FLASHSPEC_DRAFT_SUPPORT_TOLERANCE 1e-3
 
 /* Tree verify. With draft_parents, request r's n_r drafts are the nodes of
  * a tree: node k (0 ≤ k < n_r, its token draft_tokens[draft_offsets[r] + k])
  * has parent draft_parents[draft_offsets[r] + k], a node index in [−1, k)
- * (−1: a child of the root; parents come before their children). The
- * request's target rows are the root's (row 0) and one per node (row k + 1:
- * the target after the path to node k), so target_hidden still has
- * draft_offsets[R] + R rows. The rule, exact for point-mass drafts whatever
- * the tree (Algorithm 1 when the tree is a chain): at the current node (the
- * root first) draw y from p of its row; if a child has token y (the first
- * such child when siblings repeat a token), accept that child and continue
- * there; otherwise emit y and stop (at a leaf y is the bonus token). T = 0:
- * y is the argmax, so the path follows greedy decoding. Each row's draw uses
- * BONUS_NOISE at position = its row index, so a chain verified as a tree
- * takes other random numbers than Algorithm 1 (both are exact). finalize
- * writes the accepted path's tokens and the final token to emitted_tokens,
- * the path's node indices to result->accepted_nodes (optional), and the
- * path's depth to accepted_counts; logprobs and top logprobs are those of
- * the rows that drew each emitted token. Trees take point-mass drafts only
- * (draft_logits with draft_parents is UNSUPPORTED) and no typical
- * acceptance; bad parents are OUT_OF_RANGE (host) or a request error
- * (device: accepted_counts[r] = −1). */
+ * (−1: a child of the root; parents come before their children, so there
+ * are no cycles). The request's target rows are the root's (row 0) and one
+ * per node (row k + 1: the target after the path to node k), so
+ * target_hidden still has draft_offsets[R] + R rows. Siblings may repeat a
+ * token.
+ *
+ * Point-mass drafts (neither draft_logits nor sparse supports): the rule,
+ * exact whatever the tree (Algorithm 1 when the tree is a chain): at the
+ * current node (the root first) draw y from p of its row; if a child has
+ * token y (the first such child when siblings repeat a token), accept that
+ * child and continue there; otherwise emit y and stop (at a leaf y is the
+ * bonus token). Each row's draw uses BONUS_NOISE at position = its row
+ * index, so a point-mass chain verified as a tree takes other random numbers
+ * than Algorithm 1 (both are exact).
+ *
+ * Stochastic multi-candidate drafts (draft_logits or sparse supports; CPU
+ * backend): node k's token was sampled from q_k, its own draft row's
+ * distribution, given the path to its parent and independently of its
+ * siblings (siblings drawn i.i.d. from one q, or each from its own drafter,
+ * as in SpecInfer, Miao et al. 2023, arXiv:2305.09781). At the current node,
+ * with r = p of its row, the children are tried in the order they appear in
+ * the batch (increasing node index): child c is accepted with probability
+ * min(1, r(x_c) / q_c(x_c)), i.e. iff log u_c < log r(x_c) − log q_c(x_c);
+ * after a rejection r ← norm(max(r − q_c, 0)). On acceptance the walk moves
+ * to the child and continues; if every child is rejected it emits a sample
+ * of the final r and stops; at a leaf it emits the bonus ~ p of the leaf's
+ * row. The emitted sequence is distributed exactly as sampling from the
+ * target alone. Siblings may repeat a token: the rule needs independent
+ * draws (sampling with replacement), and de-duplicating them would bias
+ * it; a repeated token is simply tried again against the updated r.
+ * Random numbers: child k's uniform is ACCEPT_UNIFORM at position k (its
+ * node index; batch->accept_uniforms[draft_offsets[r] + k] when given), the
+ * residual sample of the node on row j is RESIDUAL_NOISE at position j, the
+ * bonus of the leaf on row j BONUS_NOISE at position j. A stochastic chain
+ * given as a tree (parents k − 1) therefore emits exactly what Algorithm 1
+ * emits for it, and chains, point-mass drafts (sparse supports {x} with
+ * q = 1) and stochastic trees mix in one batch. Cost (CPU): the one read of
+ * W; a node with k stochastic children keeps its row's logits and scans
+ * them k times, O(V · k²/2) arithmetic and no vocabulary-sized vector
+ * besides the kept logits and the children's dense draft logits rows.
+ *
+ * T = 0 (either kind): y is the argmax and the walk moves to the first child
+ * with token y, so the path follows greedy decoding. finalize writes the
+ * accepted path's tokens and the final token to emitted_tokens, the path's
+ * node indices to result->accepted_nodes (optional), and the path's depth to
+ * accepted_counts; logprobs and top logprobs are those of the rows that drew
+ * (or verified) each emitted token. Trees take no typical acceptance; bad
+ * parents are OUT_OF_RANGE (host) or a request error (device:
+ * accepted_counts[r] = −1). The CUDA backend refuses stochastic trees
+ * (draft_logits with draft_parents) with FLASHSPEC_ERR_UNSUPPORTED in this
+ * version. */
 
 /* [thread-safe] Defaults: host memory, all pointers NULL, num_requests 0.
  * Writes min(size, sizeof(flashspec_verify_batch)) bytes and sets struct_size

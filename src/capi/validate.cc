@@ -89,6 +89,52 @@ void check_draft_tokens(const int32_t* tokens, int32_t count, int64_t vocab) {
             "entry " + str(k) + " is " + str(tokens[k]) + ", outside [0, " + str(vocab) + ")");
 }
 
+// A host batch's sparse draft distributions (flashspec.h, "Sparse draft
+// distributions"): per draft row 1..FLASHSPEC_MAX_DRAFT_SUPPORT distinct
+// tokens in [0, V) with finite probabilities ≥ 0 summing to 1 within
+// FLASHSPEC_DRAFT_SUPPORT_TOLERANCE, the drafted token among them with q > 0.
+// The drafted tokens are in range already.
+void check_draft_supports(const VerifyArgs& a, int64_t vocab) {
+  if (!a.support_offsets) return;
+  const int32_t* off = a.support_offsets;
+  require(off[0] == 0, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_support_offsets",
+          "entry 0 must be 0, got " + str(off[0]));
+  for (int32_t k = 0; k < a.total_drafts; ++k) {
+    const int64_t count = int64_t(off[k + 1]) - int64_t(off[k]);
+    require(count >= 1 && count <= FLASHSPEC_MAX_DRAFT_SUPPORT, FLASHSPEC_ERR_OUT_OF_RANGE,
+            "batch->draft_support_offsets",
+            "draft row " + str(k) + " has " + str(count) + " support tokens, expected 1.." +
+                str(FLASHSPEC_MAX_DRAFT_SUPPORT));
+  }
+  for (int32_t k = 0; k < a.total_drafts; ++k) {
+    const int32_t begin = off[k], end = off[k + 1];
+    double sum = 0.0, drafted_q = -1.0;
+    for (int32_t e = begin; e < end; ++e) {
+      const int32_t token = a.support_tokens[e];
+      const float q = a.support_probs[e];
+      require(token >= 0 && token < vocab, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_support_tokens",
+              "entry " + str(e) + " (draft row " + str(k) + ") is " + str(token) + ", outside [0, " + str(vocab) + ")");
+      for (int32_t f = begin; f < e; ++f)
+        require(a.support_tokens[f] != token, FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->draft_support_tokens",
+                "draft row " + str(k) + " names token " + str(token) + " twice (entries " + str(f) + " and " +
+                    str(e) + ")");
+      require(std::isfinite(q), FLASHSPEC_ERR_NON_FINITE, "batch->draft_support_probs",
+              "entry " + str(e) + " (draft row " + str(k) + ") is not finite");
+      require(q >= 0.0f, FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->draft_support_probs",
+              "entry " + str(e) + " (draft row " + str(k) + ") is negative");
+      sum += double(q);
+      if (token == a.draft_tokens[k]) drafted_q = double(q);
+    }
+    require(std::fabs(sum - 1.0) <= FLASHSPEC_DRAFT_SUPPORT_TOLERANCE, FLASHSPEC_ERR_INVALID_ARGUMENT,
+            "batch->draft_support_probs",
+            "draft row " + str(k) + " sums to " + std::to_string(sum) + ", not 1 within " +
+                std::to_string(FLASHSPEC_DRAFT_SUPPORT_TOLERANCE));
+    require(drafted_q > 0.0, FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->draft_tokens",
+            "entry " + str(k) + " (token " + str(a.draft_tokens[k]) + ") " +
+                (drafted_q < 0.0 ? "is not in its row's draft support" : "has q = 0 in its row's draft support"));
+  }
+}
+
 // Checks of a controls struct that need no vocabulary: struct_size and the
 // host values of the per-request arrays (the CUDA backend checks device
 // values on the device). `rows` is the
@@ -321,6 +367,20 @@ VerifyArgs validate_batch_common(const flashspec_context& ctx, const flashspec_v
           "batch->top_logprobs",
           "must be in [0, " + str(FLASHSPEC_MAX_TOP_LOGPROBS) + "], got " + str(batch->top_logprobs));
 
+  const bool sparse_q = batch->draft_support_offsets || batch->draft_support_tokens || batch->draft_support_probs;
+  if (sparse_q) {
+    require(batch->draft_support_offsets != nullptr, FLASHSPEC_ERR_NULL_POINTER, "batch->draft_support_offsets",
+            "is NULL while draft_support_tokens or draft_support_probs is given");
+    require(batch->draft_support_tokens != nullptr, FLASHSPEC_ERR_NULL_POINTER, "batch->draft_support_tokens",
+            "is NULL while draft_support_offsets is given");
+    require(batch->draft_support_probs != nullptr, FLASHSPEC_ERR_NULL_POINTER, "batch->draft_support_probs",
+            "is NULL while draft_support_offsets is given");
+    require(!batch->draft_logits, FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->draft_support_offsets",
+            "a draft's q is either dense (draft_logits) or sparse (draft_support_*), not both");
+    require(backend.kind() != FLASHSPEC_BACKEND_CUDA, FLASHSPEC_ERR_UNSUPPORTED, "batch->draft_support_offsets",
+            "the CUDA backend does not verify sparse draft distributions in this version (the CPU backend does)");
+  }
+
   VerifyArgs args;
   args.controls = load_controls(batch->controls, requests, host, true, "batch->controls");
   args.draft_controls = load_controls(batch->draft_controls, requests, host, false, "batch->draft_controls");
@@ -337,8 +397,10 @@ VerifyArgs validate_batch_common(const flashspec_context& ctx, const flashspec_v
             "this version (the CPU backend applies them)");
   }
   if (batch->draft_parents) {
-    require(!batch->draft_logits, FLASHSPEC_ERR_UNSUPPORTED, "batch->draft_parents",
-            "tree verify takes point-mass drafts (draft_logits must be NULL)");
+    require(!batch->draft_logits || backend.kind() != FLASHSPEC_BACKEND_CUDA, FLASHSPEC_ERR_UNSUPPORTED,
+            "batch->draft_parents",
+            "the CUDA backend verifies trees of point-mass drafts only in this version (draft_logits must be NULL; "
+            "the CPU backend verifies stochastic trees)");
     require(!args.controls.typical_epsilon, FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->controls->typical_epsilon",
             "typical acceptance does not apply to tree verify");
     if (host)
@@ -353,6 +415,11 @@ VerifyArgs validate_batch_common(const flashspec_context& ctx, const flashspec_v
       }
   }
   args.draft_parents = batch->draft_parents;
+  if (sparse_q) {
+    args.support_offsets = batch->draft_support_offsets;
+    args.support_tokens = batch->draft_support_tokens;
+    args.support_probs = batch->draft_support_probs;
+  }
   args.logprobs = batch->logprobs != 0;
   args.top_logprobs = batch->top_logprobs;
   args.num_requests = requests;
@@ -568,7 +635,10 @@ VerifyArgs validate_batch(const flashspec_context& ctx, const LmHeadStorage& hea
   if (batch->draft_logits)
     require(batch->draft_logits->cols == vocab, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_logits",
             "has " + str(batch->draft_logits->cols) + " columns, the vocabulary has " + str(vocab));
-  if (batch->memory == FLASHSPEC_MEMORY_HOST) check_draft_tokens(batch->draft_tokens, args.total_drafts, vocab);
+  if (batch->memory == FLASHSPEC_MEMORY_HOST) {
+    check_draft_tokens(batch->draft_tokens, args.total_drafts, vocab);
+    check_draft_supports(args, vocab);
+  }
   if (summaries) {
     require(args.total_rows <= summaries->max_rows, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, summaries_name,
             "hold " + str(summaries->max_rows) + " rows, the batch has " + str(args.total_rows));
@@ -614,6 +684,7 @@ VerifyArgs validate_batch_for_finalize(const flashspec_context& ctx, const flash
   args.draft_controls.mask_words = mask_words_for(verified.vocab);
   if (batch->memory == FLASHSPEC_MEMORY_HOST) {
     check_draft_tokens(batch->draft_tokens, args.total_drafts, verified.vocab);
+    check_draft_supports(args, verified.vocab);
     require(!verified.fingerprint_known || fingerprint(args) == verified.fingerprint, FLASHSPEC_ERR_INVALID_ARGUMENT,
             "summaries",
             "describe another batch of the same shape (draft offsets, tokens, temperatures, seeds, request ids or "
@@ -639,6 +710,12 @@ void batch_input_spans(const VerifyArgs& a, bool host, std::vector<Span>& inputs
                     array_span("batch->accept_uniforms", a.accept_uniforms, a.total_drafts, sizeof(float)),
                     array_span("batch->draft_parents", a.draft_parents, a.total_drafts, sizeof(int32_t))})
     inputs.push_back(span);
+  if (a.support_offsets) {
+    const int64_t entries = host ? a.support_offsets[a.total_drafts] : 0;
+    inputs.push_back(array_span("batch->draft_support_offsets", a.support_offsets, a.total_drafts + 1, sizeof(int32_t)));
+    inputs.push_back(array_span("batch->draft_support_tokens", a.support_tokens, entries, sizeof(int32_t)));
+    inputs.push_back(array_span("batch->draft_support_probs", a.support_probs, entries, sizeof(float)));
+  }
   add_controls_spans(a.controls, "batch->controls", a.num_requests, a.total_rows, host, inputs);
   add_controls_spans(a.draft_controls, "batch->draft_controls", a.num_requests, a.total_drafts, host, inputs);
 }
@@ -692,6 +769,8 @@ namespace {
 // exchange.
 void require_shardable(const VerifyArgs& args) {
   require(!args.draft_logits, FLASHSPEC_ERR_UNSUPPORTED, "batch->draft_logits",
+          "stochastic drafts need the global log-sum-exp of p before the residual: shard calls take point-mass drafts");
+  require(!args.support_offsets, FLASHSPEC_ERR_UNSUPPORTED, "batch->draft_support_offsets",
           "stochastic drafts need the global log-sum-exp of p before the residual: shard calls take point-mass drafts");
   require(!args.controls.present && !args.draft_controls.present, FLASHSPEC_ERR_UNSUPPORTED, "batch->controls",
           "sampling controls need the global ranking: shard calls do not take them");

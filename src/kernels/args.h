@@ -121,12 +121,31 @@ struct VerifyArgs {
   bool logprobs = false;             // keep what finalize needs for the emitted logprobs
   int32_t top_logprobs = 0;          // keep each row's n tokens of largest raw logit
   const int32_t* draft_parents = nullptr;  // [total_drafts] a tree per request, or NULL: chains
+  // Sparse q (validated: 1..FLASHSPEC_MAX_DRAFT_SUPPORT distinct tokens per
+  // draft row, probabilities summing to 1 within the tolerance), or NULL.
+  const int32_t* support_offsets = nullptr;  // [total_drafts + 1]
+  const int32_t* support_tokens = nullptr;   // [support_offsets[total_drafts]]
+  const float* support_probs = nullptr;      // [support_offsets[total_drafts]]
 };
+
+// Whether the drafts carry their distribution q (dense logits or a sparse
+// support): stochastic drafts, verified against q; else point masses.
+FS_HOST_DEVICE bool has_draft_distribution(const VerifyArgs& args) {
+  return args.draft_logits != nullptr || args.support_offsets != nullptr;
+}
+
+// Whether node `node` (−1: the root) of request v's tree has a child.
+FS_HOST_DEVICE bool tree_node_has_children(const VerifyArgs& args, const RequestView& v, int32_t node) {
+  for (int32_t k = node + 1; k < v.num_drafts; ++k)
+    if (args.draft_parents[v.first_draft + k] == node) return true;
+  return false;
+}
 
 // The plan of row j of request v: a tree row, or a chain's (Algorithm 1).
 FS_HOST_DEVICE RowPlan batch_row_plan(const VerifyArgs& args, const RequestView& v, int32_t j, bool typical = false) {
-  return args.draft_parents ? tree_row_plan(v, j)
-                            : verify_row_plan(v, j, args.draft_tokens, args.draft_logits != nullptr, typical);
+  const bool stochastic = has_draft_distribution(args);
+  if (!args.draft_parents) return verify_row_plan(v, j, args.draft_tokens, stochastic, typical);
+  return stochastic ? stochastic_tree_row_plan(v, j, tree_node_has_children(args, v, j - 1)) : tree_row_plan(v, j);
 }
 
 struct ResultArgs {

@@ -68,18 +68,27 @@ FS_HOST_DEVICE bool valid_tree(const int32_t* parents, int32_t n) {
 }
 
 // The tree walk of a request whose drafts form a tree (flashspec.h, "Tree
-// verify"): from the root, take the draw of the current node's row; if a
-// child (the first, by index) has that token move there, else emit it and
-// stop. Writes the path's tokens and the final token to emitted[0 ..
-// depth], −1 to the rest of the n + 1 slots, and (each optional) the path's
-// node indices, the emitted tokens' logprobs (under the row's p, 0 at T = 0)
-// and raw logprobs, the row index that drew each slot (−1 past the end).
-// Returns the depth, −1 if a row carries an error.
+// verify"). Point-mass drafts (stochastic false), and every walk at T = 0:
+// at the current node, from the root, take the draw of its row; if a child
+// (the first, by index) has that token move there, else emit it and stop.
+// Stochastic drafts at T > 0 (SpecInfer's multi-step speculative sampling):
+// try the node's children in index order, child k accepted iff log u_k <
+// its row's node_log_ratio (u_k: ACCEPT_UNIFORM at position k, or the
+// caller's uniforms[first_draft + k]); on acceptance move there, and when
+// every child is rejected emit the row's candidate, the sample of the final
+// residual (at a leaf: the bonus). Writes the path's tokens and the final
+// token to emitted[0 .. depth], −1 to the rest of the n + 1 slots, and (each
+// optional) the path's node indices, the emitted tokens' logprobs (under the
+// row's p, 0 at T = 0) and raw logprobs, the row index that drew each slot
+// (−1 past the end). Returns the depth, −1 if a row carries an error.
 FS_HOST_DEVICE int32_t finalize_tree_request(const RequestView& r, const int32_t* draft_tokens, const int32_t* parents,
                                              const RowSummary* rows, int32_t* emitted, int32_t* accepted_nodes,
-                                             float* logprobs, float* raw_logprobs, int32_t* drawing_rows) {
+                                             float* logprobs, float* raw_logprobs, int32_t* drawing_rows,
+                                             bool stochastic = false, const float* caller_uniforms = nullptr) {
   bool bad = false;
   for (int32_t j = 0; j <= r.num_drafts; ++j) bad = bad || rows[r.first_row + j].status != 0;
+  const bool greedy = r.temperature == 0.0f;
+  const bool sampled_children = stochastic && !greedy;
   int32_t depth = -1;
   if (!bad) {
     int32_t node = -1;  // the root
@@ -87,15 +96,26 @@ FS_HOST_DEVICE int32_t finalize_tree_request(const RequestView& r, const int32_t
     for (;;) {
       const int32_t row = node + 1;
       const RowSummary& s = rows[r.first_row + row];
-      const int32_t y = s.candidate;
-      emitted[depth] = y;
-      if (logprobs) logprobs[depth] = r.temperature == 0.0f ? 0.0f : s.candidate_logit - s.lse;
-      if (raw_logprobs) raw_logprobs[depth] = s.candidate_raw_logit - s.raw_lse;
-      if (drawing_rows) drawing_rows[depth] = row;
       int32_t next = -1;
-      for (int32_t k = node + 1; k < r.num_drafts && next < 0; ++k)
-        if (parents[r.first_draft + k] == node && draft_tokens[r.first_draft + k] == y) next = k;
-      if (next < 0) break;
+      for (int32_t k = node + 1; k < r.num_drafts && next < 0; ++k) {
+        if (parents[r.first_draft + k] != node) continue;
+        const bool accept = sampled_children
+                                ? acceptance_log_uniform(r, k, caller_uniforms) < rows[r.first_row + k + 1].node_log_ratio
+                                : draft_tokens[r.first_draft + k] == s.candidate;
+        if (accept) next = k;
+      }
+      if (drawing_rows) drawing_rows[depth] = row;
+      if (next < 0) {
+        emitted[depth] = s.candidate;
+        if (logprobs) logprobs[depth] = greedy ? 0.0f : s.candidate_logit - s.lse;
+        if (raw_logprobs) raw_logprobs[depth] = s.candidate_raw_logit - s.raw_lse;
+        break;
+      }
+      const RowSummary& child = rows[r.first_row + next + 1];
+      emitted[depth] = draft_tokens[r.first_draft + next];
+      if (logprobs) logprobs[depth] = greedy ? 0.0f : sampled_children ? child.node_logp : s.candidate_logit - s.lse;
+      if (raw_logprobs)
+        raw_logprobs[depth] = sampled_children ? child.node_raw_logp : s.candidate_raw_logit - s.raw_lse;
       if (accepted_nodes) accepted_nodes[depth] = next;
       ++depth;
       node = next;

@@ -141,11 +141,16 @@ FS_HOST_DEVICE void merge_partial(Partial& a, const Partial& b) {
   }
 }
 
+// log max(e^a − e^b, 0): −Inf where b ≥ a (a token the subtraction empties).
+FS_HOST_DEVICE float log_subtract(float a, float b) {
+  return a > b ? a + log1pf(-expf(b - a)) : neg_inf();
+}
+
 // Folds `token` into the residual max(p − q, 0): tokens with p > q compete
 // with score log(p − q) + g, g the token's RESIDUAL_NOISE Gumbel.
 FS_HOST_DEVICE void fold_residual(Residual& r, float log_p, float log_q, int32_t token, uint32_t noise) {
   if (!(log_p > log_q)) return;
-  const float score = log_p + log1pf(-expf(log_q - log_p)) + gumbel_from_bits(noise);
+  const float score = log_subtract(log_p, log_q) + gumbel_from_bits(noise);
   if (score > r.best) {
     r.second = r.best;
     r.best = score;
@@ -196,6 +201,9 @@ FS_HOST_DEVICE RowSummary verify_summary(const RowPlan& plan, const Partial& all
   summary.raw_lse = 0.0f;
   summary.draft_raw_logit = 0.0f;
   summary.candidate_raw_logit = 0.0f;
+  summary.node_log_ratio = neg_inf();
+  summary.node_logp = 0.0f;
+  summary.node_raw_logp = 0.0f;
   return summary;
 }
 

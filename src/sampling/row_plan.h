@@ -94,6 +94,20 @@ FS_HOST_DEVICE RowPlan tree_row_plan(const RequestView& v, int32_t j) {
   return plan;
 }
 
+// Row j of a request whose stochastic drafts form a tree: as tree_row_plan,
+// except that a node with children (T > 0) keeps its logits for the
+// residual chain its children are tried against, and its fallback draw
+// uses RESIDUAL_NOISE at j, as a chain row's does (a chain given as a tree
+// then takes Algorithm 1's random numbers).
+FS_HOST_DEVICE RowPlan stochastic_tree_row_plan(const RequestView& v, int32_t j, bool has_children) {
+  RowPlan plan = tree_row_plan(v, j);
+  if (has_children && v.temperature != 0.0f) {
+    plan.flags |= kPlanKeep;
+    plan.key = make_row_key(v.seed, v.request_id, v.step, j, FLASHSPEC_RNG_RESIDUAL_NOISE);
+  }
+  return plan;
+}
+
 // A draft row: argmax (T = 0) or Gumbel-max with DRAFT_NOISE at its position.
 FS_HOST_DEVICE RowPlan draft_row_plan(const DraftRowView& v) {
   const bool greedy = v.temperature == 0.0f;

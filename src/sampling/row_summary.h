@@ -37,6 +37,13 @@ struct RowSummary {
   float raw_lse;
   float draft_raw_logit;
   float candidate_raw_logit;
+  // Stochastic trees, on the row of node k (row k + 1), about node k's own
+  // token x_k as its parent's row verifies it: log r(x_k) − log q_k(x_k),
+  // r the parent's running residual when x_k is tried (−Inf: never
+  // accepted), and log p(x_k) under the parent's controlled and raw logits.
+  float node_log_ratio;
+  float node_logp;
+  float node_raw_logp;
 };
 
 }  // namespace flashspec

@@ -238,6 +238,152 @@ void top_raw_logprobs(const float* raw, int64_t vocab, float raw_lse, int32_t n,
   }
 }
 
+// log p of a verifying row's tokens: its controlled distribution when the
+// row was analysed whole, else softmax(l / T) of its kept logits.
+class TargetRow {
+ public:
+  explicit TargetRow(const RowAnalysis& analysis) : analysis_(&analysis) {}
+  TargetRow(const float* logits, float inv_t, float lse) : logits_(logits), inv_t_(inv_t), lse_(lse) {}
+
+  float log_p(int32_t token) const { return analysis_ ? analysis_->log_p(token) : logits_[token] * inv_t_ - lse_; }
+  // What logprobs report: x and log p under the raw logits (analysed rows
+  // only; a call that asks for logprobs analyses every row).
+  float x(int32_t token) const { return analysis_ ? analysis_->x(token) : logits_[token] * inv_t_; }
+  float raw(int32_t token) const { return analysis_ ? analysis_->raw(token) : 0.0f; }
+  float raw_logp(int32_t token) const { return analysis_ ? analysis_->raw(token) - analysis_->raw_lse() : 0.0f; }
+
+ private:
+  const RowAnalysis* analysis_ = nullptr;
+  const float* logits_ = nullptr;
+  float inv_t_ = 1.0f, lse_ = 0.0f;
+};
+
+// q of one stochastic draft row: softmax(z / T_d) of the caller's draft
+// logits row (under the draft controls when given), or the row's sparse
+// support, zero elsewhere. A sparse q is its probabilities divided by their
+// sum (validated within FLASHSPEC_DRAFT_SUPPORT_TOLERANCE of 1); no dense q
+// row is built for it.
+class DraftDistribution {
+ public:
+  DraftDistribution(const LmHeadStorage& head, const VerifyArgs& args, int32_t request, int32_t draft_row,
+                    float inv_td) {
+    if (args.support_offsets) {
+      load_support(args, draft_row);
+      return;
+    }
+    const int64_t vocab = head.vocab;
+    z_.resize(size_t(vocab));
+    convert_row(row_pointer(*args.draft_logits, draft_row), args.draft_logits->dtype, vocab, z_.data());
+    for (int64_t i = 0; i < vocab; ++i)
+      if (!std::isfinite(z_[size_t(i)])) fail(FLASHSPEC_ERR_NON_FINITE, Field::kDraftLogits, non_finite_at(draft_row, i));
+    if (args.draft_controls.present) {
+      RowPlan q_plan = inert_plan(FLASHSPEC_OK);
+      q_plan.flags = 0;
+      q_plan.inv_t = inv_td;
+      analysis_ = std::make_unique<RowAnalysis>(z_.data(), vocab, row_controls(args.draft_controls, request, draft_row),
+                                                q_plan, draft_row, Field::kDraftLogits);
+      return;
+    }
+    inv_td_ = inv_td;
+    float m = neg_inf(), s = 0.0f;
+    for (int64_t i = 0; i < vocab; ++i) {
+      const float scaled = z_[size_t(i)] * inv_td;
+      // As for the target rows: z/T_d = ±Inf would make log q NaN.
+      if (!std::isfinite(scaled))
+        fail(FLASHSPEC_ERR_NON_FINITE, Field::kDraftLogits,
+             "row " + std::to_string(draft_row) +
+                 ": a logit divided by the draft temperature overflows fp32 (draft temperature too small)");
+      lse_add(m, s, scaled);
+    }
+    lse_ = lse_value(m, s);
+  }
+
+  float log_q(int32_t token) const {
+    if (!z_.empty()) return analysis_ ? analysis_->log_p(token) : z_[size_t(token)] * inv_td_ - lse_;
+    auto at = std::lower_bound(support_.begin(), support_.end(), token,
+                               [](const SupportEntry& e, int32_t t) { return e.token < t; });
+    return at != support_.end() && at->token == token ? at->log_q : neg_inf();
+  }
+
+ private:
+  struct SupportEntry {
+    int32_t token;
+    float log_q;
+  };
+
+  void load_support(const VerifyArgs& args, int32_t draft_row) {
+    const int32_t begin = args.support_offsets[draft_row], end = args.support_offsets[draft_row + 1];
+    double sum = 0.0;
+    for (int32_t e = begin; e < end; ++e) sum += double(args.support_probs[e]);
+    for (int32_t e = begin; e < end; ++e) {
+      const double q = double(args.support_probs[e]) / sum;
+      support_.push_back({args.support_tokens[e], q > 0.0 ? float(std::log(q)) : neg_inf()});
+    }
+    std::sort(support_.begin(), support_.end(),
+              [](const SupportEntry& a, const SupportEntry& b) { return a.token < b.token; });
+  }
+
+  std::vector<float> z_;  // dense: the draft logits row
+  std::unique_ptr<RowAnalysis> analysis_;
+  float inv_td_ = 1.0f, lse_ = 0.0f;
+  std::vector<SupportEntry> support_;  // sparse, by token
+};
+
+// A tree node's own draft as its parent's row verified it (RowSummary's
+// node_* fields).
+struct NodeVerdict {
+  float log_ratio = neg_inf();
+  float logp = 0.0f;
+  float raw_logp = 0.0f;
+};
+
+// What a row's residual chain says about the drafts tried at it.
+struct ResidualChain {
+  std::vector<float> log_ratio;  // per child: log r_{i−1}(x_i) − log q_i(x_i)
+  Residual residual;             // the sample of the final residual
+};
+
+// Multi-candidate speculative sampling at one row (SpecInfer): drafts x_1..x_k,
+// x_i drawn from q_i, are tried in order against the running residual r_0 =
+// p, r_i = norm(max(r_{i−1} − q_i, 0)), x_i accepted with probability
+// min(1, r_{i−1}(x_i) / q_i(x_i)); a row whose drafts are all rejected emits
+// a sample of r_k. Unnormalised in log space, log R_0 = log p, log R_i =
+// log max(R_{i−1} − C_{i−1} q_i, 0), C_i = Σ R_i, so r_i = R_i / C_i. Nothing
+// vocabulary-sized is written: each pass over the vocabulary recomputes a
+// token's chain, k passes in all, O(V · k²/2) work for k drafts. One draft
+// (a chain row) is Algorithm 1 to the bit: log R_0 − 0 − log q, and the
+// residual fold of the chain rows. With a sparse q_i, R_i = R_{i−1} off its
+// support (log q_i = −Inf there), so only support tokens are changed.
+// `key`: the row's RESIDUAL_NOISE, or NULL to skip the final sample.
+ResidualChain residual_chain(const TargetRow& p, const std::vector<const DraftDistribution*>& q,
+                             const std::vector<int32_t>& tokens, int64_t vocab, const RngRowKey* key) {
+  const size_t k = q.size();
+  std::vector<float> log_c(k, 0.0f);  // log C_0 .. C_{k−1}; C_0 = Σ p = 1
+  auto log_r = [&](int32_t token, size_t steps) {
+    float a = p.log_p(token);
+    for (size_t m = 0; m < steps; ++m) a = log_subtract(a, log_c[m] + q[m]->log_q(token));
+    return a;
+  };
+  ResidualChain out;
+  out.log_ratio.resize(k);
+  out.residual = empty_residual();
+  for (size_t i = 0; i < k; ++i) {
+    out.log_ratio[i] = (log_r(tokens[i], i) - log_c[i]) - q[i]->log_q(tokens[i]);
+    if (i + 1 == k) break;
+    float m = neg_inf(), s = 0.0f;
+    for (int64_t t = 0; t < vocab; ++t) {
+      const float a = log_r(int32_t(t), i + 1);
+      if (a != neg_inf()) lse_add(m, s, a);
+    }
+    log_c[i + 1] = lse_value(m, s);
+  }
+  if (key && k > 0)
+    for (int64_t t = 0; t < vocab; ++t)
+      fold_residual(out.residual, log_r(int32_t(t), k - 1), log_c[k - 1] + q[k - 1]->log_q(int32_t(t)), int32_t(t),
+                    row_word(*key, int32_t(t)));
+  return out;
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendConfig& config)
@@ -319,21 +465,17 @@ class CpuBackend final : public Backend {
   void verify(const LmHeadStorage& head, const VerifyArgs& args, SummaryStore& store) override {
     auto& summaries = static_cast<CpuSummaries&>(store);
     std::vector<float> hidden = load_rows(*args.target_hidden, Field::kHidden);
-    const bool stochastic = args.draft_logits != nullptr;
+    const bool stochastic = has_draft_distribution(args);
     const int64_t vocab = head.vocab;
-    // Rows analysed whole (RowAnalysis) keep their logits by row; otherwise
-    // only stochastic draft rows keep theirs, by draft row.
+    // Rows analysed whole (RowAnalysis) keep their logits; otherwise only
+    // the rows that resample a stochastic draft's residual keep theirs.
     const bool analysed = args.controls.present || args.draft_controls.present || args.logprobs ||
                           args.top_logprobs > 0;
 
     std::vector<RowPlan> plans(static_cast<size_t>(args.total_rows));
     std::vector<int32_t> request_of(static_cast<size_t>(args.total_rows));
-    std::vector<float*> kept_rows(static_cast<size_t>(args.total_rows), nullptr);
-    std::vector<float> kept;  // logits of the rows that keep them
-    if (analysed)
-      kept.resize(size_t(args.total_rows) * size_t(vocab));
-    else if (stochastic)
-      kept.resize(size_t(args.total_drafts) * size_t(vocab));
+    std::vector<size_t> kept_slot(static_cast<size_t>(args.total_rows), SIZE_MAX);
+    size_t kept_count = 0;
     for (int32_t r = 0; r < args.num_requests; ++r) {
       const RequestView req = request_view(args, r);
       for (int32_t j = 0; j <= req.num_drafts; ++j) {
@@ -342,12 +484,13 @@ class CpuBackend final : public Backend {
         const RowPlan plan = batch_row_plan(args, req, j, typical);
         plans[size_t(row)] = plan;
         request_of[size_t(row)] = r;
-        if (analysed)
-          kept_rows[size_t(row)] = kept.data() + size_t(row) * size_t(vocab);
-        else if (plan.flags & kPlanKeep)
-          kept_rows[size_t(row)] = kept.data() + size_t(plan.q_row) * size_t(vocab);
+        if (analysed || (plan.flags & kPlanKeep)) kept_slot[size_t(row)] = kept_count++;
       }
     }
+    std::vector<float> kept(kept_count * size_t(vocab));  // logits of the rows that keep them
+    std::vector<float*> kept_rows(static_cast<size_t>(args.total_rows), nullptr);
+    for (int32_t row = 0; row < args.total_rows; ++row)
+      if (kept_slot[size_t(row)] != SIZE_MAX) kept_rows[size_t(row)] = kept.data() + kept_slot[size_t(row)] * size_t(vocab);
     const std::vector<Partial> rows = scan(head, hidden, plans, kept_rows);
     for (int32_t row = 0; row < args.total_rows; ++row) require_finite_row(rows[size_t(row)], row);
 
@@ -355,19 +498,42 @@ class CpuBackend final : public Backend {
     const int32_t top_n = args.top_logprobs;
     std::vector<int32_t> top_tokens(size_t(args.total_rows) * size_t(top_n));
     std::vector<float> top_logprobs(top_tokens.size());
+    std::vector<NodeVerdict> verdicts(static_cast<size_t>(args.total_drafts));
+    std::vector<int32_t> drafts;
     for (int32_t row = 0; row < args.total_rows; ++row) {
       const RowPlan& plan = plans[size_t(row)];
+      const int32_t request = request_of[size_t(row)];
+      std::unique_ptr<RowAnalysis> analysis;
       if (analysed) {
-        out[size_t(row)] = analysed_row(head, args, request_of[size_t(row)], row, plan, kept_rows[size_t(row)]);
+        const RowControls c = row_controls(args.controls, request, row);
+        analysis = std::make_unique<RowAnalysis>(kept_rows[size_t(row)], vocab, c, plan, row, Field::kHidden);
+        out[size_t(row)] = analysed_summary(c, plan, *analysis);
         if (top_n > 0)
           top_raw_logprobs(kept_rows[size_t(row)], vocab, out[size_t(row)].raw_lse, top_n,
                            top_tokens.data() + size_t(row) * size_t(top_n),
                            top_logprobs.data() + size_t(row) * size_t(top_n));
-        continue;
+      } else {
+        out[size_t(row)] = verify_summary(plan, rows[size_t(row)], FLASHSPEC_OK);
       }
-      out[size_t(row)] = verify_summary(plan, rows[size_t(row)], FLASHSPEC_OK);
-      if (plan.q_row >= 0) stochastic_row(head, args, plan, kept_rows[size_t(row)], out[size_t(row)]);
+      if (!stochastic) continue;
+      const RequestView req = request_view(args, request);
+      drafts_tried_at(args, req, row - req.first_row, drafts);
+      if (drafts.empty()) continue;
+      const TargetRow p = analysis ? TargetRow(*analysis)
+                                   : TargetRow(kept_rows[size_t(row)], plan.inv_t, out[size_t(row)].lse);
+      verify_drafts(head, args, req, request, plan, p, drafts, out[size_t(row)], verdicts);
     }
+    if (stochastic && args.draft_parents)
+      for (int32_t r = 0; r < args.num_requests; ++r) {
+        const RequestView req = request_view(args, r);
+        for (int32_t k = 0; k < req.num_drafts; ++k) {
+          const NodeVerdict& v = verdicts[size_t(req.first_draft + k)];
+          RowSummary& node_row = out[size_t(req.first_row + k + 1)];
+          node_row.node_log_ratio = v.log_ratio;
+          node_row.node_logp = v.logp;
+          node_row.node_raw_logp = v.raw_logp;
+        }
+      }
     std::copy(out.begin(), out.end(), summaries.rows.begin());
     summaries.top_n = top_n;
     summaries.top_tokens = std::move(top_tokens);
@@ -386,7 +552,8 @@ class CpuBackend final : public Backend {
       if (args.draft_parents) {
         accepted = finalize_tree_request(req, args.draft_tokens, args.draft_parents, summaries.rows.data(),
                                          result.emitted_tokens + first, at(result.accepted_nodes),
-                                         at(result.logprobs), at(result.raw_logprobs), drawing_rows.data());
+                                         at(result.logprobs), at(result.raw_logprobs), drawing_rows.data(),
+                                         has_draft_distribution(args), args.accept_uniforms);
       } else {
         accepted = finalize_request(req, args.draft_tokens, summaries.rows.data(), args.accept_uniforms,
                                     result.emitted_tokens + first);
@@ -469,42 +636,54 @@ class CpuBackend final : public Backend {
       records[r] = shard_record(rows[r], head.vocab_begin, head.vocab_begin + head.vocab, head.vocab_size);
   }
 
-  // A row verifying a stochastic draft: q = softmax(z / T_d) from the
-  // caller's draft logits row, log q of the drafted token and, when the row
-  // kept its logits (T > 0), the residual Gumbel-max over the tokens with
-  // p > q (RESIDUAL_NOISE).
-  static void stochastic_row(const LmHeadStorage& head, const VerifyArgs& args, const RowPlan& plan,
-                             const float* kept, RowSummary& summary) {
-    const int64_t vocab = head.vocab;
-    std::vector<float> z(static_cast<size_t>(vocab));
-    convert_row(row_pointer(*args.draft_logits, plan.q_row), args.draft_logits->dtype, vocab, z.data());
-    float q_m = neg_inf(), q_s = 0.0f;
-    for (int64_t i = 0; i < vocab; ++i) {
-      if (!std::isfinite(z[size_t(i)])) fail(FLASHSPEC_ERR_NON_FINITE, Field::kDraftLogits, non_finite_at(plan.q_row, i));
-      const float scaled = z[size_t(i)] * plan.inv_td;
-      // As for the target rows: z/T_d = ±Inf would make log q NaN.
-      if (!std::isfinite(scaled))
-        fail(FLASHSPEC_ERR_NON_FINITE, Field::kDraftLogits,
-             "row " + std::to_string(plan.q_row) +
-                 ": a logit divided by the draft temperature overflows fp32 (draft temperature too small)");
-      lse_add(q_m, q_s, scaled);
+  // The drafts row j of request v verifies (batch draft indices, in the
+  // order they are tried): a chain row's one draft, a tree node's children.
+  static void drafts_tried_at(const VerifyArgs& args, const RequestView& v, int32_t j, std::vector<int32_t>& drafts) {
+    drafts.clear();
+    if (!args.draft_parents) {
+      if (j < v.num_drafts) drafts.push_back(v.first_draft + j);
+      return;
     }
-    const float q_lse = lse_value(q_m, q_s);
-    Residual residual = empty_residual();
-    if (kept)
-      for (int64_t i = 0; i < vocab; ++i)
-        fold_residual(residual, kept[i] * plan.inv_t - summary.lse, z[size_t(i)] * plan.inv_td - q_lse, int32_t(i),
-                      row_word(plan.key, int32_t(i)));
-    stochastic_summary(summary, plan, z[size_t(plan.tracked)], q_lse, residual);
+    for (int32_t k = j; k < v.num_drafts; ++k)
+      if (args.draft_parents[v.first_draft + k] == j - 1) drafts.push_back(v.first_draft + k);
+  }
+
+  // The stochastic drafts a row verifies, against its p: log q of a chain
+  // row's draft (Algorithm 1 reads it in finalize); at T > 0 each tree
+  // child's verdict and the row's residual candidate (residual_chain). An
+  // empty residual (unreachable in exact arithmetic) leaves the row's
+  // p-sample as its candidate.
+  static void verify_drafts(const LmHeadStorage& head, const VerifyArgs& args, const RequestView& v,
+                            int32_t request, const RowPlan& plan, const TargetRow& p,
+                            const std::vector<int32_t>& drafts, RowSummary& s, std::vector<NodeVerdict>& verdicts) {
+    std::vector<DraftDistribution> q;
+    q.reserve(drafts.size());
+    std::vector<const DraftDistribution*> q_of;
+    std::vector<int32_t> tokens;
+    for (int32_t d : drafts) {
+      q.emplace_back(head, args, request, d, 1.0f / v.draft_temperature);
+      q_of.push_back(&q.back());
+      tokens.push_back(args.draft_tokens[d]);
+      if (!(q.back().log_q(tokens.back()) > neg_inf()))
+        fail(FLASHSPEC_ERR_INVALID_ARGUMENT, Field::kDraftLogits,
+             "row " + std::to_string(d) + ": the drafted token has probability 0 under q (draft_controls)");
+    }
+    s.draft_logq = q.front().log_q(tokens.front());
+    if (!(plan.flags & kPlanKeep)) return;  // T = 0 or typical acceptance: no residual
+    const ResidualChain chain = residual_chain(p, q_of, tokens, head.vocab, &plan.key);
+    for (size_t i = 0; i < drafts.size(); ++i)
+      verdicts[size_t(drafts[i])] = {chain.log_ratio[i], p.log_p(tokens[i]), p.raw_logp(tokens[i])};
+    if (chain.residual.token < 0) return;
+    s.candidate = chain.residual.token;
+    s.candidate_gap = winner_gap(chain.residual.best, chain.residual.second);
+    s.candidate_logit = p.x(chain.residual.token);
+    s.candidate_raw_logit = p.raw(chain.residual.token);
   }
 
   // The summary of a row analysed whole: the controlled p of its request,
   // its sample (the residual of a point-mass draft, the bonus, or the argmax),
   // and what logprobs and typical acceptance need.
-  static RowSummary analysed_row(const LmHeadStorage& head, const VerifyArgs& args, int32_t request, int32_t row,
-                                 const RowPlan& plan, const float* raw) {
-    const RowControls c = row_controls(args.controls, request, row);
-    const RowAnalysis a(raw, head.vocab, c, plan, row, Field::kHidden);
+  static RowSummary analysed_summary(const RowControls& c, const RowPlan& plan, const RowAnalysis& a) {
     const bool greedy = plan.flags & kPlanGreedy;
     RowSummary s = verify_summary(plan, empty_partial(), FLASHSPEC_OK);
     s.lse = greedy ? 0.0f : a.lse();
@@ -522,38 +701,7 @@ class CpuBackend final : public Backend {
       s.typical = 1;
       s.typical_log_threshold = typical_log_threshold(c, a.entropy());
     }
-    if (plan.q_row >= 0) analysed_stochastic_row(head, args, request, plan, a, s);
     return s;
-  }
-
-  // A stochastic draft's q under the draft controls: log q of the drafted
-  // token and, for a row that resamples (T > 0), the residual
-  // max(p − q, 0) of the controlled p and q.
-  static void analysed_stochastic_row(const LmHeadStorage& head, const VerifyArgs& args, int32_t request,
-                                      const RowPlan& plan, const RowAnalysis& p, RowSummary& s) {
-    const int64_t vocab = head.vocab;
-    std::vector<float> z(static_cast<size_t>(vocab));
-    convert_row(row_pointer(*args.draft_logits, plan.q_row), args.draft_logits->dtype, vocab, z.data());
-    for (int64_t i = 0; i < vocab; ++i)
-      if (!std::isfinite(z[size_t(i)])) fail(FLASHSPEC_ERR_NON_FINITE, Field::kDraftLogits, non_finite_at(plan.q_row, i));
-    RowPlan q_plan = plan;
-    q_plan.flags = 0;
-    q_plan.inv_t = plan.inv_td;
-    const RowAnalysis q(z.data(), vocab, row_controls(args.draft_controls, request, plan.q_row), q_plan, plan.q_row,
-                        Field::kDraftLogits);
-    s.draft_logq = q.log_p(plan.tracked);
-    if (!(s.draft_logq > neg_inf()))
-      fail(FLASHSPEC_ERR_INVALID_ARGUMENT, Field::kDraftLogits,
-           "row " + std::to_string(plan.q_row) + ": the drafted token has probability 0 under q (draft_controls)");
-    if (!(plan.flags & kPlanKeep)) return;
-    Residual residual = empty_residual();
-    for (int64_t i = 0; i < vocab; ++i)
-      fold_residual(residual, p.log_p(int32_t(i)), q.log_p(int32_t(i)), int32_t(i), row_word(plan.key, int32_t(i)));
-    if (residual.token < 0) return;
-    s.candidate = residual.token;
-    s.candidate_gap = winner_gap(residual.best, residual.second);
-    s.candidate_logit = p.x(residual.token);
-    s.candidate_raw_logit = p.raw(residual.token);
   }
 
   // One pass over the LM head for all rows: tiles in parallel, each folded
