@@ -451,6 +451,24 @@ struct BatchCall {
     q = flashspec_tensor_make(q_data.data(), FLASHSPEC_DTYPE_F32, FLASHSPEC_MEMORY_HOST, 3, kVocab);
     batch.draft_logits = &q;
   }
+  // Sparse q: each draft row's support is its drafted token (q 0.5) and two
+  // others (0.3, 0.2).
+  std::vector<int32_t> support_offsets{0, 3, 6, 9}, support_tokens;
+  std::vector<float> support_probs;
+  void use_draft_support() {
+    support_tokens.clear();
+    support_probs.clear();
+    for (int32_t x : tokens) {
+      support_tokens.insert(support_tokens.end(), {x, int32_t((x + 1) % kVocab), int32_t((x + 2) % kVocab)});
+      support_probs.insert(support_probs.end(), {0.5f, 0.3f, 0.2f});
+    }
+    batch.draft_support_offsets = support_offsets.data();
+    batch.draft_support_tokens = support_tokens.data();
+    batch.draft_support_probs = support_probs.data();
+  }
+  // Request 0's drafts as a tree: node 1 a child of node 0.
+  std::vector<int32_t> parents{-1, 0, -1};
+  void use_tree() { batch.draft_parents = parents.data(); }
   const flashspec_verify_batch* batch_ptr() const { return null_batch ? nullptr : &batch; }
   const flashspec_verify_result* result_ptr() const { return null_result ? nullptr : &result; }
   flashspec_summaries* summaries_ptr() const { return null_summaries ? nullptr : summaries; }
@@ -591,6 +609,66 @@ std::vector<BatchCase> verify_cases() {
          c.temps = {0.5f, 2.0f};
          c.q_data[5] = kInf;
        }},
+      // Sparse draft distributions.
+      {"draft support without its tokens", FLASHSPEC_ERR_NULL_POINTER, "batch->draft_support_tokens",
+       [](BatchCall& c) { c.use_draft_support(), c.batch.draft_support_tokens = nullptr; }},
+      {"draft support probs without offsets", FLASHSPEC_ERR_NULL_POINTER, "batch->draft_support_offsets",
+       [](BatchCall& c) { c.use_draft_support(), c.batch.draft_support_offsets = nullptr; }},
+      {"draft support and draft logits", FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->draft_support_offsets",
+       [](BatchCall& c) { c.use_draft_support(), c.use_draft_logits(); }},
+      {"draft support with draft controls", FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->draft_controls",
+       [](BatchCall& c) {
+         static const int32_t top_k[2] = {2, 2};
+         static flashspec_sampling_controls controls;
+         flashspec_sampling_controls_init(&controls);
+         controls.top_k = top_k;
+         c.use_draft_support();
+         c.batch.draft_controls = &controls;
+       }},
+      {"draft support offsets[0] != 0", FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_support_offsets",
+       [](BatchCall& c) { c.use_draft_support(), c.support_offsets[0] = 1; }},
+      {"draft support k = 0", FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_support_offsets",
+       [](BatchCall& c) { c.use_draft_support(), c.support_offsets = {0, 3, 3, 6}; }},
+      {"draft support k > 64", FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_support_offsets",
+       [](BatchCall& c) {
+         c.use_draft_support();
+         c.support_offsets = {0, 65, 68, 71};
+         c.support_tokens.clear();
+         c.support_probs.clear();
+         for (int32_t i = 0; i < 71; ++i) c.support_tokens.push_back(i), c.support_probs.push_back(3.0f / 71.0f);
+         c.batch.draft_support_tokens = c.support_tokens.data();
+         c.batch.draft_support_probs = c.support_probs.data();
+       }},
+      {"draft support token -1", FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_support_tokens",
+       [](BatchCall& c) { c.use_draft_support(), c.support_tokens[4] = -1; }},
+      {"draft support token V", FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_support_tokens",
+       [](BatchCall& c) { c.use_draft_support(), c.support_tokens[8] = int32_t(kVocab); }},
+      {"draft support token repeated", FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->draft_support_tokens",
+       [](BatchCall& c) { c.use_draft_support(), c.support_tokens[5] = c.support_tokens[4]; }},
+      {"draft support prob negative", FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->draft_support_probs",
+       [](BatchCall& c) { c.use_draft_support(), c.support_probs[1] = -0.3f, c.support_probs[0] = 1.1f; }},
+      {"draft support prob NaN", FLASHSPEC_ERR_NON_FINITE, "batch->draft_support_probs",
+       [](BatchCall& c) { c.use_draft_support(), c.support_probs[7] = kNaN; }},
+      {"draft support prob Inf", FLASHSPEC_ERR_NON_FINITE, "batch->draft_support_probs",
+       [](BatchCall& c) { c.use_draft_support(), c.support_probs[2] = kInf; }},
+      {"draft support sums to 0.99", FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->draft_support_probs",
+       [](BatchCall& c) { c.use_draft_support(), c.support_probs[5] = 0.19f; }},
+      {"draft support sums to 1.01", FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->draft_support_probs",
+       [](BatchCall& c) { c.use_draft_support(), c.support_probs[3] = 0.51f; }},
+      {"drafted token outside its support", FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->draft_tokens",
+       [](BatchCall& c) { c.use_draft_support(), c.support_tokens[3] = (c.tokens[1] + 7) % int32_t(kVocab); }},
+      {"drafted token with q = 0", FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->draft_tokens",
+       [](BatchCall& c) {
+         c.use_draft_support();
+         c.support_probs[6] = 0.0f, c.support_probs[7] = 0.8f;
+       }},
+      // Stochastic trees: the parents rule holds for them as for point masses.
+      {"stochastic tree parent after its child", FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_parents",
+       [](BatchCall& c) { c.use_draft_support(), c.use_tree(), c.parents[0] = 1; }},
+      {"stochastic tree node its own parent", FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_parents",
+       [](BatchCall& c) { c.use_draft_logits(), c.use_tree(), c.parents[1] = 1; }},
+      {"stochastic tree parent below -1", FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_parents",
+       [](BatchCall& c) { c.use_draft_support(), c.use_tree(), c.parents[2] = -2; }},
   };
 }
 
@@ -662,6 +740,23 @@ TEST_F(BadInputBatch, GoodBatchIsAccepted) {
   BatchCall c = good_call();
   ASSERT_EQ(flashspec_finalize(ctx(), &c.batch, summaries_.get(), &c.result), FLASHSPEC_OK);
   EXPECT_NE(std::vector<int32_t>(c.emitted.begin(), c.emitted.begin() + 5), expected_emitted_);
+}
+
+TEST_F(BadInputBatch, SparseSupportsAndStochasticTreesAreAccepted) {
+  // The cases above break one thing each of these good batches.
+  for (bool tree : {false, true}) {
+    BatchCall c = good_call();
+    if (tree) c.use_tree();
+    // Repeated sibling tokens are allowed in a stochastic tree: its
+    // children are independent draws (flashspec.h, "Tree verify").
+    if (tree) c.tokens[1] = c.tokens[0], c.parents[1] = -1;
+    c.use_draft_support();
+    c.temps = {1.0f, 0.7f};
+    ASSERT_EQ(flashspec_verify_and_finalize(c.ctx, c.head, &c.batch, &c.result), FLASHSPEC_OK)
+        << flashspec_context_last_error(c.ctx);
+    EXPECT_GE(c.accepted[0], 0);
+    EXPECT_GE(c.accepted[1], 0);
+  }
 }
 
 TEST_F(BadInputBatch, Verify) {
