@@ -11,6 +11,7 @@ from ._controls import MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS
 from ._controls import TOP_K_ALL as TOP_K_ALL
 from ._controls import SamplingControls as SamplingControls
 from ._core import Context as Context
+from ._core import MAX_DRAFT_SUPPORT as MAX_DRAFT_SUPPORT
 from ._core import SHARD_RECORD_BYTES as SHARD_RECORD_BYTES
 from ._core import SHARD_RECORD_VERSION as SHARD_RECORD_VERSION
 from ._core import LMHead as LMHead
@@ -46,7 +47,7 @@ from .errors import error_class as error_class
 
 __all__ = [
     "Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "stream_handle",
-    "SHARD_RECORD_BYTES", "SHARD_RECORD_VERSION",
+    "SHARD_RECORD_BYTES", "SHARD_RECORD_VERSION", "MAX_DRAFT_SUPPORT",
     "SamplingControls", "MAX_TOP_K", "TOP_K_ALL", "MAX_TOP_LOGPROBS",
     "Engine", "Drafter", "NgramDrafter", "CallbackDrafter", "Generation", "FinishReason", "EngineMetrics",
     "ArmMetrics",

@@ -12,12 +12,13 @@ from ._controls import SamplingControls
 from .errors import check
 
 __all__ = ["Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "SamplingControls", "stream_handle",
-           "SHARD_RECORD_BYTES", "SHARD_RECORD_VERSION"]
+           "SHARD_RECORD_BYTES", "SHARD_RECORD_VERSION", "MAX_DRAFT_SUPPORT"]
 
 # The per-row record of a vocabulary-shard call (see "Vocabulary shards" in
 # flashspec.h): its size in bytes and the layout version it carries.
 SHARD_RECORD_BYTES = _capi.FLASHSPEC_SHARD_RECORD_BYTES
 SHARD_RECORD_VERSION = _capi.FLASHSPEC_SHARD_RECORD_VERSION
+MAX_DRAFT_SUPPORT = _capi.FLASHSPEC_MAX_DRAFT_SUPPORT
 
 # The per-row arrays of flashspec_draft_params, by name and element type.
 _DRAFT_ROW_ARRAYS = (("temperatures", "float32"), ("seeds", "uint64"), ("request_ids", "uint64"),
@@ -450,7 +451,17 @@ class VerifyBatch:
     [offsets[R]] int32, a tree: node k of request r has parent
     draft_parents[offsets[r] + k] in [-1, k) (-1: the root), and target row
     k + 1 of the request is the target after the path to node k (tree
-    verify, see flashspec.h; greedy drafts only).
+    verify, see flashspec.h). With draft_logits or a sparse support the
+    tree's children are stochastic candidates (SpecInfer's multi-step
+    speculative sampling, CPU backend).
+
+    draft_support_offsets / draft_support_tokens / draft_support_probs: a
+    sparse q per draft row instead of draft_logits (all three or none):
+    offsets [offsets[R] + 1] int32, then tokens (int32) and probs (float32)
+    of support_offsets[offsets[R]] entries each; row k's support is entries
+    [support_offsets[k], support_offsets[k + 1]), 1..MAX_DRAFT_SUPPORT
+    distinct tokens whose probabilities sum to 1 (see flashspec.h, "Sparse
+    draft distributions"). A point-mass draft is the support {x} with q = 1.
 
     Every size is checked before the library is called (ValueError naming
     the array): temperatures, draft_temperatures, seeds, request_ids and
@@ -475,15 +486,20 @@ class VerifyBatch:
 
     _ARRAYS = (("draft_offsets", "int32"), ("draft_tokens", "int32"), ("temperatures", "float32"),
                ("draft_temperatures", "float32"), ("seeds", "uint64"), ("request_ids", "uint64"),
-               ("steps", "uint64"), ("accept_uniforms", "float32"), ("draft_parents", "int32"))
+               ("steps", "uint64"), ("accept_uniforms", "float32"), ("draft_parents", "int32"),
+               ("draft_support_offsets", "int32"), ("draft_support_tokens", "int32"),
+               ("draft_support_probs", "float32"))
 
     def __init__(self, draft_offsets, draft_tokens, target_hidden, *, draft_logits=None,
                  temperatures=None, draft_temperatures=None, seeds=None, request_ids=None,
                  steps=None, accept_uniforms=None, max_draft_len=0, controls=None, draft_controls=None,
-                 logprobs=False, top_logprobs=0, draft_parents=None):
+                 logprobs=False, top_logprobs=0, draft_parents=None, draft_support_offsets=None,
+                 draft_support_tokens=None, draft_support_probs=None):
         given = dict(draft_offsets=draft_offsets, draft_tokens=draft_tokens, temperatures=temperatures,
                      draft_temperatures=draft_temperatures, seeds=seeds, request_ids=request_ids,
-                     steps=steps, accept_uniforms=accept_uniforms, draft_parents=draft_parents)
+                     steps=steps, accept_uniforms=accept_uniforms, draft_parents=draft_parents,
+                     draft_support_offsets=draft_support_offsets, draft_support_tokens=draft_support_tokens,
+                     draft_support_probs=draft_support_probs)
         self._inputs = {k: v for k, v in given.items() if v is not None}
         self.target_hidden = target_hidden
         self.draft_logits = draft_logits
@@ -599,7 +615,33 @@ def _check_batch_sizes(views, hidden, logits):
             _require_entries(name, views[name], requests, f"the {requests} requests")
     if logits is not None and logits.shape[0] != drafts:
         raise ValueError(f"draft_logits has {logits.shape[0]} rows, expected {source}")
+    _check_support_sizes(views, drafts, source)
     return drafts
+
+
+_SUPPORT = ("draft_support_offsets", "draft_support_tokens", "draft_support_probs")
+
+
+def _check_support_sizes(views, drafts, source):
+    """ValueError unless the sparse support arrays come together and are as
+    long as the library reads: offsets[R] + 1 offsets, then as many tokens
+    and probabilities as the last offset says (host; device offsets are
+    not read, and the CUDA backend refuses sparse supports unread)."""
+    given = [name for name in _SUPPORT if name in views]
+    if not given:
+        return
+    missing = [name for name in _SUPPORT if name not in views]
+    if missing:
+        raise ValueError(f"{missing[0]}: needed with {given[0]} (a sparse q takes all three arrays)")
+    support = views["draft_support_offsets"]
+    _require_entries("draft_support_offsets", support, drafts + 1, f"{source}, plus 1")
+    if support.memory != _arrays.HOST:
+        return
+    entries = _read_int32(support, drafts)
+    if entries < 0:
+        raise ValueError(f"draft_support_offsets[{drafts}] is {entries}, below 0")
+    for name in ("draft_support_tokens", "draft_support_probs"):
+        _require_entries(name, views[name], entries, f"draft_support_offsets[{drafts}] = {entries}")
 
 
 class _Empty:

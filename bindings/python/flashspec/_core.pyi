@@ -9,10 +9,11 @@ from numpy.typing import ArrayLike
 from ._controls import SamplingControls as SamplingControls
 
 __all__ = ["Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "SamplingControls", "stream_handle",
-           "SHARD_RECORD_BYTES", "SHARD_RECORD_VERSION"]
+           "SHARD_RECORD_BYTES", "SHARD_RECORD_VERSION", "MAX_DRAFT_SUPPORT"]
 
 SHARD_RECORD_BYTES: int
 SHARD_RECORD_VERSION: int
+MAX_DRAFT_SUPPORT: int
 
 class _DLPackArray(Protocol):
     """A DLPack producer (torch, cupy, ...): viewed in place, never copied."""
@@ -123,7 +124,9 @@ class VerifyBatch:
                  request_ids: _ArrayInput | None = None, steps: _ArrayInput | None = None,
                  accept_uniforms: _ArrayInput | None = None, max_draft_len: int = 0,
                  controls: SamplingControls | None = None, draft_controls: SamplingControls | None = None,
-                 logprobs: bool = False, top_logprobs: int = 0, draft_parents: _ArrayInput | None = None) -> None: ...
+                 logprobs: bool = False, top_logprobs: int = 0, draft_parents: _ArrayInput | None = None,
+                 draft_support_offsets: _ArrayInput | None = None, draft_support_tokens: _ArrayInput | None = None,
+                 draft_support_probs: _ArrayInput | None = None) -> None: ...
     def c_batch(self, stream: int) -> Any: ...
     @property
     def draft_offsets(self) -> _ArrayInput: ...
