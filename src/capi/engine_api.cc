@@ -202,8 +202,11 @@ GenerateConfig validate_generate(const flashspec_engine& engine, const int32_t* 
   config.request_id = p.request_id;
   config.max_tokens = p.max_tokens;
   if (p.num_stop_tokens > 0) config.stop_tokens.assign(p.stop_tokens, p.stop_tokens + p.num_stop_tokens);
-  config.on_token = p.on_token;
-  config.on_token_user_data = p.on_token_user_data;
+  if (p.on_token) {
+    const flashspec_token_fn on_token = p.on_token;
+    void* user_data = p.on_token_user_data;
+    config.on_token = [on_token, user_data](int32_t token) { return on_token(user_data, token); };
+  }
   return config;
 }
 

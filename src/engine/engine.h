@@ -12,16 +12,12 @@
 #include "bandit/reward.h"
 #include "engine/drafter.h"
 #include "engine/lm_head_runner.h"
+#include "engine/sequence.h"
 #include "flashspec.h"
 #include "kernels/backend.h"
 #include "metrics/metrics.h"
 
 namespace flashspec {
-
-struct Arm {
-  int32_t drafter;    // index into EngineConfig::drafters; −1 when draft_len is 0
-  int32_t draft_len;  // k ≥ 0
-};
 
 struct EngineConfig {
   const LmHeadStorage* target_head = nullptr;
@@ -35,24 +31,6 @@ struct EngineConfig {
   int32_t max_context = 0;  // 0: unlimited
 };
 
-struct GenerateConfig {
-  float temperature = 1.0f;
-  uint64_t seed = 0;
-  uint64_t request_id = 0;
-  int32_t max_tokens = 1;
-  std::vector<int32_t> stop_tokens;
-  flashspec_token_fn on_token = nullptr;
-  void* on_token_user_data = nullptr;
-};
-
-// What a generation produced so far; complete after generate() returns, and
-// still valid when it throws.
-struct GenerateProgress {
-  int32_t num_tokens = 0;
-  int32_t steps = 0;
-  flashspec_finish_reason finish_reason = FLASHSPEC_FINISH_NONE;
-};
-
 class Engine {
  public:
   // The runner is borrowed; config is validated by the caller (C API). The
@@ -64,7 +42,7 @@ class Engine {
   // emitted tokens. Throws flashspec::Error; progress() then says what was
   // emitted before the failure.
   void generate(const int32_t* prompt, int32_t prompt_len, const GenerateConfig& config, int32_t* tokens_out);
-  const GenerateProgress& progress() const { return progress_; }
+  const GenerateProgress& progress() const { return sequence_.progress(); }
 
   // Thread-safe.
   void cancel() { cancel_requested_.store(true, std::memory_order_relaxed); }
@@ -77,15 +55,8 @@ class Engine {
   int32_t max_context() const { return config_.max_context; }
 
  private:
-  struct StepOutcome {
-    int32_t drafted;
-    int32_t accepted;
-    bool drafter_called;
-  };
-
-  StepOutcome run_step(int32_t arm_index, int32_t draft_len, const GenerateConfig& config, uint64_t step);
-  void forward_target(const std::vector<int32_t>& tokens, int32_t num_past, int32_t num_rows, uint64_t step,
-                      flashspec_tensor& hidden);
+  // One step of sequence_; returns true when the sequence finished.
+  bool run_step();
 
   EngineConfig config_;
   LmHeadRunner& runner_;
@@ -96,12 +67,7 @@ class Engine {
   Metrics metrics_;
   std::atomic<bool> cancel_requested_{false};
   bool busy_ = false;
-  GenerateProgress progress_;
-
-  // Per-generation state.
-  std::vector<int32_t> sequence_;  // prompt, then the emitted tokens
-  int32_t cache_length_ = 0;       // tokens in the target's KV cache
-  DraftProposal proposal_;
+  Sequence sequence_;
   std::vector<int32_t> forward_tokens_;
   std::vector<int32_t> emitted_;
 };

@@ -1,0 +1,163 @@
+#include "engine/sequence.h"
+
+#include <algorithm>
+#include <climits>
+#include <string>
+#include <utility>
+
+#include "util/status.h"
+
+namespace flashspec {
+
+namespace {
+std::string str(int64_t v) { return std::to_string(v); }
+}  // namespace
+
+RewardScale make_reward_scale(const CostModel& cost, const std::vector<Arm>& arms,
+                              const std::vector<Drafter*>& drafters) {
+  std::vector<DrafterCost> costs;
+  std::vector<int32_t> lengths;
+  for (const Arm& arm : arms) {
+    costs.push_back(arm.draft_len > 0 ? drafters[size_t(arm.drafter)]->cost() : DrafterCost{});
+    lengths.push_back(arm.draft_len);
+  }
+  return RewardScale(cost, costs, lengths);
+}
+
+void Sequence::begin(const int32_t* prompt, int32_t prompt_len, GenerateConfig config, int32_t* tokens_out) {
+  config_ = std::move(config);
+  tokens_out_ = tokens_out;
+  progress_ = GenerateProgress{};
+  tokens_.assign(prompt, prompt + prompt_len);
+  prompt_len_ = prompt_len;
+  cache_length_ = 0;
+  step_ = 0;
+  for (Drafter* drafter : *shared_.drafters) drafter->begin(prompt, prompt_len);
+}
+
+bool Sequence::finished_before_step() {
+  if (progress_.num_tokens >= config_.max_tokens) {
+    progress_.finish_reason = FLASHSPEC_FINISH_LENGTH;
+    return true;
+  }
+  const int32_t max_context = shared_.max_context > 0 ? shared_.max_context : INT32_MAX;
+  if (int64_t(tokens_.size()) > int64_t(max_context)) {
+    progress_.finish_reason = FLASHSPEC_FINISH_CONTEXT_FULL;
+    return true;
+  }
+  return false;
+}
+
+void Sequence::draft(LmHeadRunner& runner) {
+  arm_index_ = shared_.policy->select();
+  const Arm& arm = (*shared_.arms)[size_t(arm_index_)];
+  // A step emits up to k + 1 tokens into a cache of sequence + k tokens:
+  // never draft past the token budget or the context.
+  const int32_t max_context = shared_.max_context > 0 ? shared_.max_context : INT32_MAX;
+  const int32_t remaining = config_.max_tokens - progress_.num_tokens;
+  const int64_t room = int64_t(max_context) - int64_t(tokens_.size());
+  draft_len_ = int32_t(std::min<int64_t>({arm.draft_len, remaining - 1, room}));
+
+  proposal_.clear();
+  drafter_called_ = draft_len_ > 0;
+  if (!drafter_called_) return;
+  DraftRequest request{tokens_.data(), int32_t(tokens_.size()), draft_len_, shared_.vocab, step_};
+  (*shared_.drafters)[size_t(arm.drafter)]->propose(request, runner, proposal_);
+  if (int32_t(proposal_.tokens.size()) > draft_len_) {
+    const int64_t proposed = int64_t(proposal_.tokens.size());
+    proposal_.clear();
+    fail(FLASHSPEC_ERR_CALLBACK,
+         "drafter: proposed " + str(proposed) + " tokens, more than the " + str(draft_len_) + " asked for");
+  }
+}
+
+void Sequence::append_forward_tokens(std::vector<int32_t>& tokens) const {
+  tokens.insert(tokens.end(), tokens_.begin() + cache_length_, tokens_.end());
+  tokens.insert(tokens.end(), proposal_.tokens.begin(), proposal_.tokens.end());
+}
+
+void Sequence::forwarded() { cache_length_ = int32_t(tokens_.size()) + drafted(); }
+
+SequenceVerify Sequence::verify_request(const flashspec_tensor* hidden) const {
+  SequenceVerify verify{};
+  verify.drafts = proposal_.tokens.data();
+  verify.num_drafts = drafted();
+  verify.hidden = hidden;
+  verify.draft_logits = proposal_.has_logits ? &proposal_.logits : nullptr;
+  verify.temperature = config_.temperature;
+  verify.draft_temperature = proposal_.temperature;
+  verify.seed = config_.seed;
+  verify.request_id = config_.request_id;
+  verify.step = step_;
+  return verify;
+}
+
+bool Sequence::verified(int32_t accepted, const int32_t* emitted) {
+  // A device backend reports what only the device sees per request: the
+  // engine's own values are valid, so a row was not finite.
+  if (accepted < 0)
+    fail(FLASHSPEC_ERR_NON_FINITE, "target forward: hidden: a row holds a non-finite value, or gives a logit "
+                                   "that overflows fp32 (divided by the temperature)");
+  if (accepted > drafted())
+    fail(FLASHSPEC_ERR_INTERNAL, "verify: accepted count " + str(accepted) + " outside [0, " + str(drafted()) + "]");
+  accepted_ = accepted;
+  emitted_.assign(emitted, emitted + accepted + 1);
+  // Drop the rejected drafts from the target's cache.
+  if (accepted == drafted()) return false;
+  cache_length_ = int32_t(tokens_.size()) + accepted;
+  return true;
+}
+
+bool Sequence::deliver(double seconds) {
+  const Arm& arm = (*shared_.arms)[size_t(arm_index_)];
+  progress_.steps += 1;
+  step_ += 1;
+  const DrafterCost cost = drafter_called_ ? (*shared_.drafters)[size_t(arm.drafter)]->cost() : DrafterCost{};
+  const int32_t drafted_count = drafted();
+  const double cost_value = step_cost(*shared_.cost, cost, drafter_called_, drafted_count);
+  const double reward = step_reward(*shared_.cost, cost, drafter_called_, drafted_count, accepted_);
+  // A step cut short by the budget or the context says little about its
+  // arm: only full-length steps teach the policy.
+  if (draft_len_ == arm.draft_len) shared_.policy->update(arm_index_, shared_.reward_scale->normalize(reward));
+  auto record = [&](int32_t delivered) {
+    const StepRecord step{arm_index_, drafted_count, accepted_, delivered, reward, cost_value, seconds};
+    shared_.metrics->record(step);
+    if (shared_.extra_metrics) shared_.extra_metrics->record(step);
+  };
+
+  // Emit the accepted drafts, then the recovered or bonus token.
+  int32_t delivered = 0;
+  for (int32_t j = 0; j <= accepted_; ++j) {
+    const int32_t token = emitted_[size_t(j)];
+    tokens_.push_back(token);
+    if (tokens_out_) tokens_out_[progress_.num_tokens] = token;
+    progress_.num_tokens += 1;
+    delivered += 1;
+    int rc = 0;
+    if (config_.on_token) {
+      try {
+        rc = config_.on_token(token);
+      } catch (...) {
+        record(delivered);
+        fail(FLASHSPEC_ERR_CALLBACK, "token callback: threw an exception");
+      }
+    }
+    bool stop = true;
+    if (std::find(config_.stop_tokens.begin(), config_.stop_tokens.end(), token) != config_.stop_tokens.end())
+      progress_.finish_reason = FLASHSPEC_FINISH_STOP_TOKEN;
+    else if (rc != 0)
+      progress_.finish_reason = FLASHSPEC_FINISH_HOST_STOP;
+    else if (progress_.num_tokens >= config_.max_tokens)
+      progress_.finish_reason = FLASHSPEC_FINISH_LENGTH;
+    else
+      stop = false;
+    if (stop) {
+      record(delivered);
+      return true;
+    }
+  }
+  record(delivered);
+  return false;
+}
+
+}  // namespace flashspec
