@@ -312,7 +312,7 @@ flashspec_status flashspec_engine_create(flashspec_context* ctx, const flashspec
     auto engine = std::make_unique<flashspec_engine>();
     EngineConfig config = validate_engine(*ctx, target_head, params, engine->drafters);
     engine->ctx = ctx;
-    engine->runner = std::make_unique<LmHeadRunner>(*ctx->backend, ctx->max_rows, ctx->seed);
+    engine->runner = std::make_unique<LmHeadRunner>(*ctx->backend, ctx->max_rows, 1, ctx->seed);
     engine->engine = std::make_unique<Engine>(std::move(config), *engine->runner);
     for (flashspec_drafter* drafter : engine->drafters) drafter->owner = engine.get();
     *out = engine.release();

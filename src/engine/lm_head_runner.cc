@@ -1,27 +1,36 @@
 #include "engine/lm_head_runner.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace flashspec {
 
 namespace {
 size_t align16(size_t v) { return (v + 15) / 16 * 16; }
+
+template <class T>
+T* at(unsigned char* base, size_t offset) {
+  return reinterpret_cast<T*>(base + offset);
+}
 }  // namespace
 
-LmHeadRunner::LmHeadRunner(Backend& backend, int32_t max_rows, uint64_t default_seed)
-    : backend_(backend), max_rows_(max_rows), default_seed_(default_seed) {
-  summaries_ = backend_.create_summaries(max_rows_, 1);
-  if (memory() == FLASHSPEC_MEMORY_HOST) return;
-  const size_t rows = size_t(max_rows_);
+LmHeadRunner::LmHeadRunner(Backend& backend, int32_t max_rows, int32_t max_requests, uint64_t default_seed)
+    : backend_(backend), max_rows_(max_rows), max_requests_(max_requests), default_seed_(default_seed) {
+  summaries_ = backend_.create_summaries(max_rows_, max_requests_);
+  const size_t rows = size_t(max_rows_), requests = size_t(max_requests_);
   layout_.offsets = 0;
-  layout_.tokens = layout_.offsets + 2 * sizeof(int32_t);
-  layout_.scalars = align16(layout_.tokens + rows * sizeof(int32_t));
-  layout_.inputs_end = layout_.scalars + sizeof(Scalars);
+  layout_.tokens = align16(layout_.offsets + (requests + 1) * sizeof(int32_t));
+  layout_.temperatures = align16(layout_.tokens + rows * sizeof(int32_t));
+  layout_.draft_temperatures = align16(layout_.temperatures + requests * sizeof(float));
+  layout_.seeds = align16(layout_.draft_temperatures + requests * sizeof(float));
+  layout_.request_ids = layout_.seeds + requests * sizeof(uint64_t);
+  layout_.steps = layout_.request_ids + requests * sizeof(uint64_t);
+  layout_.inputs_end = layout_.steps + requests * sizeof(uint64_t);
   layout_.accepted = align16(layout_.inputs_end);
-  layout_.emitted = layout_.accepted + sizeof(int32_t);
+  layout_.emitted = layout_.accepted + requests * sizeof(int32_t);
   layout_.bytes = layout_.emitted + rows * sizeof(int32_t);
-  staging_ = backend_.allocate_staging(layout_.bytes);
   host_.resize(layout_.bytes);
+  if (memory() != FLASHSPEC_MEMORY_HOST) staging_ = backend_.allocate_staging(layout_.bytes);
 }
 
 LmHeadRunner::~LmHeadRunner() {
@@ -34,66 +43,75 @@ void LmHeadRunner::draft_greedy(const LmHeadStorage& head, const flashspec_tenso
   args.rows = int32_t(hidden.rows);
   args.temperature = 0.0f;
   args.default_seed = default_seed_;
-  args.tokens_out = staging_ ? reinterpret_cast<int32_t*>(staged() + layout_.emitted) : tokens_out;
+  args.tokens_out = staging_ ? at<int32_t>(staged(), layout_.emitted) : tokens_out;
   backend_.draft(head, args);
   if (staging_) backend_.copy_out(tokens_out, args.tokens_out, size_t(hidden.rows) * sizeof(int32_t));
 }
 
 int32_t LmHeadRunner::verify(const LmHeadStorage& head, const SequenceVerify& request, int32_t* emitted) {
-  const int32_t n = request.num_drafts;
-  const int32_t offsets[2] = {0, n};
-  Scalars scalars{request.temperature, request.draft_temperature, request.seed, request.request_id, request.step};
+  const BatchVerify batch{&request, 1, request.hidden, request.draft_logits};
   int32_t accepted = -1;
+  verify_batch(head, batch, &accepted, emitted);
+  return accepted;
+}
 
+void LmHeadRunner::verify_batch(const LmHeadStorage& head, const BatchVerify& batch, int32_t* accepted,
+                                int32_t* emitted) {
+  // The arrays' host image: offsets, tokens and per-request scalars.
+  unsigned char* h = host_.data();
+  const int32_t count = batch.count;
+  int32_t* offsets = at<int32_t>(h, layout_.offsets);
+  int32_t* tokens = at<int32_t>(h, layout_.tokens);
+  offsets[0] = 0;
+  int32_t max_len = 1;
+  for (int32_t r = 0; r < count; ++r) {
+    const SequenceVerify& q = batch.requests[r];
+    if (q.num_drafts > 0) std::memcpy(tokens + offsets[r], q.drafts, size_t(q.num_drafts) * sizeof(int32_t));
+    offsets[r + 1] = offsets[r] + q.num_drafts;
+    max_len = std::max(max_len, q.num_drafts);
+    at<float>(h, layout_.temperatures)[r] = q.temperature;
+    at<float>(h, layout_.draft_temperatures)[r] = q.draft_temperature;
+    at<uint64_t>(h, layout_.seeds)[r] = q.seed;
+    at<uint64_t>(h, layout_.request_ids)[r] = q.request_id;
+    at<uint64_t>(h, layout_.steps)[r] = q.step;
+  }
+  const int32_t total_drafts = offsets[count];
+  const int32_t total_rows = total_drafts + count;
+
+  // A host backend reads the image itself; a device backend reads a copy
+  // staged in one transfer, and its results come back in another (the
+  // accepted counts and emitted slots are adjacent).
+  unsigned char* d = h;
+  if (staging_) {
+    backend_.copy_in(staged(), h, layout_.inputs_end);
+    d = staged();
+  }
   VerifyArgs args{};
-  args.num_requests = 1;
-  args.total_drafts = n;
-  args.total_rows = n + 1;
-  args.max_draft_len = n > 0 ? n : 1;
-  args.target_hidden = request.hidden;
-  args.draft_logits = request.draft_logits;
+  args.num_requests = count;
+  args.total_drafts = total_drafts;
+  args.total_rows = total_rows;
+  args.max_draft_len = max_len;
+  args.draft_offsets = at<const int32_t>(d, layout_.offsets);
+  args.draft_tokens = total_drafts > 0 ? at<const int32_t>(d, layout_.tokens) : nullptr;
+  args.target_hidden = batch.hidden;
+  args.draft_logits = batch.draft_logits;
+  args.temperatures = at<const float>(d, layout_.temperatures);
+  args.draft_temperatures = at<const float>(d, layout_.draft_temperatures);
+  args.seeds = at<const uint64_t>(d, layout_.seeds);
+  args.request_ids = at<const uint64_t>(d, layout_.request_ids);
+  args.steps = at<const uint64_t>(d, layout_.steps);
   args.default_seed = default_seed_;
   ResultArgs result{};
-  if (!staging_) {
-    args.draft_offsets = offsets;
-    args.draft_tokens = n > 0 ? request.drafts : nullptr;
-    args.temperatures = &scalars.temperature;
-    args.draft_temperatures = &scalars.draft_temperature;
-    args.seeds = &scalars.seed;
-    args.request_ids = &scalars.request_id;
-    args.steps = &scalars.step;
-    result.accepted_counts = &accepted;
-    result.emitted_tokens = emitted;
-  } else {
-    // Stage the inputs in one copy; read back the accepted count and the
-    // n + 1 emitted slots, which are adjacent, in another.
-    unsigned char* h = host_.data();
-    std::memcpy(h + layout_.offsets, offsets, sizeof offsets);
-    if (n > 0) std::memcpy(h + layout_.tokens, request.drafts, size_t(n) * sizeof(int32_t));
-    std::memcpy(h + layout_.scalars, &scalars, sizeof scalars);
-    backend_.copy_in(staged(), h, layout_.inputs_end);
-    unsigned char* d = staged();
-    const Scalars* ds = reinterpret_cast<const Scalars*>(d + layout_.scalars);
-    args.draft_offsets = reinterpret_cast<const int32_t*>(d + layout_.offsets);
-    args.draft_tokens = n > 0 ? reinterpret_cast<const int32_t*>(d + layout_.tokens) : nullptr;
-    args.temperatures = &ds->temperature;
-    args.draft_temperatures = &ds->draft_temperature;
-    args.seeds = &ds->seed;
-    args.request_ids = &ds->request_id;
-    args.steps = &ds->step;
-    result.accepted_counts = reinterpret_cast<int32_t*>(d + layout_.accepted);
-    result.emitted_tokens = reinterpret_cast<int32_t*>(d + layout_.emitted);
-  }
+  result.accepted_counts = staging_ ? at<int32_t>(d, layout_.accepted) : accepted;
+  result.emitted_tokens = staging_ ? at<int32_t>(d, layout_.emitted) : emitted;
   backend_.verify(head, args, *summaries_);
   backend_.finalize(args, *summaries_, result);
   if (staging_) {
-    unsigned char* h = host_.data();
     backend_.copy_out(h + layout_.accepted, staged() + layout_.accepted,
-                      (layout_.emitted - layout_.accepted) + size_t(n + 1) * sizeof(int32_t));
-    std::memcpy(&accepted, h + layout_.accepted, sizeof(int32_t));
-    std::memcpy(emitted, h + layout_.emitted, size_t(n + 1) * sizeof(int32_t));
+                      (layout_.emitted - layout_.accepted) + size_t(total_rows) * sizeof(int32_t));
+    std::memcpy(accepted, h + layout_.accepted, size_t(count) * sizeof(int32_t));
+    std::memcpy(emitted, h + layout_.emitted, size_t(total_rows) * sizeof(int32_t));
   }
-  return accepted;
 }
 
 }  // namespace flashspec

@@ -26,10 +26,21 @@ struct SequenceVerify {
   uint64_t seed, request_id, step;
 };
 
+// A ragged batch of sequences verified in one pass: request r's rows follow
+// those of the requests before it (num_drafts + 1 each), and its drafts
+// theirs. The requests' own hidden and draft_logits are not read.
+struct BatchVerify {
+  const SequenceVerify* requests;        // [count]
+  int32_t count;                         // 1 ≤ count ≤ max_requests
+  const flashspec_tensor* hidden;        // [Σ (n_r + 1), d] ≤ max_rows rows, checked
+  const flashspec_tensor* draft_logits;  // [Σ n_r, V] of stochastic drafts, checked, or NULL
+};
+
 class LmHeadRunner {
  public:
-  // The backend and max_rows are the context's; default_seed its seed.
-  LmHeadRunner(Backend& backend, int32_t max_rows, uint64_t default_seed);
+  // The backend, max_rows and max_requests bound a verify batch (within the
+  // context's); default_seed is the context's seed.
+  LmHeadRunner(Backend& backend, int32_t max_rows, int32_t max_requests, uint64_t default_seed);
   ~LmHeadRunner();
   LmHeadRunner(const LmHeadRunner&) = delete;
   LmHeadRunner& operator=(const LmHeadRunner&) = delete;
@@ -46,27 +57,28 @@ class LmHeadRunner {
   // count. Errors carry the backend's Field tags.
   int32_t verify(const LmHeadStorage& head, const SequenceVerify& request, int32_t* emitted);
 
+  // Verify and finalize a ragged batch in one pass: accepted[r] (host) gets
+  // request r's accepted count (−1: a device backend found a row not
+  // finite), emitted (host, one slot per row) its accepted drafts and one
+  // more token at the offset of its first row.
+  void verify_batch(const LmHeadStorage& head, const BatchVerify& batch, int32_t* accepted, int32_t* emitted);
+
  private:
-  struct Scalars {
-    float temperature;
-    float draft_temperature;
-    uint64_t seed;
-    uint64_t request_id;
-    uint64_t step;
-  };
   // Byte offsets of the staged arrays; inputs first, so one copy stages them.
   struct Layout {
-    size_t offsets, tokens, scalars, inputs_end, accepted, emitted, bytes;
+    size_t offsets, tokens, temperatures, draft_temperatures, seeds, request_ids, steps, inputs_end, accepted,
+        emitted, bytes;
   };
   unsigned char* staged() const { return static_cast<unsigned char*>(staging_); }
 
   Backend& backend_;
   int32_t max_rows_;
+  int32_t max_requests_;
   uint64_t default_seed_;
   std::unique_ptr<SummaryStore> summaries_;
   Layout layout_{};
   void* staging_ = nullptr;          // the backend's memory; NULL for a host backend
-  std::vector<unsigned char> host_;  // the staged bytes' host image
+  std::vector<unsigned char> host_;  // the staged arrays' host image (on every backend)
 };
 
 }  // namespace flashspec
