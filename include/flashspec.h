@@ -1207,6 +1207,255 @@ FLASHSPEC_API flashspec_status flashspec_engine_get_arm_metrics(const flashspec_
  * Errors: NULL_POINTER (engine), INVALID_ARGUMENT (called during generation). */
 FLASHSPEC_API flashspec_status flashspec_engine_reset_metrics(flashspec_engine* engine);
 
+/* ====================================================================== */
+/* Batched engine: many sequences in one engine                             */
+/* ====================================================================== */
+/* A batched engine runs the engine's loop for many sequences at once, the
+ * way a server's parallel slots share one model. Sequences join
+ * (flashspec_batch_engine_add_sequence) and leave
+ * (flashspec_batch_engine_remove_sequence) between steps; each
+ * flashspec_batch_engine_step
+ *   1. asks each active sequence's policy for an arm and that sequence's
+ *      drafter for up to k draft tokens;
+ *   2. calls the host's target forward ONCE for the ragged batch (per
+ *      sequence: its id, num_past, the tokens to append, its rows), which
+ *      returns one hidden tensor holding every sequence's rows;
+ *   3. verifies every sequence in ONE fused pass (the backend's ragged
+ *      verify batch);
+ *   4. per sequence: rolls its KV cache back past its rejected drafts,
+ *      streams its tokens to its own token callback, records metrics,
+ *      rewards its arm, and finishes it on a stop token, its max_tokens or
+ *      the context.
+ *
+ * A sequence emits exactly the tokens that flashspec_engine_generate on a
+ * fresh engine with the same engine parameters, drafters, prompt and
+ * sequence params would emit, at any temperature: its steps draw their
+ * randomness from its own (seed, request_id) and its own step count (the
+ * contract of flashspec_rng_uniform), never from its neighbours, and it
+ * runs the engine's own step rules.
+ *
+ * Per sequence, not shared: the drafters (each sequence brings
+ * num_drafters drafter handles of its own, so an n-gram drafter's index or
+ * a callback drafter's user_data belongs to one sequence), and the bandit
+ * policy: each sequence starts a fresh policy of the engine's kind, arms
+ * and costs, and learns from its own steps only (acceptance depends on the
+ * text: a prompt-lookup drafter that wins on one sequence may lose on the
+ * next). The arms themselves are the engine's. Metrics are kept per
+ * sequence and summed over all sequences (arm statistics included).
+ *
+ * Errors of one sequence end that sequence only: its drafter failing
+ * (CALLBACK, or any error of a HIDDEN drafter's draft), its token callback
+ * throwing, its target rollback failing, or (CUDA backend) a non-finite row
+ * of its own. It stops (flashspec_sequence_info: active 0, status the
+ * error, finish reason NONE; flashspec_batch_engine_sequence_error the
+ * message), its tokens so far stay readable, and the other sequences go on
+ * in the same step. Errors of the step as a whole — the target forward
+ * failing or returning a bad view, a verify error such as a non-finite row
+ * on the CPU backend — make flashspec_batch_engine_step fail: no sequence
+ * emits a token in that step, every sequence stays as it was (a later step
+ * repeats it, with the same keys, after drafting again), and the host's
+ * caches are corrected by num_past at the next forward.
+ *
+ * Stochastic (LOGITS) drafters are refused: one verify pass takes one
+ * draft-logits tensor, and the host hands each sequence's rows separately.
+ * Backends: any, as for the engine; the engine stages its index arrays
+ * through a buffer of max_rows tokens and max_sequences requests reserved
+ * at creation.
+ *
+ * Lifetimes and callbacks: as for flashspec_engine. A drafter serves one
+ * sequence (or one engine) at a time, from add_sequence until that
+ * sequence is removed or the engine destroyed. A callback must not add,
+ * remove or step on its own batch engine (INVALID_ARGUMENT). */
+typedef struct flashspec_batch_engine flashspec_batch_engine;
+
+/* One forward of the host's target model over a ragged batch. Sequence s
+ * (in the order the sequences joined) appends tokens[token_offsets[s] ..
+ * token_offsets[s + 1]) to its own KV cache, which must hold num_past[s]
+ * tokens before them (the host drops any beyond; 0: a new sequence, clear
+ * its cache), and wants the rows row_offsets[s] .. row_offsets[s + 1] − 1
+ * of hidden: those of its last (row_offsets[s + 1] − row_offsets[s])
+ * tokens, scored as in flashspec_target_call. */
+typedef struct flashspec_batch_target_call {
+  uint32_t struct_size;          /* sizeof(flashspec_batch_target_call), set by the library */
+  int32_t num_sequences;         /* ≥ 1 */
+  const uint64_t* sequence_ids;  /* [num_sequences] */
+  const int32_t* num_past;       /* [num_sequences] */
+  const int32_t* token_offsets;  /* [num_sequences + 1], token_offsets[0] = 0 */
+  const int32_t* tokens;         /* [num_tokens] */
+  const int32_t* row_offsets;    /* [num_sequences + 1], row_offsets[0] = 0; each sequence ≥ 1 row */
+  int32_t num_tokens;            /* token_offsets[num_sequences] */
+  int32_t num_rows;              /* row_offsets[num_sequences] */
+  uint64_t step;                 /* the batch engine's step count */
+  /* Output: a [num_rows, d] view of the final hidden rows of every sequence,
+   * in host-owned memory of the backend, any dtype; valid until the step
+   * ends. */
+  flashspec_tensor hidden;
+} flashspec_batch_target_call;
+
+/* Append the tokens to each sequence's cache and point call->hidden at the
+ * rows; return 0 on success. */
+typedef int (*flashspec_batch_target_forward_fn)(void* user_data, flashspec_batch_target_call* call);
+/* Optional: truncate sequence sequence_id's KV cache to its first num_keep
+ * tokens. Without it, the host truncates to num_past at the next forward.
+ * Return 0 on success. */
+typedef int (*flashspec_batch_target_rollback_fn)(void* user_data, uint64_t sequence_id, int32_t num_keep);
+/* Streaming: one call per emitted token of a sequence. Return 0 to go on,
+ * anything else to finish that sequence after this token
+ * (FLASHSPEC_FINISH_HOST_STOP). */
+typedef int (*flashspec_sequence_token_fn)(void* user_data, uint64_t sequence_id, int32_t token);
+
+/* The batched engine. Arms, policy, costs and max_context mean what they
+ * mean in flashspec_engine_params, applied to each sequence; an arm's
+ * drafter indexes the drafters each sequence brings. */
+typedef struct flashspec_batch_engine_params {
+  uint32_t struct_size;                         /* sizeof(flashspec_batch_engine_params) */
+  flashspec_batch_target_forward_fn target_forward;   /* required */
+  flashspec_batch_target_rollback_fn target_rollback; /* optional */
+  void* target_user_data;
+  int32_t num_drafters;                   /* drafters each sequence brings, 0..1024; default 0 */
+  const flashspec_arm* arms;              /* [num_arms]; NULL: one arm per drafter of
+                                             length default_draft_len (none: one k = 0 arm) */
+  int32_t num_arms;                       /* with arms; 1..1024 */
+  int32_t default_draft_len;              /* default 4 */
+  flashspec_bandit_policy policy;         /* default UCB1 */
+  uint64_t bandit_seed;                   /* THOMPSON; default 0 */
+  double ucb_exploration;                 /* UCB1; ≥ 0, default 1 */
+  int32_t fixed_arm;                      /* FIXED; default 0 */
+  const double* oracle_rewards;           /* ORACLE: expected reward per arm; required then */
+  double target_step_cost;                /* > 0; default 1 */
+  double target_row_cost;                 /* ≥ 0; default 0.02 */
+  int32_t max_context;                    /* most tokens a sequence's cache holds; 0 = unlimited */
+  int32_t max_sequences;                  /* most sequences at once, ≥ 0; 0 (default): as many
+                                             as the context's workspace holds,
+                                             min(max_requests, max_rows / (k_max + 1)) */
+} flashspec_batch_engine_params;
+
+/* [thread-safe] Defaults as above (target_forward NULL). NULL is a no-op. */
+FLASHSPEC_API void flashspec_batch_engine_params_init(flashspec_batch_engine_params* params);
+
+/* [context-exclusive] Create a batched engine whose target model has LM
+ * head target_head. Draft lengths as for flashspec_engine_create; every
+ * step fits the context's workspace: max_sequences · (k_max + 1) ≤ its
+ * max_rows and max_sequences ≤ its max_requests (k_max the longest arm).
+ * Errors: NULL_POINTER (ctx, target_head, params, params->target_forward,
+ * params->oracle_rewards for ORACLE, out), STRUCT_SIZE, OUT_OF_RANGE
+ * (num_drafters, num_arms, an arm's drafter or draft_len,
+ * default_draft_len, fixed_arm, max_context, max_sequences),
+ * INVALID_ARGUMENT (unknown policy, a cost or ucb_exploration out of range,
+ * an oracle reward not finite), DEVICE_MISMATCH (target_head),
+ * OUT_OF_MEMORY, CUDA. On error *out is untouched. */
+FLASHSPEC_API flashspec_status flashspec_batch_engine_create(flashspec_context* ctx,
+                                                             const flashspec_lm_head* target_head,
+                                                             const flashspec_batch_engine_params* params,
+                                                             flashspec_batch_engine** out);
+/* [context-exclusive] NULL is a no-op. Releases every sequence's drafters,
+ * which the caller then destroys or reuses. */
+FLASHSPEC_API void flashspec_batch_engine_destroy(flashspec_batch_engine* engine);
+
+/* One sequence: its drafters and what flashspec_generate_params says for a
+ * single generation. */
+typedef struct flashspec_sequence_params {
+  uint32_t struct_size;                /* sizeof(flashspec_sequence_params) */
+  flashspec_drafter* const* drafters;  /* [num_drafters], borrowed while the sequence
+                                          is in the engine; none of kind LOGITS */
+  int32_t num_drafters;                /* the engine's num_drafters; default 0 */
+  float temperature;                   /* target T ≥ 0; 0 = greedy; default 1 */
+  uint64_t seed;                       /* Philox key of its verify steps; default 0 */
+  uint64_t request_id;                 /* default 0: give sequences that share a seed
+                                          distinct request ids for independent samples */
+  int32_t max_tokens;                  /* new tokens, ≥ 1; default 256 */
+  const int32_t* stop_tokens;          /* [num_stop_tokens], each in [0, V); may be NULL if 0 */
+  int32_t num_stop_tokens;             /* default 0 */
+  flashspec_sequence_token_fn on_token; /* optional streaming callback */
+  void* on_token_user_data;
+} flashspec_sequence_params;
+
+/* [thread-safe] Defaults as above. NULL is a no-op. */
+FLASHSPEC_API void flashspec_sequence_params_init(flashspec_sequence_params* params);
+
+/* [context-exclusive] Add a sequence, identified by the host's sequence_id,
+ * with prompt (prompt_len ≥ 1 tokens in [0, V)); it joins at the next step,
+ * whose forward gets its whole prompt with num_past 0. params may be NULL
+ * only when the engine has no drafters (defaults).
+ * Errors (the engine unchanged): NULL_POINTER (engine, prompt, drafters or
+ * an entry, stop_tokens with a count), STRUCT_SIZE, OUT_OF_RANGE
+ * (prompt_len, a prompt or stop token id, max_tokens, num_drafters not the
+ * engine's, prompt longer than max_context), INVALID_ARGUMENT (sequence_id
+ * already in the engine, temperature < 0 or not finite, a drafter listed
+ * twice or serving another engine or sequence, called from a callback of
+ * this engine), UNSUPPORTED (a LOGITS drafter), DEVICE_MISMATCH (a HIDDEN
+ * drafter's head of another backend or vocabulary), WORKSPACE_EXCEEDED
+ * (max_sequences sequences are in the engine). */
+FLASHSPEC_API flashspec_status flashspec_batch_engine_add_sequence(flashspec_batch_engine* engine,
+                                                                   uint64_t sequence_id, const int32_t* prompt,
+                                                                   int32_t prompt_len,
+                                                                   const flashspec_sequence_params* params);
+
+/* [context-exclusive] Remove a sequence, active (cancelling it) or
+ * finished, and release its drafters; its tokens, info and metrics go with
+ * it (its steps stay in the engine's totals). The host frees its KV cache.
+ * Errors: NULL_POINTER (engine), OUT_OF_RANGE (sequence_id not in the
+ * engine), INVALID_ARGUMENT (called from a callback of this engine). */
+FLASHSPEC_API flashspec_status flashspec_batch_engine_remove_sequence(flashspec_batch_engine* engine,
+                                                                      uint64_t sequence_id);
+
+/* [context-exclusive] Run one step for every active sequence (see above).
+ * *num_active_out (optional) gets the number of sequences still active
+ * after it; with none active the step does nothing and returns OK. Errors
+ * of one sequence end that sequence and are not returned here.
+ * Errors: NULL_POINTER (engine), INVALID_ARGUMENT (called from a callback
+ * of this engine), and for the step as a whole CALLBACK (the target
+ * forward failed or returned a bad view), NON_FINITE, and the errors of
+ * flashspec_verify_and_finalize. */
+FLASHSPEC_API flashspec_status flashspec_batch_engine_step(flashspec_batch_engine* engine,
+                                                           int32_t* num_active_out);
+
+typedef struct flashspec_sequence_info {
+  uint32_t struct_size;                  /* sizeof(flashspec_sequence_info) */
+  int32_t active;                        /* 1 while steps still run it, else 0 */
+  flashspec_status status;               /* OK, or the error that ended it */
+  flashspec_finish_reason finish_reason; /* NONE while active or after an error */
+  int32_t num_tokens;                    /* tokens emitted */
+  int32_t steps;                         /* verify steps it took part in */
+} flashspec_sequence_info;
+
+/* [thread-safe] Zeroes the info and sets struct_size. NULL is a no-op. */
+FLASHSPEC_API void flashspec_sequence_info_init(flashspec_sequence_info* info);
+
+/* [context-exclusive] Where sequence sequence_id stands: *info (optional;
+ * info->struct_size set by flashspec_sequence_info_init) and its emitted
+ * tokens, the first min(capacity, num_tokens) of them into tokens_out.
+ * Errors (outputs untouched): NULL_POINTER (engine; tokens_out with
+ * capacity > 0), OUT_OF_RANGE (sequence_id not in the engine, capacity <
+ * 0), STRUCT_SIZE. */
+FLASHSPEC_API flashspec_status flashspec_batch_engine_get_sequence(const flashspec_batch_engine* engine,
+                                                                   uint64_t sequence_id, int32_t* tokens_out,
+                                                                   int32_t capacity,
+                                                                   flashspec_sequence_info* info);
+
+/* [context-exclusive] The message of the error that ended sequence
+ * sequence_id ("" if none), valid until it is removed; NULL for a NULL
+ * engine or an id not in the engine. */
+FLASHSPEC_API const char* flashspec_batch_engine_sequence_error(const flashspec_batch_engine* engine,
+                                                                uint64_t sequence_id);
+
+/* [context-exclusive] Totals over every sequence since the engine was
+ * created (each sequence's step counts once; latency is the wall time of
+ * the batched step the sequence took part in), as in
+ * flashspec_engine_get_metrics. Errors: NULL_POINTER (engine, out),
+ * STRUCT_SIZE. */
+FLASHSPEC_API flashspec_status flashspec_batch_engine_get_metrics(const flashspec_batch_engine* engine,
+                                                                  flashspec_engine_metrics* out);
+/* [context-exclusive] The same for sequence sequence_id alone.
+ * Errors: NULL_POINTER (engine, out), STRUCT_SIZE, OUT_OF_RANGE
+ * (sequence_id not in the engine). */
+FLASHSPEC_API flashspec_status flashspec_batch_engine_get_sequence_metrics(
+    const flashspec_batch_engine* engine, uint64_t sequence_id, flashspec_engine_metrics* out);
+/* [context-exclusive] Statistics of arm `arm` summed over every sequence.
+ * Errors: NULL_POINTER (engine, out), STRUCT_SIZE, OUT_OF_RANGE (arm). */
+FLASHSPEC_API flashspec_status flashspec_batch_engine_get_arm_metrics(const flashspec_batch_engine* engine,
+                                                                      int32_t arm, flashspec_arm_metrics* out);
+
 /* ---------------------------------------------------------------------- */
 /* Plugin entry                                                            */
 /* ---------------------------------------------------------------------- */
@@ -1297,6 +1546,25 @@ typedef struct flashspec_api {
                                   const flashspec_draft_params*, void*);
   flashspec_status (*draft_from_shards)(flashspec_context*, const flashspec_draft_params*, const void*, int32_t,
                                         int32_t, int32_t*, float*);
+  /* Appended: the batched engine. */
+  void (*batch_engine_params_init)(flashspec_batch_engine_params*);
+  flashspec_status (*batch_engine_create)(flashspec_context*, const flashspec_lm_head*,
+                                          const flashspec_batch_engine_params*, flashspec_batch_engine**);
+  void (*batch_engine_destroy)(flashspec_batch_engine*);
+  void (*sequence_params_init)(flashspec_sequence_params*);
+  flashspec_status (*batch_engine_add_sequence)(flashspec_batch_engine*, uint64_t, const int32_t*, int32_t,
+                                                const flashspec_sequence_params*);
+  flashspec_status (*batch_engine_remove_sequence)(flashspec_batch_engine*, uint64_t);
+  flashspec_status (*batch_engine_step)(flashspec_batch_engine*, int32_t*);
+  void (*sequence_info_init)(flashspec_sequence_info*);
+  flashspec_status (*batch_engine_get_sequence)(const flashspec_batch_engine*, uint64_t, int32_t*, int32_t,
+                                                flashspec_sequence_info*);
+  const char* (*batch_engine_sequence_error)(const flashspec_batch_engine*, uint64_t);
+  flashspec_status (*batch_engine_get_metrics)(const flashspec_batch_engine*, flashspec_engine_metrics*);
+  flashspec_status (*batch_engine_get_sequence_metrics)(const flashspec_batch_engine*, uint64_t,
+                                                        flashspec_engine_metrics*);
+  flashspec_status (*batch_engine_get_arm_metrics)(const flashspec_batch_engine*, int32_t,
+                                                   flashspec_arm_metrics*);
 } flashspec_api;
 
 /* [thread-safe] The table for abi_version, or NULL if this library cannot

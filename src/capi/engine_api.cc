@@ -1,6 +1,7 @@
 // The engine section of flashspec.h: drafters, engines, generation and
 // metrics. Validation first, each failure naming its argument; the engine
 // itself (src/engine) drives the context's backend directly.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -11,6 +12,7 @@
 #include "capi/handles.h"
 #include "capi/params.h"
 #include "capi/validate.h"
+#include "engine/batch_engine.h"
 #include "engine/callback_drafter.h"
 #include "engine/engine.h"
 #include "engine/lm_head_runner.h"
@@ -22,7 +24,8 @@ using namespace flashspec;
 struct flashspec_drafter {
   std::unique_ptr<Drafter> impl;
   const flashspec_lm_head* head = nullptr;  // HIDDEN callback drafters
-  const flashspec_engine* owner = nullptr;  // the engine it serves, if any
+  bool stochastic = false;                  // a LOGITS callback drafter
+  const void* owner = nullptr;              // the engine or batched engine it serves, if any
 };
 
 struct flashspec_engine {
@@ -30,6 +33,14 @@ struct flashspec_engine {
   std::unique_ptr<LmHeadRunner> runner;
   std::unique_ptr<Engine> engine;
   std::vector<flashspec_drafter*> drafters;
+};
+
+struct flashspec_batch_engine {
+  flashspec_context* ctx = nullptr;
+  std::unique_ptr<LmHeadRunner> runner;
+  std::unique_ptr<BatchEngine> engine;
+  // Each sequence's drafter handles, released when it leaves.
+  std::vector<std::pair<uint64_t, std::vector<flashspec_drafter*>>> drafters;
 };
 
 namespace {
@@ -49,33 +60,29 @@ flashspec_status null_engine() {
   return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "engine: is NULL"); });
 }
 
-EngineConfig validate_engine(flashspec_context& ctx, const flashspec_lm_head* target_head,
-                             const flashspec_engine_params* params, std::vector<flashspec_drafter*>& drafters) {
-  validate_head(ctx, target_head, "target_head");
-  require(params != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params", "is NULL (the target callbacks are required)");
-  const flashspec_engine_params p = load_struct(params, flashspec_engine_params_init, "params");
-  require(p.target_forward != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params->target_forward", "is NULL");
-  const int64_t vocab = target_head->storage->vocab;
-  const int32_t max_len = std::min<int32_t>(FLASHSPEC_MAX_DRAFT_LEN, ctx.max_rows - 1);
+const BatchEngine::Slot* find_sequence(const flashspec_batch_engine& engine, uint64_t sequence_id) {
+  const BatchEngine::Slot* slot = engine.engine->find(sequence_id);
+  require(slot != nullptr, FLASHSPEC_ERR_OUT_OF_RANGE, "sequence_id",
+          std::to_string(sequence_id) + " is not in the engine");
+  return slot;
+}
 
-  EngineConfig config;
-  config.target_head = target_head->storage.get();
-  config.target_forward = p.target_forward;
-  config.target_rollback = p.target_rollback;
-  config.target_user_data = p.target_user_data;
-
-  require(p.num_drafters >= 0 && p.num_drafters <= 1024, FLASHSPEC_ERR_OUT_OF_RANGE,
-          "params->num_drafters", "must be in [0, 1024], got " + str(p.num_drafters));
-  if (p.num_drafters > 0)
-    require(p.drafters != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params->drafters",
-            "is NULL while num_drafters is " + str(p.num_drafters));
-  for (int32_t i = 0; i < p.num_drafters; ++i) {
-    const std::string name = "params->drafters[" + str(i) + "]";
-    flashspec_drafter* drafter = p.drafters[i];
+// The drafters of an engine or of one sequence: none NULL, none listed
+// twice, none serving another engine or sequence, a HIDDEN drafter's head
+// on this context with the target's vocabulary.
+void validate_drafters(flashspec_context& ctx, flashspec_drafter* const* list, int32_t count, const std::string& list_name,
+                       int64_t vocab, std::vector<flashspec_drafter*>& handles, std::vector<Drafter*>& impls) {
+  if (count > 0)
+    require(list != nullptr, FLASHSPEC_ERR_NULL_POINTER, list_name.c_str(),
+            "is NULL while num_drafters is " + str(count));
+  for (int32_t i = 0; i < count; ++i) {
+    const std::string name = list_name + "[" + str(i) + "]";
+    flashspec_drafter* drafter = list[i];
     require(drafter != nullptr, FLASHSPEC_ERR_NULL_POINTER, name.c_str(), "is NULL");
-    require(drafter->owner == nullptr, FLASHSPEC_ERR_INVALID_ARGUMENT, name.c_str(), "already serves another engine");
+    require(drafter->owner == nullptr, FLASHSPEC_ERR_INVALID_ARGUMENT, name.c_str(),
+            "already serves another engine or sequence");
     for (int32_t j = 0; j < i; ++j)
-      require(p.drafters[j] != drafter, FLASHSPEC_ERR_INVALID_ARGUMENT, name.c_str(),
+      require(list[j] != drafter, FLASHSPEC_ERR_INVALID_ARGUMENT, name.c_str(),
               "is listed twice (also at index " + str(j) + "); use two arms of one drafter instead");
     if (drafter->head) {
       validate_head(ctx, drafter->head, (name + " head").c_str());
@@ -83,10 +90,16 @@ EngineConfig validate_engine(flashspec_context& ctx, const flashspec_lm_head* ta
               "drafts over a vocabulary of " + str(drafter->head->storage->vocab) + ", the target's has " +
                   str(vocab));
     }
-    drafters.push_back(drafter);
-    config.drafters.push_back(drafter->impl.get());
+    handles.push_back(drafter);
+    impls.push_back(drafter->impl.get());
   }
+}
 
+// The fields flashspec_engine_params and flashspec_batch_engine_params
+// share (arms, policy, costs, max_context), into either config.
+template <class Params, class Config>
+void validate_loop(const flashspec_context& ctx, const Params& p, int32_t num_drafters, Config& config) {
+  const int32_t max_len = std::min<int32_t>(FLASHSPEC_MAX_DRAFT_LEN, ctx.max_rows - 1);
   if (p.arms) {
     require(p.num_arms >= 1 && p.num_arms <= 1024, FLASHSPEC_ERR_OUT_OF_RANGE, "params->num_arms",
             "must be in [1, 1024], got " + str(p.num_arms));
@@ -97,8 +110,8 @@ EngineConfig validate_engine(flashspec_context& ctx, const flashspec_lm_head* ta
               "draft_len " + str(arm.draft_len) + " is outside [0, " + str(max_len) +
                   "] (the context's max_rows − 1 and FLASHSPEC_MAX_DRAFT_LEN bound it)");
       if (arm.draft_len > 0)
-        require(arm.drafter >= 0 && arm.drafter < p.num_drafters, FLASHSPEC_ERR_OUT_OF_RANGE, name.c_str(),
-                "drafter " + str(arm.drafter) + " is outside [0, num_drafters = " + str(p.num_drafters) + ")");
+        require(arm.drafter >= 0 && arm.drafter < num_drafters, FLASHSPEC_ERR_OUT_OF_RANGE, name.c_str(),
+                "drafter " + str(arm.drafter) + " is outside [0, num_drafters = " + str(num_drafters) + ")");
       config.arms.push_back(Arm{arm.draft_len > 0 ? arm.drafter : -1, arm.draft_len});
     }
   } else {
@@ -106,7 +119,7 @@ EngineConfig validate_engine(flashspec_context& ctx, const flashspec_lm_head* ta
             "is NULL while num_arms is " + str(p.num_arms));
     require(p.default_draft_len >= 0 && p.default_draft_len <= max_len, FLASHSPEC_ERR_OUT_OF_RANGE,
             "params->default_draft_len", "must be in [0, " + str(max_len) + "], got " + str(p.default_draft_len));
-    for (int32_t i = 0; i < p.num_drafters; ++i)
+    for (int32_t i = 0; i < num_drafters; ++i)
       config.arms.push_back(p.default_draft_len > 0 ? Arm{i, p.default_draft_len} : Arm{-1, 0});
     if (config.arms.empty()) config.arms.push_back(Arm{-1, 0});
   }
@@ -153,25 +166,73 @@ EngineConfig validate_engine(flashspec_context& ctx, const flashspec_lm_head* ta
   require(p.max_context >= 0, FLASHSPEC_ERR_OUT_OF_RANGE, "params->max_context",
           "must be >= 0 (0 = unlimited), got " + str(p.max_context));
   config.max_context = p.max_context;
+}
+
+EngineConfig validate_engine(flashspec_context& ctx, const flashspec_lm_head* target_head,
+                             const flashspec_engine_params* params, std::vector<flashspec_drafter*>& drafters) {
+  validate_head(ctx, target_head, "target_head");
+  require(params != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params", "is NULL (the target callbacks are required)");
+  const flashspec_engine_params p = load_struct(params, flashspec_engine_params_init, "params");
+  require(p.target_forward != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params->target_forward", "is NULL");
+
+  EngineConfig config;
+  config.target_head = target_head->storage.get();
+  config.target_forward = p.target_forward;
+  config.target_rollback = p.target_rollback;
+  config.target_user_data = p.target_user_data;
+  require(p.num_drafters >= 0 && p.num_drafters <= 1024, FLASHSPEC_ERR_OUT_OF_RANGE,
+          "params->num_drafters", "must be in [0, 1024], got " + str(p.num_drafters));
+  validate_drafters(ctx, p.drafters, p.num_drafters, "params->drafters", target_head->storage->vocab, drafters,
+                    config.drafters);
+  validate_loop(ctx, p, p.num_drafters, config);
   return config;
 }
 
-GenerateConfig validate_generate(const flashspec_engine& engine, const int32_t* prompt, int32_t prompt_len,
-                                 const flashspec_generate_params* params, int32_t* tokens_out,
-                                 int32_t tokens_capacity, const flashspec_generate_result* result) {
-  require(!engine.engine->busy(), FLASHSPEC_ERR_INVALID_ARGUMENT, "engine",
-          "is already generating (flashspec_engine_generate called from one of its callbacks)");
-  const flashspec_generate_params p = load_struct_or_defaults(params, flashspec_generate_params_init, "params");
-  const int64_t vocab = engine.engine->vocab();
+BatchEngineConfig validate_batch_engine(flashspec_context& ctx, const flashspec_lm_head* target_head,
+                                        const flashspec_batch_engine_params* params) {
+  validate_head(ctx, target_head, "target_head");
+  require(params != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params", "is NULL (the target callbacks are required)");
+  const flashspec_batch_engine_params p = load_struct(params, flashspec_batch_engine_params_init, "params");
+  require(p.target_forward != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params->target_forward", "is NULL");
 
+  BatchEngineConfig config;
+  config.target_head = target_head->storage.get();
+  config.target_forward = p.target_forward;
+  config.target_rollback = p.target_rollback;
+  config.target_user_data = p.target_user_data;
+  require(p.num_drafters >= 0 && p.num_drafters <= 1024, FLASHSPEC_ERR_OUT_OF_RANGE,
+          "params->num_drafters", "must be in [0, 1024], got " + str(p.num_drafters));
+  config.num_drafters = p.num_drafters;
+  validate_loop(ctx, p, p.num_drafters, config);
+
+  // Every step must fit one verify pass of the context's workspace.
+  int32_t longest = 0;
+  for (const Arm& arm : config.arms) longest = std::max(longest, arm.draft_len);
+  const int32_t fits = std::min(ctx.max_requests, ctx.max_rows / (longest + 1));
+  require(p.max_sequences >= 0 && p.max_sequences <= fits, FLASHSPEC_ERR_OUT_OF_RANGE, "params->max_sequences",
+          "is " + str(p.max_sequences) + ", outside [0, " + str(fits) +
+              "] (the context's max_requests, and max_rows / (longest draft_len + 1))");
+  config.max_sequences = p.max_sequences > 0 ? p.max_sequences : fits;
+  return config;
+}
+
+// The prompt of a generation or a sequence.
+void validate_prompt(const int32_t* prompt, int32_t prompt_len, int64_t vocab, int32_t max_context) {
   require(prompt != nullptr, FLASHSPEC_ERR_NULL_POINTER, "prompt", "is NULL");
   require(prompt_len >= 1, FLASHSPEC_ERR_OUT_OF_RANGE, "prompt_len", "must be >= 1, got " + str(prompt_len));
   for (int32_t i = 0; i < prompt_len; ++i)
     require(prompt[i] >= 0 && prompt[i] < vocab, FLASHSPEC_ERR_OUT_OF_RANGE, "prompt",
             "token " + str(i) + " is " + str(prompt[i]) + ", outside [0, " + str(vocab) + ")");
-  require(result != nullptr, FLASHSPEC_ERR_NULL_POINTER, "result", "is NULL");
-  check_struct_size<flashspec_generate_result>(result->struct_size, "result");
+  if (max_context > 0)
+    require(prompt_len <= max_context, FLASHSPEC_ERR_OUT_OF_RANGE, "prompt_len",
+            str(prompt_len) + " exceeds the engine's max_context " + str(max_context));
+}
 
+// The fields flashspec_generate_params and flashspec_sequence_params share
+// (temperature, seed, request id, budget, stop tokens); the caller sets
+// on_token.
+template <class Params>
+GenerateConfig validate_generation(const Params& p, int64_t vocab) {
   validate_temperature(p.temperature, "params->temperature");
   require(p.max_tokens >= 1, FLASHSPEC_ERR_OUT_OF_RANGE, "params->max_tokens", "must be >= 1, got " + str(p.max_tokens));
   require(p.num_stop_tokens >= 0, FLASHSPEC_ERR_OUT_OF_RANGE, "params->num_stop_tokens",
@@ -182,7 +243,26 @@ GenerateConfig validate_generate(const flashspec_engine& engine, const int32_t* 
   for (int32_t i = 0; i < p.num_stop_tokens; ++i)
     require(p.stop_tokens[i] >= 0 && p.stop_tokens[i] < vocab, FLASHSPEC_ERR_OUT_OF_RANGE, "params->stop_tokens",
             "entry " + str(i) + " is " + str(p.stop_tokens[i]) + ", outside [0, " + str(vocab) + ")");
+  GenerateConfig config;
+  config.temperature = p.temperature;
+  config.seed = p.seed;
+  config.request_id = p.request_id;
+  config.max_tokens = p.max_tokens;
+  if (p.num_stop_tokens > 0) config.stop_tokens.assign(p.stop_tokens, p.stop_tokens + p.num_stop_tokens);
+  return config;
+}
 
+GenerateConfig validate_generate(const flashspec_engine& engine, const int32_t* prompt, int32_t prompt_len,
+                                 const flashspec_generate_params* params, int32_t* tokens_out,
+                                 int32_t tokens_capacity, const flashspec_generate_result* result) {
+  require(!engine.engine->busy(), FLASHSPEC_ERR_INVALID_ARGUMENT, "engine",
+          "is already generating (flashspec_engine_generate called from one of its callbacks)");
+  const flashspec_generate_params p = load_struct_or_defaults(params, flashspec_generate_params_init, "params");
+  const int64_t vocab = engine.engine->vocab();
+  validate_prompt(prompt, prompt_len, vocab, engine.engine->max_context());
+  require(result != nullptr, FLASHSPEC_ERR_NULL_POINTER, "result", "is NULL");
+  check_struct_size<flashspec_generate_result>(result->struct_size, "result");
+  GenerateConfig config = validate_generation(p, vocab);
   require(tokens_capacity >= 0, FLASHSPEC_ERR_OUT_OF_RANGE, "tokens_capacity",
           "must be >= 0, got " + str(tokens_capacity));
   if (tokens_out == nullptr)
@@ -191,17 +271,6 @@ GenerateConfig validate_generate(const flashspec_engine& engine, const int32_t* 
   else
     require(tokens_capacity >= p.max_tokens, FLASHSPEC_ERR_OUT_OF_RANGE, "tokens_capacity",
             str(tokens_capacity) + " is smaller than params->max_tokens " + str(p.max_tokens));
-  const int32_t max_context = engine.engine->max_context();
-  if (max_context > 0)
-    require(prompt_len <= max_context, FLASHSPEC_ERR_OUT_OF_RANGE, "prompt_len",
-            str(prompt_len) + " exceeds the engine's max_context " + str(max_context));
-
-  GenerateConfig config;
-  config.temperature = p.temperature;
-  config.seed = p.seed;
-  config.request_id = p.request_id;
-  config.max_tokens = p.max_tokens;
-  if (p.num_stop_tokens > 0) config.stop_tokens.assign(p.stop_tokens, p.stop_tokens + p.num_stop_tokens);
   if (p.on_token) {
     const flashspec_token_fn on_token = p.on_token;
     void* user_data = p.on_token_user_data;
@@ -217,6 +286,39 @@ void write_result(const GenerateProgress& progress, flashspec_generate_result* r
   r.finish_reason = progress.finish_reason;
   r.steps = progress.steps;
   store_struct(r, result);
+}
+
+// Metrics out through the public structs; out->struct_size checked.
+void store_engine_metrics(const Metrics& metrics, flashspec_engine_metrics* out) {
+  const MetricsSnapshot s = metrics.snapshot();
+  flashspec_engine_metrics m;
+  flashspec_engine_metrics_init(&m);
+  m.steps = s.steps;
+  m.drafts = s.drafts;
+  m.draft_tokens = s.draft_tokens;
+  m.accepted_tokens = s.accepted_tokens;
+  m.emitted_tokens = s.emitted_tokens;
+  m.acceptance_rate = s.acceptance_rate;
+  m.mean_accepted_length = s.mean_accepted_length;
+  m.tokens_per_step = s.tokens_per_step;
+  m.step_latency_p50_us = s.latency_p50_seconds * 1e6;
+  m.step_latency_p99_us = s.latency_p99_seconds * 1e6;
+  m.num_positions = s.num_positions;
+  m.num_arms = int32_t(metrics.arms().size());
+  store_struct(m, out);
+}
+
+void store_arm_metrics(const Arm& spec, const ArmStats& stats, flashspec_arm_metrics* out) {
+  flashspec_arm_metrics m;
+  flashspec_arm_metrics_init(&m);
+  m.drafter = spec.drafter;
+  m.draft_len = spec.draft_len;
+  m.pulls = stats.pulls;
+  m.draft_tokens = stats.draft_tokens;
+  m.accepted_tokens = stats.accepted_tokens;
+  m.mean_reward = stats.pulls ? stats.reward_sum / double(stats.pulls) : 0.0;
+  m.mean_cost = stats.pulls ? stats.cost_sum / double(stats.pulls) : 0.0;
+  store_struct(m, out);
 }
 
 }  // namespace
@@ -287,6 +389,7 @@ flashspec_status flashspec_drafter_create_callback(flashspec_context* ctx,
     auto drafter = std::make_unique<flashspec_drafter>();
     drafter->impl = std::make_unique<CallbackDrafter>(config);
     drafter->head = p.kind == FLASHSPEC_DRAFT_HIDDEN ? p.head : nullptr;
+    drafter->stochastic = p.kind == FLASHSPEC_DRAFT_LOGITS;
     *out = drafter.release();
   });
 }
@@ -374,22 +477,7 @@ flashspec_status flashspec_engine_get_metrics(const flashspec_engine* engine, fl
   return guarded(engine->ctx, [&] {
     require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
     check_struct_size<flashspec_engine_metrics>(out->struct_size, "out");
-    const MetricsSnapshot s = engine->engine->metrics().snapshot();
-    flashspec_engine_metrics m;
-    flashspec_engine_metrics_init(&m);
-    m.steps = s.steps;
-    m.drafts = s.drafts;
-    m.draft_tokens = s.draft_tokens;
-    m.accepted_tokens = s.accepted_tokens;
-    m.emitted_tokens = s.emitted_tokens;
-    m.acceptance_rate = s.acceptance_rate;
-    m.mean_accepted_length = s.mean_accepted_length;
-    m.tokens_per_step = s.tokens_per_step;
-    m.step_latency_p50_us = s.latency_p50_seconds * 1e6;
-    m.step_latency_p99_us = s.latency_p99_seconds * 1e6;
-    m.num_positions = s.num_positions;
-    m.num_arms = int32_t(engine->engine->arms().size());
-    store_struct(m, out);
+    store_engine_metrics(engine->engine->metrics(), out);
   });
 }
 
@@ -428,18 +516,7 @@ flashspec_status flashspec_engine_get_arm_metrics(const flashspec_engine* engine
     const int32_t arms = int32_t(engine->engine->arms().size());
     require(arm >= 0 && arm < arms, FLASHSPEC_ERR_OUT_OF_RANGE, "arm",
             "is " + str(arm) + ", outside [0, " + str(arms) + ")");
-    const Arm& spec = engine->engine->arms()[size_t(arm)];
-    const ArmStats& stats = engine->engine->metrics().arms()[size_t(arm)];
-    flashspec_arm_metrics m;
-    flashspec_arm_metrics_init(&m);
-    m.drafter = spec.drafter;
-    m.draft_len = spec.draft_len;
-    m.pulls = stats.pulls;
-    m.draft_tokens = stats.draft_tokens;
-    m.accepted_tokens = stats.accepted_tokens;
-    m.mean_reward = stats.pulls ? stats.reward_sum / double(stats.pulls) : 0.0;
-    m.mean_cost = stats.pulls ? stats.cost_sum / double(stats.pulls) : 0.0;
-    store_struct(m, out);
+    store_arm_metrics(engine->engine->arms()[size_t(arm)], engine->engine->metrics().arms()[size_t(arm)], out);
   });
 }
 
@@ -449,6 +526,192 @@ flashspec_status flashspec_engine_reset_metrics(flashspec_engine* engine) {
     require(!engine->engine->busy(), FLASHSPEC_ERR_INVALID_ARGUMENT, "engine",
             "is generating; reset its metrics between generations");
     engine->engine->reset_metrics();
+  });
+}
+
+// ---- The batched engine ------------------------------------------------------
+
+void flashspec_batch_engine_params_init(flashspec_batch_engine_params* params) {
+  if (!params) return;
+  *params = flashspec_batch_engine_params{};
+  params->struct_size = sizeof(flashspec_batch_engine_params);
+  params->default_draft_len = 4;
+  params->policy = FLASHSPEC_BANDIT_UCB1;
+  params->ucb_exploration = 1.0;
+  params->target_step_cost = 1.0;
+  params->target_row_cost = 0.02;
+}
+
+flashspec_status flashspec_batch_engine_create(flashspec_context* ctx, const flashspec_lm_head* target_head,
+                                               const flashspec_batch_engine_params* params,
+                                               flashspec_batch_engine** out) {
+  if (!ctx) return null_context();
+  return guarded(ctx, [&] {
+    require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
+    BatchEngineConfig config = validate_batch_engine(*ctx, target_head, params);
+    auto engine = std::make_unique<flashspec_batch_engine>();
+    engine->ctx = ctx;
+    engine->runner = std::make_unique<LmHeadRunner>(*ctx->backend, ctx->max_rows, config.max_sequences, ctx->seed);
+    engine->engine = std::make_unique<BatchEngine>(std::move(config), *engine->runner);
+    *out = engine.release();
+  });
+}
+
+void flashspec_batch_engine_destroy(flashspec_batch_engine* engine) {
+  if (!engine) return;
+  for (auto& sequence : engine->drafters)
+    for (flashspec_drafter* drafter : sequence.second) drafter->owner = nullptr;
+  delete engine;
+}
+
+void flashspec_sequence_params_init(flashspec_sequence_params* params) {
+  if (!params) return;
+  *params = flashspec_sequence_params{};
+  params->struct_size = sizeof(flashspec_sequence_params);
+  params->temperature = 1.0f;
+  params->max_tokens = 256;
+}
+
+flashspec_status flashspec_batch_engine_add_sequence(flashspec_batch_engine* engine, uint64_t sequence_id,
+                                                     const int32_t* prompt, int32_t prompt_len,
+                                                     const flashspec_sequence_params* params) {
+  if (!engine) return null_engine();
+  return guarded(engine->ctx, [&] {
+    BatchEngine& batch = *engine->engine;
+    require(!batch.busy(), FLASHSPEC_ERR_INVALID_ARGUMENT, "engine",
+            "is running a step (add_sequence called from one of its callbacks)");
+    const flashspec_sequence_params p = load_struct_or_defaults(params, flashspec_sequence_params_init, "params");
+    const int64_t vocab = batch.vocab();
+    validate_prompt(prompt, prompt_len, vocab, batch.config().max_context);
+    GenerateConfig config = validate_generation(p, vocab);
+    const int32_t expected = batch.config().num_drafters;
+    require(p.num_drafters == expected, FLASHSPEC_ERR_OUT_OF_RANGE, "params->num_drafters",
+            "is " + str(p.num_drafters) + ", the engine's arms index " + str(expected) + " drafters");
+    std::vector<flashspec_drafter*> handles;
+    std::vector<Drafter*> drafters;
+    validate_drafters(*engine->ctx, p.drafters, p.num_drafters, "params->drafters", vocab, handles, drafters);
+    for (size_t i = 0; i < handles.size(); ++i)
+      require(!handles[i]->stochastic, FLASHSPEC_ERR_UNSUPPORTED,
+              ("params->drafters[" + str(int64_t(i)) + "]").c_str(),
+              "is a LOGITS drafter; a batched engine verifies point-mass drafts only");
+    require(batch.find(sequence_id) == nullptr, FLASHSPEC_ERR_INVALID_ARGUMENT, "sequence_id",
+            std::to_string(sequence_id) + " is already in the engine");
+    require(batch.size() < batch.config().max_sequences, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, "engine",
+            "holds max_sequences = " + str(batch.config().max_sequences) +
+                " sequences already; remove one first");
+    if (p.on_token) {
+      const flashspec_sequence_token_fn on_token = p.on_token;
+      void* user_data = p.on_token_user_data;
+      config.on_token = [on_token, user_data, sequence_id](int32_t token) {
+        return on_token(user_data, sequence_id, token);
+      };
+    }
+    engine->drafters.emplace_back(sequence_id, handles);
+    try {
+      batch.add(sequence_id, prompt, prompt_len, std::move(config), std::move(drafters));
+    } catch (...) {
+      engine->drafters.pop_back();
+      throw;
+    }
+    for (flashspec_drafter* drafter : handles) drafter->owner = engine;
+  });
+}
+
+flashspec_status flashspec_batch_engine_remove_sequence(flashspec_batch_engine* engine, uint64_t sequence_id) {
+  if (!engine) return null_engine();
+  return guarded(engine->ctx, [&] {
+    require(!engine->engine->busy(), FLASHSPEC_ERR_INVALID_ARGUMENT, "engine",
+            "is running a step (remove_sequence called from one of its callbacks)");
+    require(engine->engine->remove(sequence_id), FLASHSPEC_ERR_OUT_OF_RANGE, "sequence_id",
+            std::to_string(sequence_id) + " is not in the engine");
+    auto& lists = engine->drafters;
+    auto it = std::find_if(lists.begin(), lists.end(), [&](const auto& entry) { return entry.first == sequence_id; });
+    for (flashspec_drafter* drafter : it->second) drafter->owner = nullptr;
+    lists.erase(it);
+  });
+}
+
+flashspec_status flashspec_batch_engine_step(flashspec_batch_engine* engine, int32_t* num_active_out) {
+  if (!engine) return null_engine();
+  return guarded(engine->ctx, [&] {
+    require(!engine->engine->busy(), FLASHSPEC_ERR_INVALID_ARGUMENT, "engine",
+            "is running a step (step called from one of its callbacks)");
+    const int32_t active = engine->engine->step();
+    if (num_active_out) *num_active_out = active;
+  });
+}
+
+void flashspec_sequence_info_init(flashspec_sequence_info* info) {
+  if (!info) return;
+  *info = flashspec_sequence_info{};
+  info->struct_size = sizeof(flashspec_sequence_info);
+  info->status = FLASHSPEC_OK;
+  info->finish_reason = FLASHSPEC_FINISH_NONE;
+}
+
+flashspec_status flashspec_batch_engine_get_sequence(const flashspec_batch_engine* engine, uint64_t sequence_id,
+                                                     int32_t* tokens_out, int32_t capacity,
+                                                     flashspec_sequence_info* info) {
+  if (!engine) return null_engine();
+  return guarded(engine->ctx, [&] {
+    require(capacity >= 0, FLASHSPEC_ERR_OUT_OF_RANGE, "capacity", "must be >= 0, got " + str(capacity));
+    if (capacity > 0)
+      require(tokens_out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "tokens_out",
+              "is NULL while capacity is " + str(capacity));
+    if (info) check_struct_size<flashspec_sequence_info>(info->struct_size, "info");
+    const BatchEngine::Slot* slot = find_sequence(*engine, sequence_id);
+    const GenerateProgress& progress = slot->sequence.progress();
+    const std::vector<int32_t>& tokens = slot->sequence.tokens();
+    const int32_t copied = std::min(capacity, progress.num_tokens);
+    std::copy_n(tokens.begin() + slot->sequence.prompt_length(), copied, tokens_out);
+    if (!info) return;
+    flashspec_sequence_info i;
+    flashspec_sequence_info_init(&i);
+    i.active = slot->active ? 1 : 0;
+    i.status = slot->status;
+    i.finish_reason = slot->active ? FLASHSPEC_FINISH_NONE : progress.finish_reason;
+    i.num_tokens = progress.num_tokens;
+    i.steps = progress.steps;
+    store_struct(i, info);
+  });
+}
+
+const char* flashspec_batch_engine_sequence_error(const flashspec_batch_engine* engine, uint64_t sequence_id) {
+  if (!engine) return nullptr;
+  const BatchEngine::Slot* slot = engine->engine->find(sequence_id);
+  return slot ? slot->error.c_str() : nullptr;
+}
+
+flashspec_status flashspec_batch_engine_get_metrics(const flashspec_batch_engine* engine,
+                                                    flashspec_engine_metrics* out) {
+  if (!engine) return null_engine();
+  return guarded(engine->ctx, [&] {
+    require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
+    check_struct_size<flashspec_engine_metrics>(out->struct_size, "out");
+    store_engine_metrics(engine->engine->metrics(), out);
+  });
+}
+
+flashspec_status flashspec_batch_engine_get_sequence_metrics(const flashspec_batch_engine* engine,
+                                                             uint64_t sequence_id, flashspec_engine_metrics* out) {
+  if (!engine) return null_engine();
+  return guarded(engine->ctx, [&] {
+    require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
+    check_struct_size<flashspec_engine_metrics>(out->struct_size, "out");
+    store_engine_metrics(find_sequence(*engine, sequence_id)->metrics, out);
+  });
+}
+
+flashspec_status flashspec_batch_engine_get_arm_metrics(const flashspec_batch_engine* engine, int32_t arm,
+                                                        flashspec_arm_metrics* out) {
+  if (!engine) return null_engine();
+  return guarded(engine->ctx, [&] {
+    require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
+    check_struct_size<flashspec_arm_metrics>(out->struct_size, "out");
+    const int32_t arms = int32_t(engine->engine->arms().size());
+    require(arm >= 0 && arm < arms, FLASHSPEC_ERR_OUT_OF_RANGE, "arm",
+            "is " + str(arm) + ", outside [0, " + str(arms) + ")");
+    store_arm_metrics(engine->engine->arms()[size_t(arm)], engine->engine->metrics().arms()[size_t(arm)], out);
   });
 }
 

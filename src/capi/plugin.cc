@@ -65,6 +65,19 @@ const flashspec_api* flashspec_get_api(unsigned abi_version) {
       flashspec_finalize_shards,
       flashspec_draft_shard,
       flashspec_draft_from_shards,
+      flashspec_batch_engine_params_init,
+      flashspec_batch_engine_create,
+      flashspec_batch_engine_destroy,
+      flashspec_sequence_params_init,
+      flashspec_batch_engine_add_sequence,
+      flashspec_batch_engine_remove_sequence,
+      flashspec_batch_engine_step,
+      flashspec_sequence_info_init,
+      flashspec_batch_engine_get_sequence,
+      flashspec_batch_engine_sequence_error,
+      flashspec_batch_engine_get_metrics,
+      flashspec_batch_engine_get_sequence_metrics,
+      flashspec_batch_engine_get_arm_metrics,
   };
   return abi_version == FLASHSPEC_ABI_VERSION ? &table : nullptr;
 }
