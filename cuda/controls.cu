@@ -742,7 +742,7 @@ __global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs 
   if (truncated && draft_x != neg_inf() && rank_key(draft_x, r.plan.tracked) < ranked[kept - 1]) draft_x = neg_inf();
 
   if (a.out.summaries) {
-    RowSummary s;
+    RowSummary s = verify_summary(r.plan, empty_partial(), status);  // every field set, then this row's
     s.lse = lse;
     s.draft_logit = r.plan.tracked >= 0 ? draft_x : 0.0f;
     s.draft_logq = 0.0f;
