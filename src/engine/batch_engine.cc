@@ -35,7 +35,8 @@ BatchEngine::Slot::Slot(uint64_t id_, std::vector<Drafter*> drafters_, const Bat
       reward_scale(make_reward_scale(config.cost, config.arms, drafters)),
       metrics(int32_t(config.arms.size())),
       sequence(SequenceShared{&config.arms, &drafters, &config.cost, policy.get(), &reward_scale, &metrics,
-                              &totals, vocab, config.max_context}) {}
+                              &totals, vocab, config.max_context, config.adaptive_draft_len,
+                              config.draft_len_memory}) {}
 
 BatchEngine::BatchEngine(BatchEngineConfig config, LmHeadRunner& runner)
     : config_(std::move(config)),
@@ -56,6 +57,8 @@ bool BatchEngine::remove(uint64_t id) {
   if (busy_) fail(FLASHSPEC_ERR_INTERNAL, "BatchEngine::remove entered during a step");
   auto it = std::find_if(slots_.begin(), slots_.end(), [&](const auto& slot) { return slot->id == id; });
   if (it == slots_.end()) return false;
+  // Cancelled: its tokens so far were streamed all the same.
+  if ((*it)->active) finish(**it);
   slots_.erase(it);
   return true;
 }
@@ -66,11 +69,16 @@ const BatchEngine::Slot* BatchEngine::find(uint64_t id) const {
   return nullptr;
 }
 
-void BatchEngine::end_with_error(Slot& slot, const Error& error) {
+void BatchEngine::finish(Slot& slot) {
   slot.active = false;
+  slot.sequence.end();
+}
+
+void BatchEngine::end_with_error(Slot& slot, const Error& error) {
   slot.status = error.status();
   slot.error = error.what();
   slot.sequence.progress().finish_reason = FLASHSPEC_FINISH_NONE;
+  finish(slot);
 }
 
 flashspec_tensor BatchEngine::forward_target() {
@@ -124,7 +132,7 @@ int32_t BatchEngine::step() {
   for (const auto& slot : slots_) {
     if (!slot->active) continue;
     if (slot->sequence.finished_before_step()) {
-      slot->active = false;
+      finish(*slot);
       continue;
     }
     try {
@@ -160,7 +168,7 @@ int32_t BatchEngine::step() {
           call_host("target rollback",
                     [&] { return config_.target_rollback(config_.target_user_data, slot.id, keep); });
         }
-        if (slot.sequence.deliver(seconds)) slot.active = false;
+        if (slot.sequence.deliver(seconds)) finish(slot);
       } catch (const Error& e) {
         end_with_error(slot, e);
       }
@@ -170,7 +178,7 @@ int32_t BatchEngine::step() {
   // the next step, so the host sees it finished.
   int32_t active = 0;
   for (const auto& slot : slots_) {
-    if (slot->active && slot->sequence.finished_before_step()) slot->active = false;
+    if (slot->active && slot->sequence.finished_before_step()) finish(*slot);
     if (slot->active) active += 1;
   }
   return active;

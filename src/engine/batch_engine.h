@@ -34,6 +34,9 @@ struct BatchEngineConfig {
   CostModel cost;
   int32_t max_context = 0;    // 0: unlimited
   int32_t max_sequences = 1;  // fits the runner's max_rows and max_requests
+  // SequenceShared::adaptive_draft_len and draft_len_memory, per sequence.
+  bool adaptive_draft_len = false;
+  double draft_len_memory = 64.0;
 };
 
 class BatchEngine {
@@ -60,7 +63,8 @@ class BatchEngine {
   // config and drafters are valid. tokens of the sequence: Slot::sequence.
   void add(uint64_t id, const int32_t* prompt, int32_t prompt_len, GenerateConfig config,
            std::vector<Drafter*> drafters);
-  // Returns false for an id not in the engine.
+  // Returns false for an id not in the engine. An active sequence ends
+  // (its drafters see its final sequence) before it leaves.
   bool remove(uint64_t id);
   const Slot* find(uint64_t id) const;
   int32_t size() const { return int32_t(slots_.size()); }
@@ -82,6 +86,8 @@ class BatchEngine {
   flashspec_tensor forward_target();
   // Verifies the stepping slots in one pass.
   void verify(const flashspec_tensor& hidden);
+  // A slot stops: its drafters see its final sequence.
+  static void finish(Slot& slot);
   static void end_with_error(Slot& slot, const Error& error);
 
   BatchEngineConfig config_;

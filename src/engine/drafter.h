@@ -44,6 +44,13 @@ class Drafter {
   // context only grows (its earlier tokens never change). Throws
   // flashspec::Error (FLASHSPEC_ERR_CALLBACK for a failing host callback).
   virtual void propose(const DraftRequest& request, LmHeadRunner& runner, DraftProposal& out) = 0;
+  // The generation begun by the last begin() ended (finished or failed)
+  // with this sequence: the prompt, then every token emitted. A drafter that
+  // learns across generations reads it here; the default ignores it.
+  virtual void finish(const int32_t* sequence, int32_t length) {
+    (void)sequence;
+    (void)length;
+  }
   virtual DrafterCost cost() const = 0;
 };
 

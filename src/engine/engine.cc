@@ -38,7 +38,8 @@ Engine::Engine(EngineConfig config, LmHeadRunner& runner)
       reward_scale_(make_reward_scale(config_.cost, config_.arms, config_.drafters)),
       metrics_(int32_t(config_.arms.size())),
       sequence_(SequenceShared{&config_.arms, &config_.drafters, &config_.cost, policy_.get(), &reward_scale_,
-                               &metrics_, nullptr, vocab_, config_.max_context}) {}
+                               &metrics_, nullptr, vocab_, config_.max_context,
+                               config_.adaptive_draft_len, config_.draft_len_memory}) {}
 
 bool Engine::run_step() {
   const auto start = std::chrono::steady_clock::now();
@@ -82,6 +83,16 @@ void Engine::generate(const int32_t* prompt, int32_t prompt_len, const GenerateC
   BusyGuard busy(busy_);
   cancel_requested_.store(false, std::memory_order_relaxed);
   sequence_.begin(prompt, prompt_len, config, tokens_out);
+  try {
+    run_loop();
+  } catch (...) {
+    sequence_.end();
+    throw;
+  }
+  sequence_.end();
+}
+
+void Engine::run_loop() {
   while (!sequence_.finished_before_step()) {
     if (cancel_requested_.load(std::memory_order_relaxed)) {
       sequence_.progress().finish_reason = FLASHSPEC_FINISH_CANCELLED;

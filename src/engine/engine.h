@@ -29,6 +29,9 @@ struct EngineConfig {
   PolicyConfig policy;
   CostModel cost;
   int32_t max_context = 0;  // 0: unlimited
+  // SequenceShared::adaptive_draft_len and draft_len_memory.
+  bool adaptive_draft_len = false;
+  double draft_len_memory = 64.0;
 };
 
 class Engine {
@@ -55,6 +58,8 @@ class Engine {
   int32_t max_context() const { return config_.max_context; }
 
  private:
+  // Steps sequence_ until it finishes; throws as generate() does.
+  void run_loop();
   // One step of sequence_; returns true when the sequence finished.
   bool run_step();
 

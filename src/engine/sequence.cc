@@ -24,6 +24,11 @@ RewardScale make_reward_scale(const CostModel& cost, const std::vector<Arm>& arm
   return RewardScale(cost, costs, lengths);
 }
 
+Sequence::Sequence(const SequenceShared& shared) : shared_(shared) {
+  for (const Drafter* drafter : *shared_.drafters)
+    draft_length_rules_.emplace_back(*shared_.cost, drafter->cost(), shared_.draft_len_memory);
+}
+
 void Sequence::begin(const int32_t* prompt, int32_t prompt_len, GenerateConfig config, int32_t* tokens_out) {
   config_ = std::move(config);
   tokens_out_ = tokens_out;
@@ -32,7 +37,14 @@ void Sequence::begin(const int32_t* prompt, int32_t prompt_len, GenerateConfig c
   prompt_len_ = prompt_len;
   cache_length_ = 0;
   step_ = 0;
+  ended_ = false;
   for (Drafter* drafter : *shared_.drafters) drafter->begin(prompt, prompt_len);
+}
+
+void Sequence::end() {
+  if (ended_) return;
+  ended_ = true;
+  for (Drafter* drafter : *shared_.drafters) drafter->finish(tokens_.data(), int32_t(tokens_.size()));
 }
 
 bool Sequence::finished_before_step() {
@@ -56,7 +68,10 @@ void Sequence::draft(LmHeadRunner& runner) {
   const int32_t max_context = shared_.max_context > 0 ? shared_.max_context : INT32_MAX;
   const int32_t remaining = config_.max_tokens - progress_.num_tokens;
   const int64_t room = int64_t(max_context) - int64_t(tokens_.size());
-  draft_len_ = int32_t(std::min<int64_t>({arm.draft_len, remaining - 1, room}));
+  planned_draft_len_ = shared_.adaptive_draft_len && arm.draft_len > 0
+                           ? draft_length_rules_[size_t(arm.drafter)].choose(arm.draft_len)
+                           : arm.draft_len;
+  draft_len_ = int32_t(std::min<int64_t>({planned_draft_len_, remaining - 1, room}));
 
   proposal_.clear();
   drafter_called_ = draft_len_ > 0;
@@ -118,7 +133,9 @@ bool Sequence::deliver(double seconds) {
   const double reward = step_reward(*shared_.cost, cost, drafter_called_, drafted_count, accepted_);
   // A step cut short by the budget or the context says little about its
   // arm: only full-length steps teach the policy.
-  if (draft_len_ == arm.draft_len) shared_.policy->update(arm_index_, shared_.reward_scale->normalize(reward));
+  if (draft_len_ == planned_draft_len_)
+    shared_.policy->update(arm_index_, shared_.reward_scale->normalize(reward));
+  if (drafter_called_) draft_length_rules_[size_t(arm.drafter)].record(drafted_count, accepted_);
   auto record = [&](int32_t delivered) {
     const StepRecord step{arm_index_, drafted_count, accepted_, delivered, reward, cost_value, seconds};
     shared_.metrics->record(step);

@@ -4,7 +4,8 @@
 // the same tokens in either: the arm and draft length of a step, the tokens
 // of its target forward, the verify request (keyed by its own seed, request
 // id and step), the rollback, and the delivery of the emitted tokens (stop
-// tokens, budget, streaming, metrics, the policy's reward).
+// tokens, budget, streaming, metrics, the policy's reward), the adaptive
+// draft length of its drafters, and telling its drafters the final sequence.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bandit/draft_length.h"
 #include "bandit/policy.h"
 #include "bandit/reward.h"
 #include "engine/drafter.h"
@@ -59,15 +61,25 @@ struct SequenceShared {
   Metrics* extra_metrics = nullptr;   // also recorded, if set
   int64_t vocab = 0;
   int32_t max_context = 0;            // 0: unlimited
+  // Each step drafts the k of DraftLengthRule (at most the arm's) instead
+  // of the arm's k; the rule learns from this sequence's steps alone.
+  bool adaptive_draft_len = false;
+  double draft_len_memory = 64.0;  // ≥ 1, used when adaptive_draft_len
 };
 
 class Sequence {
  public:
-  explicit Sequence(const SequenceShared& shared) : shared_(shared) {}
+  // The drafters must be set; their costs fix the draft length rules.
+  explicit Sequence(const SequenceShared& shared);
 
   // Starts over with this prompt (drafters begin too). tokens_out, if set,
   // receives the emitted tokens (capacity ≥ config.max_tokens).
   void begin(const int32_t* prompt, int32_t prompt_len, GenerateConfig config, int32_t* tokens_out);
+
+  // The generation ended, finished or failed: the drafters see the final
+  // sequence (the tokens emitted before a failure were streamed all the
+  // same). Once per begin(); later calls do nothing.
+  void end();
 
   // Before a step: true (finish_reason set) once the budget or the context
   // is used up.
@@ -105,6 +117,8 @@ class Sequence {
   uint64_t step() const { return step_; }
   const std::vector<int32_t>& tokens() const { return tokens_; }  // prompt, then emitted
   int32_t prompt_length() const { return prompt_len_; }
+  // The draft length rule of a drafter (read by tests and metrics).
+  const DraftLengthRule& draft_length_rule(int32_t drafter) const { return draft_length_rules_[size_t(drafter)]; }
 
  private:
   SequenceShared shared_;
@@ -115,9 +129,13 @@ class Sequence {
   int32_t prompt_len_ = 0;
   int32_t cache_length_ = 0;
   uint64_t step_ = 0;
+  bool ended_ = true;  // end() has run since begin()
+  // One per drafter; they outlive generations, as the policy does.
+  std::vector<DraftLengthRule> draft_length_rules_;
 
   // The step in progress.
   int32_t arm_index_ = 0;
+  int32_t planned_draft_len_ = 0;  // before the budget and context limits
   int32_t draft_len_ = 0;
   bool drafter_called_ = false;
   int32_t accepted_ = 0;
