@@ -894,6 +894,83 @@ FLASHSPEC_API flashspec_status flashspec_drafter_create_ngram(flashspec_context*
                                                              const flashspec_ngram_params* params,
                                                              flashspec_drafter** out);
 
+/* Built-in suffix drafter (SuffixDecoding, Oliaro et al., arXiv:2411.04975).
+ * It indexes the current sequence (prompt and emitted tokens) and the
+ * outputs of its earlier generations (a cache of at most cache_max_tokens
+ * tokens: when an output would overflow it, the oldest outputs leave first;
+ * an output longer than the whole cache keeps its last tokens) in suffix
+ * tries with occurrence counts, updated incrementally (O(max_match_len +
+ * max_depth) per token, never rebuilt). Each step it matches, in each index,
+ * the longest suffix of the sequence (at most max_match_len tokens) that
+ * occurred followed by a token, and grows a proposal from it by the counts:
+ * the probability of a continuation token is its count over the count of
+ * all continuations seen after that context, and a proposed token's score
+ * is the product of these along its path (an estimate of the probability
+ * that the target accepts it and everything before it). The engine gets a
+ * chain: the most frequent continuation (ties: the smaller token id) while
+ * the score stays ≥ min_probability, at most min(k, max_depth) tokens, so
+ * the draft is as long as the counts are confident. Of the two indexes'
+ * proposals, the one with the higher sum of scores (the expected accepted
+ * tokens) wins; ties go to the current sequence. No match: no draft.
+ * flashspec_suffix_drafter_propose_tree gives a tree instead.
+ * Memory: at most (max_match_len + max_depth) trie nodes of about 64 bytes
+ * per indexed token, for the current sequence and for the cache. */
+typedef struct flashspec_suffix_params {
+  uint32_t struct_size;     /* sizeof(flashspec_suffix_params) */
+  int32_t max_match_len;    /* longest suffix matched, 1..64; default 16 */
+  int32_t max_depth;        /* longest path proposed, 1..64; default 16 */
+  double min_probability;   /* least score of a proposed token, 0..1; default 0.1 */
+  int32_t cache_max_tokens; /* tokens of earlier outputs kept, 0..2^24
+                               (0: no cache); default 16384 */
+  double call_cost;         /* default 0 */
+  double token_cost;        /* default 0 */
+} flashspec_suffix_params;
+
+/* [thread-safe] Defaults as above. NULL is a no-op. */
+FLASHSPEC_API void flashspec_suffix_params_init(flashspec_suffix_params* params);
+
+/* [context-exclusive] Create a suffix drafter. params may be NULL (defaults).
+ * An engine hands it every generation's final sequence, which enters the
+ * cache of earlier outputs (the tokens after the prompt); so does a batched
+ * engine when the sequence the drafter serves finishes, fails or is removed
+ * while active.
+ * Errors: NULL_POINTER (ctx, out), STRUCT_SIZE, OUT_OF_RANGE (max_match_len,
+ * max_depth, min_probability (or NaN), cache_max_tokens), INVALID_ARGUMENT
+ * (a cost negative or not finite). On error *out is untouched. */
+FLASHSPEC_API flashspec_status flashspec_drafter_create_suffix(flashspec_context* ctx,
+                                                              const flashspec_suffix_params* params,
+                                                              flashspec_drafter** out);
+
+/* [context-exclusive: the drafter's context] A draft tree for a host that
+ * verifies trees itself (flashspec_verify_batch's draft_parents; the engine
+ * drafts chains). First the drafter indexes `context` (context_len ≥ 1
+ * token ids ≥ 0; the drafter has no vocabulary and proposes only tokens it
+ * has indexed): a context that extends the one it indexed last (here or in
+ * an engine's generation) costs only its new tokens; any other starts a new
+ * sequence, and the previous one's output (its tokens after the first
+ * context it was given) enters the cache of earlier outputs. To hand a
+ * finished sequence's last tokens to the cache, call once more with the
+ * whole sequence and max_nodes 0.
+ * Then it writes a tree of at most max_nodes nodes: node i has token
+ * tokens_out[i] and parent parents_out[i], a node index in [−1, i) (−1: a
+ * child of the last context token), parents before children, no two
+ * children of a node with the same token. Nodes are added best first, by
+ * the score above (so the first n nodes of a larger budget are the tree of
+ * budget n), while the score is ≥ min_probability and the path at most
+ * max_depth deep. *num_nodes_out gets the count (0: no match).
+ * max_nodes 0..FLASHSPEC_MAX_DRAFT_LEN; tokens_out and parents_out hold
+ * max_nodes entries (may be NULL when max_nodes is 0).
+ * Errors: NULL_POINTER (drafter, context, tokens_out, parents_out,
+ * num_nodes_out), INVALID_ARGUMENT (drafter is not a suffix drafter, its
+ * engine is generating, or it serves a sequence of a batched engine, whose
+ * index this call would replace), OUT_OF_RANGE (context_len, a context token < 0,
+ * max_nodes). On error nothing is indexed and the outputs are untouched;
+ * the message is the drafter context's flashspec_context_last_error. */
+FLASHSPEC_API flashspec_status flashspec_suffix_drafter_propose_tree(flashspec_drafter* drafter,
+                                                                    const int32_t* context, int32_t context_len,
+                                                                    int32_t max_nodes, int32_t* tokens_out,
+                                                                    int32_t* parents_out, int32_t* num_nodes_out);
+
 /* What a callback drafter hands back. */
 typedef enum flashspec_draft_kind {
   /* Tokens only: a greedy, point-mass draft (q(x) = 1). Draft models decoded
@@ -1010,6 +1087,28 @@ typedef enum flashspec_bandit_policy {
   FLASHSPEC_BANDIT_FORCE_32BIT_ = 0x7fffffff
 } flashspec_bandit_policy;
 
+/* How many tokens a step drafts (appended in 0.3). */
+typedef enum flashspec_draft_len_rule {
+  /* The played arm's k. */
+  FLASHSPEC_DRAFT_LEN_ARM = 0,
+  /* Dynamic speculation length: the arm's k is the most, and each step
+   * drafts the k in [0, arm's k] that maximises the expected tokens per
+   * unit cost of the step,
+   *   (1 + Σ_{j<k} Π_{i≤j} a_i) / cost(k)   (ties: the smaller k),
+   * with cost(k) the cost model below for k draft tokens and a_j the live
+   * estimate, per drafter, of the probability that draft position j is
+   * accepted when positions 0 .. j − 1 were:
+   *   a_j = (accepted_j + 2 a_{j−1}) / (trials_j + 2),  a_{−1} = 1/2,
+   * over that drafter's recent steps (a step that accepted i of its drafts
+   * is a trial of positions 0 .. i, accepted below i), whose counts decay
+   * by 1/draft_len_memory per step. A position without recent trials is
+   * thus taken to be as good as the one before it, so longer drafts are
+   * tried when the shorter ones go well. k = 0 decodes without calling the
+   * drafter. Steps of every arm of a drafter teach its estimates. */
+  FLASHSPEC_DRAFT_LEN_ADAPTIVE = 1,
+  FLASHSPEC_DRAFT_LEN_RULE_FORCE_32BIT_ = 0x7fffffff
+} flashspec_draft_len_rule;
+
 /* An arm: drafter index (into params->drafters) and draft length k. An arm
  * with k = 0 decodes without drafting (its drafter index is ignored). This
  * struct is frozen: it never grows. */
@@ -1047,10 +1146,23 @@ typedef struct flashspec_engine_params {
                                              memory-bound forward are nearly free) */
   int32_t max_context;                    /* most tokens the target's cache holds;
                                              0 = unlimited (default) */
+  /* Appended in 0.3. */
+  double draft_len_memory;                /* ADAPTIVE: steps the acceptance estimates
+                                             remember (their counts decay by
+                                             1/draft_len_memory per step); 1..1e6,
+                                             default 64 */
+  flashspec_draft_len_rule draft_len_rule; /* default FLASHSPEC_DRAFT_LEN_ARM */
 } flashspec_engine_params;
 
-/* [thread-safe] Defaults as above (target_forward NULL). NULL is a no-op. */
+/* [thread-safe] Defaults as above (target_forward NULL).
+ * Writes min(size, sizeof(flashspec_engine_params)) bytes and sets
+ * struct_size to that; NULL is a no-op. */
+FLASHSPEC_API void flashspec_engine_params_init_sized(flashspec_engine_params* params, size_t size);
+/* The 0.2 entry point (fills the 0.2 layout only); the macro below is what a
+ * caller compiled against this header calls. */
 FLASHSPEC_API void flashspec_engine_params_init(flashspec_engine_params* params);
+#define flashspec_engine_params_init(params) \
+  flashspec_engine_params_init_sized((params), sizeof(flashspec_engine_params))
 
 /* [context-exclusive] Create an engine whose target model has LM head
  * target_head. Draft lengths must satisfy k + 1 ≤ the context's max_rows and
@@ -1059,7 +1171,8 @@ FLASHSPEC_API void flashspec_engine_params_init(flashspec_engine_params* params)
  * params->drafters or an entry, params->oracle_rewards for ORACLE, out),
  * STRUCT_SIZE, OUT_OF_RANGE (num_drafters, num_arms, an arm's drafter or
  * draft_len, default_draft_len, fixed_arm, max_context), INVALID_ARGUMENT
- * (unknown policy, a cost or ucb_exploration out of range, a drafter listed
+ * (unknown policy or draft_len_rule, a cost, ucb_exploration or
+ * draft_len_memory out of range, a drafter listed
  * twice or serving another engine, an oracle reward not finite),
  * DEVICE_MISMATCH (target_head or a drafter's head from another backend or
  * device), OUT_OF_MEMORY, CUDA. On error *out is untouched. */
@@ -1240,7 +1353,10 @@ FLASHSPEC_API flashspec_status flashspec_engine_reset_metrics(flashspec_engine* 
  * policy: each sequence starts a fresh policy of the engine's kind, arms
  * and costs, and learns from its own steps only (acceptance depends on the
  * text: a prompt-lookup drafter that wins on one sequence may lose on the
- * next). The arms themselves are the engine's. Metrics are kept per
+ * next); so do the acceptance estimates of the ADAPTIVE draft length rule.
+ * The arms themselves are the engine's. A sequence's drafters see its final
+ * sequence (a suffix drafter caches it) when it finishes, fails or is
+ * removed while active. Metrics are kept per
  * sequence and summed over all sequences (arm statistics included).
  *
  * Errors of one sequence end that sequence only: its drafter failing
@@ -1304,9 +1420,9 @@ typedef int (*flashspec_batch_target_rollback_fn)(void* user_data, uint64_t sequ
  * (FLASHSPEC_FINISH_HOST_STOP). */
 typedef int (*flashspec_sequence_token_fn)(void* user_data, uint64_t sequence_id, int32_t token);
 
-/* The batched engine. Arms, policy, costs and max_context mean what they
- * mean in flashspec_engine_params, applied to each sequence; an arm's
- * drafter indexes the drafters each sequence brings. */
+/* The batched engine. Arms, policy, costs, max_context and the draft length
+ * rule mean what they mean in flashspec_engine_params, applied to each
+ * sequence; an arm's drafter indexes the drafters each sequence brings. */
 typedef struct flashspec_batch_engine_params {
   uint32_t struct_size;                         /* sizeof(flashspec_batch_engine_params) */
   flashspec_batch_target_forward_fn target_forward;   /* required */
@@ -1328,6 +1444,10 @@ typedef struct flashspec_batch_engine_params {
   int32_t max_sequences;                  /* most sequences at once, ≥ 0; 0 (default): as many
                                              as the context's workspace holds,
                                              min(max_requests, max_rows / (k_max + 1)) */
+  double draft_len_memory;                /* as in flashspec_engine_params; default 64 */
+  flashspec_draft_len_rule draft_len_rule; /* default FLASHSPEC_DRAFT_LEN_ARM; ADAPTIVE:
+                                             each sequence keeps its own acceptance
+                                             estimates per drafter */
 } flashspec_batch_engine_params;
 
 /* [thread-safe] Defaults as above (target_forward NULL). NULL is a no-op. */
@@ -1341,8 +1461,9 @@ FLASHSPEC_API void flashspec_batch_engine_params_init(flashspec_batch_engine_par
  * params->oracle_rewards for ORACLE, out), STRUCT_SIZE, OUT_OF_RANGE
  * (num_drafters, num_arms, an arm's drafter or draft_len,
  * default_draft_len, fixed_arm, max_context, max_sequences),
- * INVALID_ARGUMENT (unknown policy, a cost or ucb_exploration out of range,
- * an oracle reward not finite), DEVICE_MISMATCH (target_head),
+ * INVALID_ARGUMENT (unknown policy or draft_len_rule, a cost,
+ * ucb_exploration or draft_len_memory out of range, an oracle reward not
+ * finite), DEVICE_MISMATCH (target_head),
  * OUT_OF_MEMORY, CUDA. On error *out is untouched. */
 FLASHSPEC_API flashspec_status flashspec_batch_engine_create(flashspec_context* ctx,
                                                              const flashspec_lm_head* target_head,
@@ -1565,6 +1686,14 @@ typedef struct flashspec_api {
                                                         flashspec_engine_metrics*);
   flashspec_status (*batch_engine_get_arm_metrics)(const flashspec_batch_engine*, int32_t,
                                                    flashspec_arm_metrics*);
+  /* Appended in 0.3. The member engine_params_init above fills the 0.2
+   * layout; engine_params_init_sized fills `size` bytes. */
+  void (*suffix_params_init)(flashspec_suffix_params*);
+  flashspec_status (*drafter_create_suffix)(flashspec_context*, const flashspec_suffix_params*,
+                                            flashspec_drafter**);
+  flashspec_status (*suffix_drafter_propose_tree)(flashspec_drafter*, const int32_t*, int32_t, int32_t, int32_t*,
+                                                  int32_t*, int32_t*);
+  void (*engine_params_init_sized)(flashspec_engine_params*, size_t);
 } flashspec_api;
 
 /* [thread-safe] The table for abi_version, or NULL if this library cannot

@@ -17,15 +17,21 @@
 #include "engine/engine.h"
 #include "engine/lm_head_runner.h"
 #include "engine/ngram_drafter.h"
+#include "engine/suffix_drafter.h"
 #include "flashspec.h"
 
 using namespace flashspec;
 
 struct flashspec_drafter {
   std::unique_ptr<Drafter> impl;
+  flashspec_context* ctx = nullptr;         // where its own calls report errors
   const flashspec_lm_head* head = nullptr;  // HIDDEN callback drafters
   bool stochastic = false;                  // a LOGITS callback drafter
   const void* owner = nullptr;              // the engine or batched engine it serves, if any
+  // Whether the drafter's own entry points must refuse now: its engine is
+  // generating, or it serves a batched sequence (whose index they would
+  // replace).
+  bool (*owner_busy)(const void* owner) = nullptr;
 };
 
 struct flashspec_engine {
@@ -55,6 +61,23 @@ void check_cost(double cost, const char* argument) {
 flashspec_status null_context() {
   return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
 }
+
+// A drafter serves an engine or one sequence of a batched engine from
+// creation or add_sequence until the engine is destroyed or the sequence
+// removed.
+void serve(flashspec_drafter* drafter, const flashspec_engine* engine) {
+  drafter->owner = engine;
+  drafter->owner_busy = [](const void* owner) { return static_cast<const flashspec_engine*>(owner)->engine->busy(); };
+}
+void serve(flashspec_drafter* drafter, const flashspec_batch_engine* engine) {
+  drafter->owner = engine;
+  drafter->owner_busy = [](const void*) { return true; };
+}
+void release(flashspec_drafter* drafter) {
+  drafter->owner = nullptr;
+  drafter->owner_busy = nullptr;
+}
+bool owner_busy(const flashspec_drafter& drafter) { return drafter.owner && drafter.owner_busy(drafter.owner); }
 
 flashspec_status null_engine() {
   return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "engine: is NULL"); });
@@ -96,7 +119,8 @@ void validate_drafters(flashspec_context& ctx, flashspec_drafter* const* list, i
 }
 
 // The fields flashspec_engine_params and flashspec_batch_engine_params
-// share (arms, policy, costs, max_context), into either config.
+// share (arms, policy, costs, max_context, the draft length rule), into
+// either config.
 template <class Params, class Config>
 void validate_loop(const flashspec_context& ctx, const Params& p, int32_t num_drafters, Config& config) {
   const int32_t max_len = std::min<int32_t>(FLASHSPEC_MAX_DRAFT_LEN, ctx.max_rows - 1);
@@ -166,13 +190,24 @@ void validate_loop(const flashspec_context& ctx, const Params& p, int32_t num_dr
   require(p.max_context >= 0, FLASHSPEC_ERR_OUT_OF_RANGE, "params->max_context",
           "must be >= 0 (0 = unlimited), got " + str(p.max_context));
   config.max_context = p.max_context;
+  switch (raw_enum(p.draft_len_rule)) {
+    case FLASHSPEC_DRAFT_LEN_ARM: break;
+    case FLASHSPEC_DRAFT_LEN_ADAPTIVE: config.adaptive_draft_len = true; break;
+    default:
+      fail(FLASHSPEC_ERR_INVALID_ARGUMENT, "params->draft_len_rule: unknown value " + str(raw_enum(p.draft_len_rule)));
+  }
+  require(std::isfinite(p.draft_len_memory) && p.draft_len_memory >= 1.0 && p.draft_len_memory <= 1e6,
+          FLASHSPEC_ERR_INVALID_ARGUMENT, "params->draft_len_memory",
+          "must be in [1, 1e6], got " + std::to_string(p.draft_len_memory));
+  config.draft_len_memory = p.draft_len_memory;
 }
 
 EngineConfig validate_engine(flashspec_context& ctx, const flashspec_lm_head* target_head,
                              const flashspec_engine_params* params, std::vector<flashspec_drafter*>& drafters) {
   validate_head(ctx, target_head, "target_head");
   require(params != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params", "is NULL (the target callbacks are required)");
-  const flashspec_engine_params p = load_struct(params, flashspec_engine_params_init, "params");
+  const flashspec_engine_params p = load_struct(
+      params, [](flashspec_engine_params* q) { flashspec_engine_params_init(q); }, "params");
   require(p.target_forward != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params->target_forward", "is NULL");
 
   EngineConfig config;
@@ -347,7 +382,84 @@ flashspec_status flashspec_drafter_create_ngram(flashspec_context* ctx, const fl
     check_cost(p.token_cost, "params->token_cost");
     auto drafter = std::make_unique<flashspec_drafter>();
     drafter->impl = std::make_unique<NgramDrafter>(p.min_n, p.max_n, DrafterCost{p.call_cost, p.token_cost});
+    drafter->ctx = ctx;
     *out = drafter.release();
+  });
+}
+
+void flashspec_suffix_params_init(flashspec_suffix_params* params) {
+  if (!params) return;
+  const SuffixDrafterConfig defaults;
+  *params = flashspec_suffix_params{};
+  params->struct_size = sizeof(flashspec_suffix_params);
+  params->max_match_len = defaults.max_match_len;
+  params->max_depth = defaults.max_depth;
+  params->min_probability = defaults.min_probability;
+  params->cache_max_tokens = defaults.cache_max_tokens;
+}
+
+flashspec_status flashspec_drafter_create_suffix(flashspec_context* ctx, const flashspec_suffix_params* params,
+                                                 flashspec_drafter** out) {
+  if (!ctx) return null_context();
+  return guarded(ctx, [&] {
+    require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
+    const flashspec_suffix_params p = load_struct_or_defaults(params, flashspec_suffix_params_init, "params");
+    require(p.max_match_len >= 1 && p.max_match_len <= SuffixDrafter::kMaxMatchLen, FLASHSPEC_ERR_OUT_OF_RANGE,
+            "params->max_match_len",
+            "must be in [1, " + str(SuffixDrafter::kMaxMatchLen) + "], got " + str(p.max_match_len));
+    require(p.max_depth >= 1 && p.max_depth <= SuffixDrafter::kMaxDepth, FLASHSPEC_ERR_OUT_OF_RANGE,
+            "params->max_depth", "must be in [1, " + str(SuffixDrafter::kMaxDepth) + "], got " + str(p.max_depth));
+    require(std::isfinite(p.min_probability) && p.min_probability >= 0.0 && p.min_probability <= 1.0,
+            FLASHSPEC_ERR_OUT_OF_RANGE, "params->min_probability",
+            "must be in [0, 1], got " + std::to_string(p.min_probability));
+    require(p.cache_max_tokens >= 0 && p.cache_max_tokens <= SuffixDrafter::kMaxCacheTokens,
+            FLASHSPEC_ERR_OUT_OF_RANGE, "params->cache_max_tokens",
+            "must be in [0, " + str(SuffixDrafter::kMaxCacheTokens) + "], got " + str(p.cache_max_tokens));
+    check_cost(p.call_cost, "params->call_cost");
+    check_cost(p.token_cost, "params->token_cost");
+    SuffixDrafterConfig config;
+    config.max_match_len = p.max_match_len;
+    config.max_depth = p.max_depth;
+    config.min_probability = p.min_probability;
+    config.cache_max_tokens = p.cache_max_tokens;
+    config.cost = DrafterCost{p.call_cost, p.token_cost};
+    auto drafter = std::make_unique<flashspec_drafter>();
+    drafter->impl = std::make_unique<SuffixDrafter>(config);
+    drafter->ctx = ctx;
+    *out = drafter.release();
+  });
+}
+
+flashspec_status flashspec_suffix_drafter_propose_tree(flashspec_drafter* drafter, const int32_t* context,
+                                                       int32_t context_len, int32_t max_nodes, int32_t* tokens_out,
+                                                       int32_t* parents_out, int32_t* num_nodes_out) {
+  if (!drafter) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "drafter: is NULL"); });
+  return guarded(drafter->ctx, [&] {
+    auto* suffix = dynamic_cast<SuffixDrafter*>(drafter->impl.get());
+    require(suffix != nullptr, FLASHSPEC_ERR_INVALID_ARGUMENT, "drafter",
+            "is not a suffix drafter (flashspec_drafter_create_suffix)");
+    require(!owner_busy(*drafter), FLASHSPEC_ERR_INVALID_ARGUMENT, "drafter",
+            "serves an engine that is generating, or a sequence of a batched engine");
+    require(context != nullptr, FLASHSPEC_ERR_NULL_POINTER, "context", "is NULL");
+    require(context_len >= 1, FLASHSPEC_ERR_OUT_OF_RANGE, "context_len", "must be >= 1, got " + str(context_len));
+    for (int32_t i = 0; i < context_len; ++i)
+      require(context[i] >= 0, FLASHSPEC_ERR_OUT_OF_RANGE, "context",
+              "token " + str(i) + " is " + str(context[i]) + ", a token id must be >= 0");
+    require(max_nodes >= 0 && max_nodes <= FLASHSPEC_MAX_DRAFT_LEN, FLASHSPEC_ERR_OUT_OF_RANGE, "max_nodes",
+            "must be in [0, " + str(FLASHSPEC_MAX_DRAFT_LEN) + "], got " + str(max_nodes));
+    if (max_nodes > 0) {
+      require(tokens_out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "tokens_out",
+              "is NULL while max_nodes is " + str(max_nodes));
+      require(parents_out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "parents_out",
+              "is NULL while max_nodes is " + str(max_nodes));
+    }
+    require(num_nodes_out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "num_nodes_out", "is NULL");
+    suffix->observe(context, context_len);
+    SuffixTree tree;
+    suffix->propose_tree(max_nodes, tree);
+    std::copy(tree.tokens.begin(), tree.tokens.end(), tokens_out);
+    std::copy(tree.parents.begin(), tree.parents.end(), parents_out);
+    *num_nodes_out = int32_t(tree.tokens.size());
   });
 }
 
@@ -390,21 +502,23 @@ flashspec_status flashspec_drafter_create_callback(flashspec_context* ctx,
     drafter->impl = std::make_unique<CallbackDrafter>(config);
     drafter->head = p.kind == FLASHSPEC_DRAFT_HIDDEN ? p.head : nullptr;
     drafter->stochastic = p.kind == FLASHSPEC_DRAFT_LOGITS;
+    drafter->ctx = ctx;
     *out = drafter.release();
   });
 }
 
 void flashspec_drafter_destroy(flashspec_drafter* drafter) { delete drafter; }
 
-void flashspec_engine_params_init(flashspec_engine_params* params) {
-  if (!params) return;
-  *params = flashspec_engine_params{};
-  params->struct_size = sizeof(flashspec_engine_params);
-  params->default_draft_len = 4;
-  params->policy = FLASHSPEC_BANDIT_UCB1;
-  params->ucb_exploration = 1.0;
-  params->target_step_cost = 1.0;
-  params->target_row_cost = 0.02;
+void flashspec_engine_params_init_sized(flashspec_engine_params* params, size_t size) {
+  flashspec_engine_params defaults{};
+  defaults.default_draft_len = 4;
+  defaults.policy = FLASHSPEC_BANDIT_UCB1;
+  defaults.ucb_exploration = 1.0;
+  defaults.target_step_cost = 1.0;
+  defaults.target_row_cost = 0.02;
+  defaults.draft_len_memory = 64.0;
+  defaults.draft_len_rule = FLASHSPEC_DRAFT_LEN_ARM;
+  init_prefix(params, size, defaults);
 }
 
 flashspec_status flashspec_engine_create(flashspec_context* ctx, const flashspec_lm_head* target_head,
@@ -417,14 +531,14 @@ flashspec_status flashspec_engine_create(flashspec_context* ctx, const flashspec
     engine->ctx = ctx;
     engine->runner = std::make_unique<LmHeadRunner>(*ctx->backend, ctx->max_rows, 1, ctx->seed);
     engine->engine = std::make_unique<Engine>(std::move(config), *engine->runner);
-    for (flashspec_drafter* drafter : engine->drafters) drafter->owner = engine.get();
+    for (flashspec_drafter* drafter : engine->drafters) serve(drafter, engine.get());
     *out = engine.release();
   });
 }
 
 void flashspec_engine_destroy(flashspec_engine* engine) {
   if (!engine) return;
-  for (flashspec_drafter* drafter : engine->drafters) drafter->owner = nullptr;
+  for (flashspec_drafter* drafter : engine->drafters) release(drafter);
   delete engine;
 }
 
@@ -540,6 +654,8 @@ void flashspec_batch_engine_params_init(flashspec_batch_engine_params* params) {
   params->ucb_exploration = 1.0;
   params->target_step_cost = 1.0;
   params->target_row_cost = 0.02;
+  params->draft_len_memory = 64.0;
+  params->draft_len_rule = FLASHSPEC_DRAFT_LEN_ARM;
 }
 
 flashspec_status flashspec_batch_engine_create(flashspec_context* ctx, const flashspec_lm_head* target_head,
@@ -560,7 +676,7 @@ flashspec_status flashspec_batch_engine_create(flashspec_context* ctx, const fla
 void flashspec_batch_engine_destroy(flashspec_batch_engine* engine) {
   if (!engine) return;
   for (auto& sequence : engine->drafters)
-    for (flashspec_drafter* drafter : sequence.second) drafter->owner = nullptr;
+    for (flashspec_drafter* drafter : sequence.second) release(drafter);
   delete engine;
 }
 
@@ -613,7 +729,7 @@ flashspec_status flashspec_batch_engine_add_sequence(flashspec_batch_engine* eng
       engine->drafters.pop_back();
       throw;
     }
-    for (flashspec_drafter* drafter : handles) drafter->owner = engine;
+    for (flashspec_drafter* drafter : handles) serve(drafter, engine);
   });
 }
 
@@ -626,7 +742,7 @@ flashspec_status flashspec_batch_engine_remove_sequence(flashspec_batch_engine* 
             std::to_string(sequence_id) + " is not in the engine");
     auto& lists = engine->drafters;
     auto it = std::find_if(lists.begin(), lists.end(), [&](const auto& entry) { return entry.first == sequence_id; });
-    for (flashspec_drafter* drafter : it->second) drafter->owner = nullptr;
+    for (flashspec_drafter* drafter : it->second) release(drafter);
     lists.erase(it);
   });
 }

@@ -60,6 +60,29 @@ struct VerifyResult {
 };
 }  // namespace layout_0_1
 
+// The 0.2 layout of flashspec_engine_params (draft_len_rule appended in 0.3).
+namespace layout_0_2 {
+struct EngineParams {
+  uint32_t struct_size;
+  flashspec_target_forward_fn target_forward;
+  flashspec_target_rollback_fn target_rollback;
+  void* target_user_data;
+  flashspec_drafter* const* drafters;
+  int32_t num_drafters;
+  const flashspec_arm* arms;
+  int32_t num_arms;
+  int32_t default_draft_len;
+  flashspec_bandit_policy policy;
+  uint64_t bandit_seed;
+  double ucb_exploration;
+  int32_t fixed_arm;
+  const double* oracle_rewards;
+  double target_step_cost;
+  double target_row_cost;
+  int32_t max_context;
+};
+}  // namespace layout_0_2
+
 template <>
 struct FirstLayout<flashspec_draft_params> {
   static constexpr size_t size = sizeof(layout_0_1::DraftParams);
@@ -72,6 +95,14 @@ template <>
 struct FirstLayout<flashspec_verify_result> {
   static constexpr size_t size = sizeof(layout_0_1::VerifyResult);
 };
+template <>
+struct FirstLayout<flashspec_engine_params> {
+  static constexpr size_t size = sizeof(layout_0_2::EngineParams);
+};
+// Past the 0.2 struct's tail padding too: a 0.2 struct_size must not cover
+// any appended field.
+static_assert(offsetof(flashspec_engine_params, draft_len_memory) >= sizeof(layout_0_2::EngineParams),
+              "appended only");
 static_assert(offsetof(flashspec_draft_params, controls) >= sizeof(layout_0_1::DraftParams), "appended only");
 static_assert(offsetof(flashspec_verify_batch, controls) >= sizeof(layout_0_1::VerifyBatch), "appended only");
 static_assert(offsetof(flashspec_verify_result, logprobs) >= sizeof(layout_0_1::VerifyResult), "appended only");

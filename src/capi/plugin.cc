@@ -78,6 +78,10 @@ const flashspec_api* flashspec_get_api(unsigned abi_version) {
       flashspec_batch_engine_get_metrics,
       flashspec_batch_engine_get_sequence_metrics,
       flashspec_batch_engine_get_arm_metrics,
+      flashspec_suffix_params_init,
+      flashspec_drafter_create_suffix,
+      flashspec_suffix_drafter_propose_tree,
+      flashspec_engine_params_init_sized,
   };
   return abi_version == FLASHSPEC_ABI_VERSION ? &table : nullptr;
 }
