@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -14,6 +16,8 @@
 namespace {
 
 using namespace fstest;
+
+using api_engine_params_init_fn = void (*)(flashspec_engine_params*);
 
 int forward_never(void* user_data, flashspec_target_call*) {
   ++*static_cast<int*>(user_data);
@@ -82,6 +86,116 @@ TEST_F(EngineApi, NgramDrafterCreate) {
   EXPECT_NAMED(flashspec_drafter_create_ngram(nullptr, nullptr, &out), FLASHSPEC_ERR_NULL_POINTER, nullptr, "ctx", "ctx");
   EXPECT_NAMED(flashspec_drafter_create_ngram(ctx.get(), nullptr, nullptr), FLASHSPEC_ERR_NULL_POINTER, ctx.get(), "out", "out");
   EXPECT_EQ(out, nullptr);
+}
+
+TEST_F(EngineApi, SuffixDrafterCreate) {
+  struct Case {
+    const char* label;
+    std::function<void(flashspec_suffix_params&)> edit;
+    flashspec_status status;
+    const char* argument;
+  };
+  const Case cases[] = {
+      {"struct_size", [](flashspec_suffix_params& p) { p.struct_size = 7; }, FLASHSPEC_ERR_STRUCT_SIZE, "params->struct_size"},
+      {"max_match_len 0", [](flashspec_suffix_params& p) { p.max_match_len = 0; }, FLASHSPEC_ERR_OUT_OF_RANGE, "params->max_match_len"},
+      {"max_match_len 65", [](flashspec_suffix_params& p) { p.max_match_len = 65; }, FLASHSPEC_ERR_OUT_OF_RANGE, "params->max_match_len"},
+      {"max_depth 0", [](flashspec_suffix_params& p) { p.max_depth = 0; }, FLASHSPEC_ERR_OUT_OF_RANGE, "params->max_depth"},
+      {"max_depth 65", [](flashspec_suffix_params& p) { p.max_depth = 65; }, FLASHSPEC_ERR_OUT_OF_RANGE, "params->max_depth"},
+      {"min_probability < 0", [](flashspec_suffix_params& p) { p.min_probability = -0.1; }, FLASHSPEC_ERR_OUT_OF_RANGE, "params->min_probability"},
+      {"min_probability > 1", [](flashspec_suffix_params& p) { p.min_probability = 1.5; }, FLASHSPEC_ERR_OUT_OF_RANGE, "params->min_probability"},
+      {"min_probability NaN", [](flashspec_suffix_params& p) { p.min_probability = std::nan(""); }, FLASHSPEC_ERR_OUT_OF_RANGE, "params->min_probability"},
+      {"cache_max_tokens < 0", [](flashspec_suffix_params& p) { p.cache_max_tokens = -1; }, FLASHSPEC_ERR_OUT_OF_RANGE, "params->cache_max_tokens"},
+      {"cache_max_tokens > 2^24", [](flashspec_suffix_params& p) { p.cache_max_tokens = (1 << 24) + 1; }, FLASHSPEC_ERR_OUT_OF_RANGE, "params->cache_max_tokens"},
+      {"call_cost < 0", [](flashspec_suffix_params& p) { p.call_cost = -1; }, FLASHSPEC_ERR_INVALID_ARGUMENT, "params->call_cost"},
+      {"token_cost inf", [](flashspec_suffix_params& p) { p.token_cost = INFINITY; }, FLASHSPEC_ERR_INVALID_ARGUMENT, "params->token_cost"},
+  };
+  for (const Case& c : cases) {
+    flashspec_suffix_params p;
+    flashspec_suffix_params_init(&p);
+    c.edit(p);
+    flashspec_drafter* sentinel = reinterpret_cast<flashspec_drafter*>(uintptr_t(0x1234));
+    flashspec_drafter* out = sentinel;
+    EXPECT_NAMED(flashspec_drafter_create_suffix(ctx.get(), &p, &out), c.status, ctx.get(), c.argument, c.label);
+    EXPECT_EQ(out, sentinel) << c.label;
+  }
+  flashspec_drafter* out = nullptr;
+  EXPECT_NAMED(flashspec_drafter_create_suffix(nullptr, nullptr, &out), FLASHSPEC_ERR_NULL_POINTER, nullptr, "ctx", "ctx");
+  EXPECT_NAMED(flashspec_drafter_create_suffix(ctx.get(), nullptr, nullptr), FLASHSPEC_ERR_NULL_POINTER, ctx.get(), "out", "out");
+  // The extremes of every range are accepted.
+  flashspec_suffix_params p;
+  flashspec_suffix_params_init(&p);
+  EXPECT_EQ(p.max_match_len, 16);
+  EXPECT_EQ(p.max_depth, 16);
+  EXPECT_DOUBLE_EQ(p.min_probability, 0.1);
+  EXPECT_EQ(p.cache_max_tokens, 16384);
+  p.max_match_len = 64;
+  p.max_depth = 1;
+  p.min_probability = 0.0;
+  p.cache_max_tokens = 0;
+  ASSERT_EQ(flashspec_drafter_create_suffix(ctx.get(), &p, &out), FLASHSPEC_OK) << message_of(ctx.get());
+  flashspec_drafter_destroy(out);
+}
+
+TEST_F(EngineApi, SuffixTreeProposal) {
+  flashspec_drafter* raw = nullptr;
+  ASSERT_EQ(flashspec_drafter_create_suffix(ctx.get(), nullptr, &raw), FLASHSPEC_OK);
+  DrafterPtr suffix(raw);
+  DrafterPtr other = ngram();
+  const std::vector<int32_t> context = {4, 1, 4, 2, 4, 1, 4, 3, 4};
+  const std::vector<int32_t> negative = {4, -1, 4};
+  std::vector<int32_t> tokens(8, -7), parents(8, -7);
+  int32_t count = -7;
+  struct Case {
+    const char* label;
+    flashspec_drafter* drafter;
+    const int32_t* context;
+    int32_t context_len;
+    int32_t max_nodes;
+    int32_t* tokens;
+    int32_t* parents;
+    int32_t* count;
+    flashspec_status status;
+    const char* argument;
+  };
+  const int32_t n = int32_t(context.size());
+  const Case cases[] = {
+      {"not a suffix drafter", other.get(), context.data(), n, 8, tokens.data(), parents.data(), &count, FLASHSPEC_ERR_INVALID_ARGUMENT, "drafter"},
+      {"context NULL", suffix.get(), nullptr, n, 8, tokens.data(), parents.data(), &count, FLASHSPEC_ERR_NULL_POINTER, "context"},
+      {"context_len 0", suffix.get(), context.data(), 0, 8, tokens.data(), parents.data(), &count, FLASHSPEC_ERR_OUT_OF_RANGE, "context_len"},
+      {"negative token", suffix.get(), negative.data(), 3, 8, tokens.data(), parents.data(), &count, FLASHSPEC_ERR_OUT_OF_RANGE, "context"},
+      {"max_nodes < 0", suffix.get(), context.data(), n, -1, tokens.data(), parents.data(), &count, FLASHSPEC_ERR_OUT_OF_RANGE, "max_nodes"},
+      {"max_nodes too large", suffix.get(), context.data(), n, FLASHSPEC_MAX_DRAFT_LEN + 1, tokens.data(), parents.data(), &count, FLASHSPEC_ERR_OUT_OF_RANGE, "max_nodes"},
+      {"tokens_out NULL", suffix.get(), context.data(), n, 8, nullptr, parents.data(), &count, FLASHSPEC_ERR_NULL_POINTER, "tokens_out"},
+      {"parents_out NULL", suffix.get(), context.data(), n, 8, tokens.data(), nullptr, &count, FLASHSPEC_ERR_NULL_POINTER, "parents_out"},
+      {"num_nodes_out NULL", suffix.get(), context.data(), n, 8, tokens.data(), parents.data(), nullptr, FLASHSPEC_ERR_NULL_POINTER, "num_nodes_out"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_NAMED(flashspec_suffix_drafter_propose_tree(c.drafter, c.context, c.context_len, c.max_nodes, c.tokens,
+                                                       c.parents, c.count),
+                 c.status, ctx.get(), c.argument, c.label);
+    EXPECT_EQ(tokens, std::vector<int32_t>(8, -7)) << c.label;
+    EXPECT_EQ(parents, std::vector<int32_t>(8, -7)) << c.label;
+    EXPECT_EQ(count, -7) << c.label;
+  }
+  EXPECT_NAMED(flashspec_suffix_drafter_propose_tree(nullptr, context.data(), n, 8, tokens.data(), parents.data(), &count),
+               FLASHSPEC_ERR_NULL_POINTER, nullptr, "drafter", "drafter NULL");
+
+  // After "4" came 1 twice, 2 and 3 once each: three children of the root,
+  // the most frequent first; then what followed "4 1" (4, twice).
+  ASSERT_EQ(flashspec_suffix_drafter_propose_tree(suffix.get(), context.data(), n, 8, tokens.data(), parents.data(),
+                                                  &count),
+            FLASHSPEC_OK)
+      << message_of(ctx.get());
+  ASSERT_GE(count, 4);
+  EXPECT_EQ(tokens[0], 1);
+  EXPECT_EQ(parents[0], -1);
+  EXPECT_EQ(tokens[1], 4);
+  EXPECT_EQ(parents[1], 0);
+  for (int32_t i = 0; i < count; ++i) EXPECT_LT(parents[size_t(i)], i);
+  // max_nodes 0 only indexes; the outputs may be NULL.
+  int32_t zero = -1;
+  EXPECT_EQ(flashspec_suffix_drafter_propose_tree(suffix.get(), context.data(), n, 0, nullptr, nullptr, &zero), FLASHSPEC_OK);
+  EXPECT_EQ(zero, 0);
 }
 
 TEST_F(EngineApi, CallbackDrafterCreate) {
@@ -175,6 +289,10 @@ TEST_F(EngineApi, EngineCreate) {
       {"step cost 0", [](flashspec_engine_params& p) { p.target_step_cost = 0.0; }, FLASHSPEC_ERR_INVALID_ARGUMENT, "params->target_step_cost"},
       {"row cost < 0", [](flashspec_engine_params& p) { p.target_row_cost = -0.1; }, FLASHSPEC_ERR_INVALID_ARGUMENT, "params->target_row_cost"},
       {"max_context < 0", [](flashspec_engine_params& p) { p.max_context = -1; }, FLASHSPEC_ERR_OUT_OF_RANGE, "params->max_context"},
+      {"draft_len_rule", [](flashspec_engine_params& p) { p.draft_len_rule = flashspec_draft_len_rule(2); }, FLASHSPEC_ERR_INVALID_ARGUMENT, "params->draft_len_rule"},
+      {"draft_len_memory < 1", [](flashspec_engine_params& p) { p.draft_len_memory = 0.5; }, FLASHSPEC_ERR_INVALID_ARGUMENT, "params->draft_len_memory"},
+      {"draft_len_memory NaN", [](flashspec_engine_params& p) { p.draft_len_memory = std::nan(""); }, FLASHSPEC_ERR_INVALID_ARGUMENT, "params->draft_len_memory"},
+      {"struct_size past today's", [](flashspec_engine_params& p) { p.struct_size = sizeof(flashspec_engine_params) + 8; }, FLASHSPEC_ERR_STRUCT_SIZE, "params->struct_size"},
   };
   for (const Case& c : cases) {
     flashspec_engine_params p;
@@ -213,6 +331,36 @@ TEST_F(EngineApi, EngineCreate) {
   ASSERT_EQ(flashspec_engine_create(ctx.get(), head.get(), &p, &second), FLASHSPEC_OK) << message_of(ctx.get());
   flashspec_engine_destroy(second);
   EXPECT_EQ(callbacks, 0);
+}
+
+// A caller built against the 0.2 header passes the 0.2 layout: its
+// struct_size is accepted and the appended fields keep their defaults (an
+// out-of-range value past that size is never read).
+TEST_F(EngineApi, EngineParamsOfThe02LayoutAreAccepted) {
+  flashspec_engine_params p;
+  std::memset(static_cast<void*>(&p), 0xff, sizeof p);
+  const api_engine_params_init_fn old_init = flashspec_get_api(FLASHSPEC_ABI_VERSION)->engine_params_init;
+  old_init(&p);  // the 0.2 symbol: fills the 0.2 layout only
+  EXPECT_LT(p.struct_size, sizeof(flashspec_engine_params));
+  EXPECT_LE(p.struct_size, offsetof(flashspec_engine_params, draft_len_memory));
+  EXPECT_EQ(p.default_draft_len, 4);
+  p.target_forward = forward_never;
+  p.target_user_data = &callbacks;
+  flashspec_engine* out = nullptr;
+  ASSERT_EQ(flashspec_engine_create(ctx.get(), head.get(), &p, &out), FLASHSPEC_OK) << message_of(ctx.get());
+  flashspec_engine_destroy(out);
+  // The sized init writes no byte past the size asked for.
+  flashspec_engine_params q;
+  std::memset(static_cast<void*>(&q), 0xab, sizeof q);
+  flashspec_engine_params_init_sized(&q, offsetof(flashspec_engine_params, draft_len_memory));
+  EXPECT_EQ(q.struct_size, offsetof(flashspec_engine_params, draft_len_memory));
+  unsigned char tail[sizeof(double)];
+  std::memcpy(tail, &q.draft_len_memory, sizeof tail);
+  for (unsigned char b : tail) EXPECT_EQ(b, 0xab);
+  flashspec_engine_params_init(&q);
+  EXPECT_EQ(q.struct_size, sizeof(flashspec_engine_params));
+  EXPECT_EQ(q.draft_len_rule, FLASHSPEC_DRAFT_LEN_ARM);
+  EXPECT_DOUBLE_EQ(q.draft_len_memory, 64.0);
 }
 
 struct GenerateFixture : Fixture {
@@ -341,6 +489,8 @@ TEST_F(EngineGenerateApi, MetricsQueries) {
 
 TEST(EngineApiNull, InitDestroyAndCancelAcceptNull) {
   flashspec_ngram_params_init(nullptr);
+  flashspec_suffix_params_init(nullptr);
+  flashspec_engine_params_init_sized(nullptr, sizeof(flashspec_engine_params));
   flashspec_callback_drafter_params_init(nullptr);
   flashspec_engine_params_init(nullptr);
   flashspec_generate_params_init(nullptr);
@@ -378,6 +528,10 @@ TEST(EngineApiPlugin, TheTableCarriesTheEngineFunctions) {
   EXPECT_EQ(api->engine_reset_metrics, &flashspec_engine_reset_metrics);
   EXPECT_EQ(api->engine_destroy, &flashspec_engine_destroy);
   EXPECT_EQ(api->drafter_destroy, &flashspec_drafter_destroy);
+  EXPECT_EQ(api->suffix_params_init, &flashspec_suffix_params_init);
+  EXPECT_EQ(api->drafter_create_suffix, &flashspec_drafter_create_suffix);
+  EXPECT_EQ(api->suffix_drafter_propose_tree, &flashspec_suffix_drafter_propose_tree);
+  EXPECT_EQ(api->engine_params_init_sized, &flashspec_engine_params_init_sized);
 }
 
 }  // namespace

@@ -161,6 +161,8 @@ struct Harness {
   NoisyDrafter noisy;
   std::vector<DrafterPtr> drafters;
   EnginePtr engine;
+  flashspec_draft_len_rule draft_len_rule = FLASHSPEC_DRAFT_LEN_ARM;
+  double target_row_cost = 0.02;
 
   Harness(int32_t vocab, int32_t d, uint64_t seed, float scale) : ctx(make_context(ContextOptions().cpu_threads(1).max_rows(64).max_requests(4))), model(vocab, d, seed, scale) {
     head = model.make_head(ctx.get());
@@ -178,6 +180,16 @@ struct Harness {
     p.max_n = max_n;
     flashspec_drafter* d = nullptr;
     EXPECT_EQ(flashspec_drafter_create_ngram(ctx.get(), &p, &d), FLASHSPEC_OK) << flashspec_context_last_error(ctx.get());
+    drafters.emplace_back(d);
+    return d;
+  }
+
+  flashspec_drafter* add_suffix(int32_t cache_max_tokens = 16384) {
+    flashspec_suffix_params p;
+    flashspec_suffix_params_init(&p);
+    p.cache_max_tokens = cache_max_tokens;
+    flashspec_drafter* d = nullptr;
+    EXPECT_EQ(flashspec_drafter_create_suffix(ctx.get(), &p, &d), FLASHSPEC_OK) << flashspec_context_last_error(ctx.get());
     drafters.emplace_back(d);
     return d;
   }
@@ -214,6 +226,8 @@ struct Harness {
     p.fixed_arm = fixed_arm;
     p.bandit_seed = 5;
     p.max_context = max_context;
+    p.draft_len_rule = draft_len_rule;
+    p.target_row_cost = target_row_cost;
     host.rollback_enabled = with_rollback;
     flashspec_engine* e = nullptr;
     ASSERT_EQ(flashspec_engine_create(ctx.get(), head.get(), &p, &e), FLASHSPEC_OK) << flashspec_context_last_error(ctx.get());
@@ -331,6 +345,122 @@ TEST(EngineGreedy, NgramDraftingOnARepetitiveTextSavesSteps) {
   EXPECT_GT(m.tokens_per_step, 1.5) << "acceptance " << m.acceptance_rate;
   EXPECT_LT(result.steps, count);
   expect_consistent_metrics(h.engine.get());
+}
+
+TEST(EngineGreedy, SuffixDrafterEqualsGreedyDecodingAndLearnsAcrossGenerations) {
+  for (flashspec_draft_len_rule rule : {FLASHSPEC_DRAFT_LEN_ARM, FLASHSPEC_DRAFT_LEN_ADAPTIVE}) {
+    Harness h(48, 16, 1, 1.0f);
+    h.draft_len_rule = rule;
+    h.add_suffix();
+    h.build({{0, 6}}, FLASHSPEC_BANDIT_FIXED);
+    const int32_t count = 200;
+    const std::vector<int32_t> expected = greedy_reference(h.ctx.get(), h.head.get(), h.model, kPrompt, count);
+    std::vector<int32_t> out;
+    flashspec_generate_result first;
+    ASSERT_EQ(h.generate(kPrompt, greedy_params(count), out, first), FLASHSPEC_OK) << h.error();
+    EXPECT_EQ(out, expected) << "rule " << rule;
+    EXPECT_TRUE(h.host.protocol_error.empty()) << h.host.protocol_error;
+    expect_consistent_metrics(h.engine.get());
+    flashspec_engine_metrics m;
+    flashspec_engine_metrics_init(&m);
+    ASSERT_EQ(flashspec_engine_get_metrics(h.engine.get(), &m), FLASHSPEC_OK);
+    EXPECT_GT(m.tokens_per_step, 1.5) << "rule " << rule << ", acceptance " << m.acceptance_rate;
+    // The second generation of the same prompt finds the whole first output
+    // in the drafter's cache: still the greedy text, in fewer steps.
+    flashspec_generate_result second;
+    ASSERT_EQ(h.generate(kPrompt, greedy_params(count), out, second), FLASHSPEC_OK) << h.error();
+    EXPECT_EQ(out, expected) << "rule " << rule;
+    EXPECT_LT(second.steps, first.steps) << "rule " << rule;
+  }
+}
+
+TEST(EngineGreedy, AdaptiveDraftLengthEqualsGreedyDecodingWithEveryDrafter) {
+  Harness h(48, 16, 1, 1.0f);
+  h.draft_len_rule = FLASHSPEC_DRAFT_LEN_ADAPTIVE;
+  h.add_ngram(1, 4);
+  h.add_suffix();
+  h.add_callback(FLASHSPEC_DRAFT_TOKENS, RandomDrafter::draft, &h.random);
+  h.add_callback(FLASHSPEC_DRAFT_LOGITS, LogitsDrafter::draft, &h.logits);
+  h.build({{0, 8}, {1, 8}, {2, 4}, {3, 3}, {-1, 0}}, FLASHSPEC_BANDIT_UCB1);
+  const int32_t count = 160;
+  std::vector<int32_t> out;
+  flashspec_generate_result result;
+  ASSERT_EQ(h.generate(kPrompt, greedy_params(count), out, result), FLASHSPEC_OK) << h.error();
+  EXPECT_EQ(out, greedy_reference(h.ctx.get(), h.head.get(), h.model, kPrompt, count));
+  EXPECT_TRUE(h.host.protocol_error.empty()) << h.host.protocol_error;
+  expect_consistent_metrics(h.engine.get());
+}
+
+// A drafter that is never right: the adaptive rule soon stops asking it
+// (k = 0), where the arm's k would draft 4 tokens every step; a drafter that
+// is always right gets the arm's whole k.
+TEST(EngineLoop, AdaptiveDraftLengthFollowsTheAcceptance) {
+  const int32_t count = 120;
+  uint64_t drafted[2] = {0, 0};
+  for (flashspec_draft_len_rule rule : {FLASHSPEC_DRAFT_LEN_ARM, FLASHSPEC_DRAFT_LEN_ADAPTIVE}) {
+    Harness h(48, 16, 1, 1.0f);
+    h.draft_len_rule = rule;
+    h.target_row_cost = 0.1;
+    h.add_callback(FLASHSPEC_DRAFT_TOKENS, RandomDrafter::draft, &h.random);
+    h.build({{0, 4}}, FLASHSPEC_BANDIT_FIXED);
+    std::vector<int32_t> out;
+    flashspec_generate_result result;
+    ASSERT_EQ(h.generate(kPrompt, greedy_params(count), out, result), FLASHSPEC_OK) << h.error();
+    EXPECT_EQ(out, greedy_reference(h.ctx.get(), h.head.get(), h.model, kPrompt, count));
+    flashspec_engine_metrics m;
+    flashspec_engine_metrics_init(&m);
+    ASSERT_EQ(flashspec_engine_get_metrics(h.engine.get(), &m), FLASHSPEC_OK);
+    drafted[rule] = m.draft_tokens;
+  }
+  EXPECT_GT(drafted[FLASHSPEC_DRAFT_LEN_ARM], 300u);
+  EXPECT_LT(drafted[FLASHSPEC_DRAFT_LEN_ADAPTIVE], 40u);
+
+  Harness h(48, 16, 1, 1.0f);
+  h.draft_len_rule = FLASHSPEC_DRAFT_LEN_ADAPTIVE;
+  h.target_row_cost = 0.1;
+  h.add_callback(FLASHSPEC_DRAFT_HIDDEN, HiddenDrafter::draft, &h.hidden);
+  h.build({{0, 6}}, FLASHSPEC_BANDIT_FIXED);
+  std::vector<int32_t> out;
+  flashspec_generate_result result;
+  ASSERT_EQ(h.generate(kPrompt, greedy_params(count), out, result), FLASHSPEC_OK) << h.error();
+  std::vector<uint64_t> position_drafted(6), position_accepted(6);
+  int32_t positions = 0;
+  ASSERT_EQ(flashspec_engine_get_position_metrics(h.engine.get(), 6, position_drafted.data(), position_accepted.data(),
+                                                  &positions),
+            FLASHSPEC_OK);
+  ASSERT_EQ(positions, 6);
+  // Nearly every step drafts all six (the first few learn that they may).
+  EXPECT_GE(position_drafted[5] + 3, uint64_t(result.steps));
+}
+
+// The tree proposal of a drafter whose engine is generating is refused.
+TEST(EngineLoop, SuffixTreeProposalDuringGenerationIsRefused) {
+  Harness h(48, 16, 1, 1.0f);
+  flashspec_drafter* suffix = h.add_suffix();
+  h.build({{0, 4}}, FLASHSPEC_BANDIT_FIXED);
+  struct Probe {
+    flashspec_drafter* drafter;
+    flashspec_status status = FLASHSPEC_OK;
+    static int on_token(void* user_data, int32_t token) {
+      auto* self = static_cast<Probe*>(user_data);
+      int32_t tokens[4], parents[4], count = 0;
+      self->status = flashspec_suffix_drafter_propose_tree(self->drafter, &token, 1, 4, tokens, parents, &count);
+      return 0;
+    }
+  } probe{suffix};
+  flashspec_generate_params p = greedy_params(3);
+  p.on_token = Probe::on_token;
+  p.on_token_user_data = &probe;
+  std::vector<int32_t> out;
+  flashspec_generate_result result;
+  ASSERT_EQ(h.generate(kPrompt, p, out, result), FLASHSPEC_OK) << h.error();
+  EXPECT_EQ(probe.status, FLASHSPEC_ERR_INVALID_ARGUMENT);
+  // Idle, the same call works.
+  int32_t tokens[4], parents[4], count = -1;
+  EXPECT_EQ(flashspec_suffix_drafter_propose_tree(suffix, kPrompt.data(), int32_t(kPrompt.size()), 4, tokens, parents,
+                                                  &count),
+            FLASHSPEC_OK);
+  EXPECT_GE(count, 0);
 }
 
 TEST(EngineGreedy, HiddenRowDrafterOfThePerfectHeadIsAlwaysAccepted) {
