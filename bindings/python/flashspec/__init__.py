@@ -31,7 +31,7 @@ from ._core import (MAX_DRAFT_SUPPORT, SHARD_RECORD_BYTES, SHARD_RECORD_VERSION,
 from .errors import FlashSpecError, error_class
 from .errors import *  # noqa: F401,F403  (one exception class per status)
 from ._engine import (ArmMetrics, CallbackDrafter, Drafter, Engine, EngineMetrics, FinishReason, Generation,
-                      NgramDrafter)
+                      NgramDrafter, SuffixDrafter)
 
 from . import errors as _errors
 
@@ -44,7 +44,8 @@ __all__ = [
     "Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "stream_handle",
     "SHARD_RECORD_BYTES", "SHARD_RECORD_VERSION", "MAX_DRAFT_SUPPORT",
     "SamplingControls", "MAX_TOP_K", "TOP_K_ALL", "MAX_TOP_LOGPROBS",
-    "Engine", "Drafter", "NgramDrafter", "CallbackDrafter", "Generation", "FinishReason", "EngineMetrics",
+    "Engine", "Drafter", "NgramDrafter", "SuffixDrafter", "CallbackDrafter", "Generation", "FinishReason",
+    "EngineMetrics",
     "ArmMetrics",
     "FlashSpecError", "error_class",
     "version", "version_number", "abi_version", "ABI_VERSION", "status_string", "status_name",

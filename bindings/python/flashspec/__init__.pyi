@@ -27,6 +27,7 @@ from ._engine import EngineMetrics as EngineMetrics
 from ._engine import FinishReason as FinishReason
 from ._engine import Generation as Generation
 from ._engine import NgramDrafter as NgramDrafter
+from ._engine import SuffixDrafter as SuffixDrafter
 from .errors import CallbackError as CallbackError
 from .errors import CancelledError as CancelledError
 from .errors import CudaError as CudaError
@@ -49,7 +50,8 @@ __all__ = [
     "Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "stream_handle",
     "SHARD_RECORD_BYTES", "SHARD_RECORD_VERSION", "MAX_DRAFT_SUPPORT",
     "SamplingControls", "MAX_TOP_K", "TOP_K_ALL", "MAX_TOP_LOGPROBS",
-    "Engine", "Drafter", "NgramDrafter", "CallbackDrafter", "Generation", "FinishReason", "EngineMetrics",
+    "Engine", "Drafter", "NgramDrafter", "SuffixDrafter", "CallbackDrafter", "Generation", "FinishReason",
+    "EngineMetrics",
     "ArmMetrics",
     "FlashSpecError", "error_class",
     "version", "version_number", "abi_version", "ABI_VERSION", "status_string", "status_name",

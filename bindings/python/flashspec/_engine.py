@@ -24,11 +24,12 @@ from . import _arrays
 from . import capi as _capi
 from .errors import check, error_class
 
-__all__ = ["Engine", "NgramDrafter", "CallbackDrafter", "Drafter", "FinishReason", "Generation",
-           "EngineMetrics", "ArmMetrics", "POLICIES"]
+__all__ = ["Engine", "NgramDrafter", "SuffixDrafter", "CallbackDrafter", "Drafter", "FinishReason", "Generation",
+           "EngineMetrics", "ArmMetrics", "POLICIES", "DRAFT_LEN_RULES"]
 
 POLICIES = {"ucb1": _capi.FLASHSPEC_BANDIT_UCB1, "thompson": _capi.FLASHSPEC_BANDIT_THOMPSON,
             "fixed": _capi.FLASHSPEC_BANDIT_FIXED, "oracle": _capi.FLASHSPEC_BANDIT_ORACLE}
+DRAFT_LEN_RULES = {"arm": _capi.FLASHSPEC_DRAFT_LEN_ARM, "adaptive": _capi.FLASHSPEC_DRAFT_LEN_ADAPTIVE}
 
 
 class FinishReason(enum.IntEnum):
@@ -195,6 +196,50 @@ class NgramDrafter(Drafter):
         super().__init__(context, raw)
 
 
+class SuffixDrafter(Drafter):
+    """SuffixDecoding: drafts from counted suffix tries over the sequence and
+    over the outputs of this drafter's earlier generations (at most
+    ``cache_max_tokens`` tokens), as deep as the counts are confident
+    (``min_probability``, at most ``max_depth`` tokens); see
+    flashspec_drafter_create_suffix."""
+
+    def __init__(self, context, *, max_match_len=16, max_depth=16, min_probability=0.1, cache_max_tokens=16384,
+                 call_cost=0.0, token_cost=0.0):
+        params = _capi.flashspec_suffix_params()
+        _capi.flashspec_suffix_params_init(params)
+        params.max_match_len, params.max_depth = max_match_len, max_depth
+        params.min_probability, params.cache_max_tokens = min_probability, cache_max_tokens
+        params.call_cost, params.token_cost = call_cost, token_cost
+        with context._lock:
+            status, raw = _capi.flashspec_drafter_create_suffix(context.raw, params)
+            check(status, context.raw)
+        super().__init__(context, raw)
+
+    def propose_tree(self, sequence, max_nodes):
+        """A draft tree after ``sequence`` (token ids): ``(tokens, parents)``,
+        int32 arrays of at most ``max_nodes`` entries, parents[i] in [-1, i)
+        (-1: a child of the sequence's last token), ready for
+        ``VerifyBatch(draft_parents=)``. A sequence that extends the one
+        indexed last costs only its new tokens; any other starts a new
+        sequence (the previous one's output enters the cache)."""
+        tokens = np.ascontiguousarray(_int_tokens(sequence, "sequence"))
+        max_nodes = int(max_nodes)
+        if not 0 <= max_nodes <= _capi.FLASHSPEC_MAX_DRAFT_LEN:
+            raise ValueError(f"max_nodes must be in [0, {_capi.FLASHSPEC_MAX_DRAFT_LEN}], got {max_nodes}")
+        # The binding owns the output arrays, sized to max_nodes: the library
+        # never writes past them.
+        out_tokens = np.empty(max(max_nodes, 1), dtype=np.int32)
+        out_parents = np.empty(max(max_nodes, 1), dtype=np.int32)
+        count = np.zeros(1, dtype=np.int32)
+        with self.context._lock:
+            status = _capi.flashspec_suffix_drafter_propose_tree(
+                self.raw, tokens.ctypes.data, tokens.size, max_nodes,
+                out_tokens.ctypes.data, out_parents.ctypes.data, count.ctypes.data)
+            check(status, self.context.raw)
+        n = int(count[0])
+        return out_tokens[:n].copy(), out_parents[:n].copy()
+
+
 class CallbackDrafter(Drafter):
     """A drafter backed by a Python callable ``fn(context, max_tokens)``.
 
@@ -320,26 +365,33 @@ class Engine:
     ``target_rollback(num_keep)`` (optional) truncates the cache to its first
     ``num_keep`` tokens after a rejection.
 
-    ``drafters`` are NgramDrafter / CallbackDrafter objects (each serves one
+    ``drafters`` are NgramDrafter / SuffixDrafter / CallbackDrafter objects (each serves one
     engine). ``arms`` lists (drafter, draft_len) pairs — drafter an object of
     ``drafters``, its index, or None for a k = 0 arm; None gives one arm per
     drafter of length ``default_draft_len``. ``policy`` is "ucb1",
     "thompson", "fixed" (``fixed_arm``) or "oracle" (``oracle_rewards``, one
     per arm). Costs are in units of one target forward (see
-    flashspec_engine_params). The context must use the CPU backend.
+    flashspec_engine_params). ``draft_len_rule`` "adaptive" drafts, each
+    step, the k (at most the arm's) that maximises expected tokens per cost
+    from live per-position acceptance, remembered over about
+    ``draft_len_memory`` steps; "arm" drafts the arm's k. The context must
+    use the CPU backend.
     """
 
     _close_order = 0
 
     def __init__(self, context, head, target_forward, *, target_rollback=None, drafters=(), arms=None,
                  default_draft_len=4, policy="ucb1", bandit_seed=0, ucb_exploration=1.0, fixed_arm=0,
-                 oracle_rewards=None, target_step_cost=1.0, target_row_cost=0.02, max_context=0):
+                 oracle_rewards=None, target_step_cost=1.0, target_row_cost=0.02, max_context=0,
+                 draft_len_rule="arm", draft_len_memory=64.0):
         if not callable(target_forward):
             raise TypeError("target_forward must be callable")
         if target_rollback is not None and not callable(target_rollback):
             raise TypeError("target_rollback must be callable or None")
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {sorted(POLICIES)}, not {policy!r}")
+        if draft_len_rule not in DRAFT_LEN_RULES:
+            raise ValueError(f"draft_len_rule must be one of {sorted(DRAFT_LEN_RULES)}, not {draft_len_rule!r}")
         self._raw = None
         drafters = list(drafters)
         for d in drafters:
@@ -403,6 +455,8 @@ class Engine:
         params.target_step_cost = target_step_cost
         params.target_row_cost = target_row_cost
         params.max_context = max_context
+        params.draft_len_rule = DRAFT_LEN_RULES[draft_len_rule]
+        params.draft_len_memory = draft_len_memory
         with context._lock:
             status, raw = _capi.flashspec_engine_create(context.raw, head.raw, params)
             check(status, context.raw)

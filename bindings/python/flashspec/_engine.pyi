@@ -9,11 +9,12 @@ from numpy.typing import ArrayLike, NDArray
 
 from ._core import Context, LMHead, _ArrayInput
 
-__all__ = ["Engine", "NgramDrafter", "CallbackDrafter", "Drafter", "FinishReason", "Generation",
-           "EngineMetrics", "ArmMetrics", "POLICIES"]
+__all__ = ["Engine", "NgramDrafter", "SuffixDrafter", "CallbackDrafter", "Drafter", "FinishReason", "Generation",
+           "EngineMetrics", "ArmMetrics", "POLICIES", "DRAFT_LEN_RULES"]
 
 _Policy = Literal["ucb1", "thompson", "fixed", "oracle"]
 POLICIES: dict[str, int]
+DRAFT_LEN_RULES: dict[str, int]
 
 class FinishReason(enum.IntEnum):
     NONE = 0
@@ -42,6 +43,12 @@ class Drafter:
 class NgramDrafter(Drafter):
     def __init__(self, context: Context, *, min_n: int = 1, max_n: int = 4, call_cost: float = 0.0,
                  token_cost: float = 0.0) -> None: ...
+
+class SuffixDrafter(Drafter):
+    def __init__(self, context: Context, *, max_match_len: int = 16, max_depth: int = 16,
+                 min_probability: float = 0.1, cache_max_tokens: int = 16384, call_cost: float = 0.0,
+                 token_cost: float = 0.0) -> None: ...
+    def propose_tree(self, sequence: ArrayLike, max_nodes: int) -> tuple[NDArray[np.int32], NDArray[np.int32]]: ...
 
 # A draft callback gets the sequence so far (an int32 copy) and max_tokens;
 # it returns token ids, or with logits=True (token ids, logits rows).
@@ -106,7 +113,8 @@ class Engine:
                  arms: Iterable[_Arm] | None = None, default_draft_len: int = 4, policy: _Policy = "ucb1",
                  bandit_seed: int = 0, ucb_exploration: float = 1.0, fixed_arm: int = 0,
                  oracle_rewards: ArrayLike | None = None, target_step_cost: float = 1.0,
-                 target_row_cost: float = 0.02, max_context: int = 0) -> None: ...
+                 target_row_cost: float = 0.02, max_context: int = 0,
+                 draft_len_rule: Literal["arm", "adaptive"] = "arm", draft_len_memory: float = 64.0) -> None: ...
     @property
     def raw(self) -> Any: ...
     @property

@@ -424,3 +424,63 @@ def test_lifetimes(model):
     del engine
     gc.collect()
     ctx.close()
+
+
+# ---- the suffix drafter and the adaptive draft length ------------------------------
+def test_suffix_drafter_and_adaptive_k_equal_greedy_decoding(ctx, model):
+    head = ctx.lm_head(model.W)
+    expected = model.greedy(PROMPT, 60)
+    for rule in ("arm", "adaptive"):
+        suffix = flashspec.SuffixDrafter(ctx, max_depth=8, min_probability=0.2, cache_max_tokens=256)
+        noise = random_drafter(ctx, seed=3)
+        model.cache = []
+        with flashspec.Engine(ctx, head, model.forward, target_rollback=model.rollback, drafters=[suffix, noise],
+                              arms=[(suffix, 6), (noise, 3), (None, 0)], draft_len_rule=rule) as engine:
+            first = engine.generate(PROMPT, max_tokens=60, temperature=0.0)
+            assert list(first.tokens) == expected
+            check_metrics(engine.metrics(), first)
+            # The second generation also drafts from the first one's output.
+            second = engine.generate(PROMPT, max_tokens=60, temperature=0.0)
+            assert list(second.tokens) == expected
+        suffix.close()
+        noise.close()
+
+
+def test_suffix_drafter_proposes_trees(ctx):
+    suffix = flashspec.SuffixDrafter(ctx, max_match_len=1, max_depth=2, min_probability=0.0)
+    tokens, parents = suffix.propose_tree([5, 1, 5, 2, 5, 3, 5], 3)
+    assert tokens.dtype == np.int32 and parents.dtype == np.int32
+    assert sorted(tokens.tolist()) == [1, 2, 3] and parents.tolist() == [-1, -1, -1]
+    tokens, parents = suffix.propose_tree([5, 1, 5, 2, 5, 3, 5], 8)
+    assert len(tokens) == len(parents) <= 8
+    for i, p in enumerate(parents):
+        assert -1 <= p < i
+    siblings = {(int(p), int(t)) for p, t in zip(parents, tokens)}
+    assert len(siblings) == len(tokens)  # no repeated token among siblings
+    empty_tokens, empty_parents = suffix.propose_tree([5, 1, 5, 2, 5, 3, 5], 0)
+    assert len(empty_tokens) == 0 and len(empty_parents) == 0
+    suffix.close()
+
+
+def test_suffix_drafter_and_draft_len_rule_bad_input(ctx, model):
+    with pytest.raises(flashspec.OutOfRangeError, match="params->max_depth"):
+        flashspec.SuffixDrafter(ctx, max_depth=0)
+    with pytest.raises(flashspec.OutOfRangeError, match="params->min_probability"):
+        flashspec.SuffixDrafter(ctx, min_probability=1.5)
+    with pytest.raises(flashspec.OutOfRangeError, match="params->cache_max_tokens"):
+        flashspec.SuffixDrafter(ctx, cache_max_tokens=-1)
+    suffix = flashspec.SuffixDrafter(ctx)
+    with pytest.raises(ValueError, match="max_nodes"):
+        suffix.propose_tree([1, 2, 3], -1)
+    with pytest.raises(flashspec.OutOfRangeError, match="context_len"):
+        suffix.propose_tree([], 4)
+    with pytest.raises(flashspec.OutOfRangeError, match="context"):
+        suffix.propose_tree([1, -2, 3], 4)
+    with pytest.raises(TypeError):
+        suffix.propose_tree([1.5, 2.0], 4)
+    head = ctx.lm_head(model.W)
+    with pytest.raises(ValueError, match="draft_len_rule"):
+        flashspec.Engine(ctx, head, model.forward, drafters=[suffix], draft_len_rule="sometimes")
+    with pytest.raises(flashspec.InvalidArgumentError, match="params->draft_len_memory"):
+        flashspec.Engine(ctx, head, model.forward, drafters=[suffix], draft_len_rule="adaptive", draft_len_memory=0.5)
+    suffix.close()
