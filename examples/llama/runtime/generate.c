@@ -44,6 +44,10 @@ struct llama_runner {
   llama_cuda_model* draft_cuda;
   int32_t* device_drafts;        /* CUDA: [LLAMA_MAX_DRAFT] tokens drafted in one step */
 #endif
+  flashspec_drafter* suffix;     /* the suffix mode's drafter, kept across generations
+                                    (its cache of earlier outputs) until
+                                    llama_runner_forget_outputs */
+  flashspec_draft_len_rule draft_len_rule;
   double prompt_seconds;         /* the last generation's prompt forward */
   char callback_error[512];      /* what a callback's failure was */
 };
@@ -59,6 +63,7 @@ const char* llama_mode_name(llama_mode mode) {
     case LLAMA_MODE_NGRAM: return "ngram";
     case LLAMA_MODE_DRAFT: return "draft";
     case LLAMA_MODE_BANDIT: return "bandit";
+    case LLAMA_MODE_SUFFIX: return "suffix";
   }
   return NULL;
 }
@@ -198,6 +203,7 @@ static int make_model_parts(llama_runner* r, const llama_model* model, int is_dr
 
 void llama_runner_free(llama_runner* r) {
   if (r == NULL) return;
+  flashspec_drafter_destroy(r->suffix);
   session_free(&r->target_session);
   session_free(&r->draft_session);
   flashspec_lm_head_destroy(r->target_head); /* before the models they borrow from */
@@ -255,6 +261,7 @@ int llama_runner_create(const llama_model* target, const llama_model* draft, lla
   r->device = device;
   r->memory = device == LLAMA_DEVICE_CUDA ? FLASHSPEC_MEMORY_CUDA : FLASHSPEC_MEMORY_HOST;
   r->draft_len = draft_len;
+  r->draft_len_rule = FLASHSPEC_DRAFT_LEN_ARM;
   if (device == LLAMA_DEVICE_CPU) openblas_set_num_threads(threads);
 #ifdef LLAMA_WITH_CUDA
   if (device == LLAMA_DEVICE_CUDA &&
@@ -403,6 +410,16 @@ static int draft_model_tokens(void* user_data, flashspec_draft_call* call) {
     }                                                                                                       \
   } while (0)
 
+void llama_runner_set_adaptive_draft_len(llama_runner* r, int adaptive) {
+  if (r) r->draft_len_rule = adaptive ? FLASHSPEC_DRAFT_LEN_ADAPTIVE : FLASHSPEC_DRAFT_LEN_ARM;
+}
+
+void llama_runner_forget_outputs(llama_runner* r) {
+  if (r == NULL) return;
+  flashspec_drafter_destroy(r->suffix);
+  r->suffix = NULL;
+}
+
 int llama_runner_generate(llama_runner* r, llama_mode mode, const int32_t* prompt, int32_t prompt_len,
                           int32_t max_tokens, float temperature, uint64_t seed, int32_t stop_token,
                           int32_t* tokens_out, llama_generation_stats* stats, char* err, size_t err_size) {
@@ -436,9 +453,15 @@ int llama_runner_generate(llama_runner* r, llama_mode mode, const int32_t* promp
   dp.user_data = r;
   dp.token_cost = r->draft_token_cost;
 
-  flashspec_drafter* drafters[2];
-  const char* drafter_names[2];
-  int32_t num_drafters = 0, ngram_index = -1, draft_index = -1;
+  flashspec_drafter* drafters[3];
+  const char* drafter_names[3];
+  int32_t num_drafters = 0, ngram_index = -1, draft_index = -1, suffix_index = -1;
+  if (mode == LLAMA_MODE_SUFFIX) {
+    if (r->suffix == NULL) CHECK_FS(flashspec_drafter_create_suffix(r->ctx, NULL, &r->suffix), r->ctx);
+    suffix_index = num_drafters;
+    drafter_names[num_drafters] = "suffix";
+    drafters[num_drafters++] = r->suffix;
+  }
   if (mode == LLAMA_MODE_NGRAM || mode == LLAMA_MODE_BANDIT) {
     CHECK_FS(flashspec_drafter_create_ngram(r->ctx, &np, &ngram), r->ctx);
     ngram_index = num_drafters;
@@ -457,6 +480,7 @@ int llama_runner_generate(llama_runner* r, llama_mode mode, const int32_t* promp
     case LLAMA_MODE_PLAIN: arms[num_arms++] = (flashspec_arm){-1, 0}; break;
     case LLAMA_MODE_NGRAM: arms[num_arms++] = (flashspec_arm){ngram_index, r->draft_len}; break;
     case LLAMA_MODE_DRAFT: arms[num_arms++] = (flashspec_arm){draft_index, r->draft_len}; break;
+    case LLAMA_MODE_SUFFIX: arms[num_arms++] = (flashspec_arm){suffix_index, r->draft_len}; break;
     case LLAMA_MODE_BANDIT:
       arms[num_arms++] = (flashspec_arm){ngram_index, 2};
       arms[num_arms++] = (flashspec_arm){ngram_index, 4};
@@ -480,6 +504,7 @@ int llama_runner_generate(llama_runner* r, llama_mode mode, const int32_t* promp
   ep.policy = mode == LLAMA_MODE_BANDIT ? FLASHSPEC_BANDIT_UCB1 : FLASHSPEC_BANDIT_FIXED;
   ep.fixed_arm = 0;
   ep.max_context = session_capacity(&r->target_session);
+  ep.draft_len_rule = r->draft_len_rule;
   CHECK_FS(flashspec_engine_create(r->ctx, r->target_head, &ep, &engine), r->ctx);
 
   flashspec_generate_params gp;

@@ -6,7 +6,11 @@
  *   ngram   the built-in prompt-lookup drafter with k = draft_len, FIXED;
  *   draft   the draft model as a callback drafter with k = draft_len, FIXED;
  *   bandit  UCB1 over n-gram k ∈ {2, 4, 8}, draft model k ∈ {2, 4} (when a
- *           draft model is given) and k = 0.
+ *           draft model is given) and k = 0;
+ *   suffix  the built-in suffix drafter with k = draft_len, FIXED. The
+ *           runner keeps that drafter from one generation to the next, so
+ *           it also drafts from the earlier generations' outputs (until
+ *           llama_runner_forget_outputs).
  * The target's forward callback runs one batched forward over the tokens the
  * engine hands it (the prompt, or the pending token plus the drafts) and
  * points the engine at the final-norm hidden rows; FlashSpec's fused LM head
@@ -30,9 +34,16 @@
 extern "C" {
 #endif
 
-typedef enum llama_mode { LLAMA_MODE_PLAIN = 0, LLAMA_MODE_NGRAM, LLAMA_MODE_DRAFT, LLAMA_MODE_BANDIT } llama_mode;
+typedef enum llama_mode {
+  LLAMA_MODE_PLAIN = 0,
+  LLAMA_MODE_NGRAM,
+  LLAMA_MODE_DRAFT,
+  LLAMA_MODE_BANDIT,
+  LLAMA_MODE_SUFFIX
+} llama_mode;
+#define LLAMA_NUM_MODES 5
 
-/* "plain", "ngram", "draft", "bandit"; NULL for other values. */
+/* "plain", "ngram", "draft", "bandit", "suffix"; NULL for other values. */
 const char* llama_mode_name(llama_mode mode);
 
 typedef struct llama_runner llama_runner;
@@ -59,6 +70,14 @@ int llama_cuda_usable(void);
 int llama_runner_create(const llama_model* target, const llama_model* draft, llama_device device, int32_t threads,
                         int32_t draft_len, llama_runner** out, char* err, size_t err_size);
 void llama_runner_free(llama_runner* runner); /* NULL is a no-op */
+
+/* adaptive ≠ 0: every mode's arms draft the k of FLASHSPEC_DRAFT_LEN_ADAPTIVE
+ * (at most the arm's k) from the next generation on; 0: the arm's k (the
+ * default). NULL is a no-op. */
+void llama_runner_set_adaptive_draft_len(llama_runner* runner, int adaptive);
+/* The suffix mode's next generation starts with an empty cache of earlier
+ * outputs. NULL is a no-op. */
+void llama_runner_forget_outputs(llama_runner* runner);
 
 #define LLAMA_MAX_POSITIONS 16
 #define LLAMA_MAX_ARMS 8

@@ -4,7 +4,8 @@
  *
  *   flashspec-llama [--models DIR] [--prompt FILE] [--max-tokens N]
  *                   [--temperature T] [--seed S] [--threads N]
- *                   [--draft-len K] [--mode plain|ngram|draft|bandit|all]
+ *                   [--draft-len K] [--draft-len-rule arm|adaptive]
+ *                   [--mode plain|ngram|draft|bandit|suffix|all]
  *                   [--device cpu|cuda|auto]
  *
  * DIR holds tokenizer.model, target.gguf, draft.gguf and prompts/ (*.txt)
@@ -40,8 +41,10 @@ static void usage(FILE* out) {
           "  --temperature T     0 = greedy (default 0)\n"
           "  --seed S            sampling seed (default 0)\n"
           "  --threads N         CPU threads, 1..1024 (default 2)\n"
-          "  --draft-len K       draft length of the ngram and draft modes, 1..64 (default 4)\n"
-          "  --mode M            plain, ngram, draft, bandit or all (default all)\n"
+          "  --draft-len K       draft length of the ngram, draft and suffix modes, 1..64 (default 4)\n"
+          "  --draft-len-rule R  arm (each step drafts the arm's k) or adaptive (the k that\n"
+          "                      maximises expected tokens per cost, at most the arm's; default arm)\n"
+          "  --mode M            plain, ngram, draft, bandit, suffix or all (default all)\n"
           "  --device D          cpu, cuda or auto (default auto: cuda when built with CUDA and a device is present)\n",
           FLASHSPEC_LLAMA_MODELS);
 }
@@ -114,13 +117,14 @@ typedef struct options {
   unsigned long long seed;
   long threads;
   long draft_len;
-  int modes[4];
+  int modes[LLAMA_NUM_MODES];
   int num_modes;
+  int adaptive_draft_len;
   int device; /* -1: auto, else a llama_device */
 } options;
 
 static int parse_options(int argc, char** argv, options* o) {
-  *o = (options){FLASHSPEC_LLAMA_MODELS, NULL, 128, 0.0, 0, 2, 4, {0, 1, 2, 3}, 4, -1};
+  *o = (options){FLASHSPEC_LLAMA_MODELS, NULL, 128, 0.0, 0, 2, 4, {0, 1, 2, 3, 4}, LLAMA_NUM_MODES, 0, -1};
   for (int i = 1; i < argc; ++i) {
     const char* arg = argv[i];
     if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
@@ -165,15 +169,22 @@ static int parse_options(int argc, char** argv, options* o) {
         fprintf(stderr, "flashspec-llama: --device: '%s' is not cpu, cuda or auto\n", value);
         return -1;
       }
+    } else if (strcmp(arg, "--draft-len-rule") == 0) {
+      if (strcmp(value, "arm") == 0 || strcmp(value, "adaptive") == 0) {
+        o->adaptive_draft_len = strcmp(value, "adaptive") == 0;
+      } else {
+        fprintf(stderr, "flashspec-llama: --draft-len-rule: '%s' is not arm or adaptive\n", value);
+        return -1;
+      }
     } else if (strcmp(arg, "--mode") == 0) {
       o->num_modes = 0;
       if (strcmp(value, "all") == 0) {
-        for (int m = 0; m < 4; ++m) o->modes[o->num_modes++] = m;
+        for (int m = 0; m < LLAMA_NUM_MODES; ++m) o->modes[o->num_modes++] = m;
       } else {
-        for (int m = 0; m < 4; ++m)
+        for (int m = 0; m < LLAMA_NUM_MODES; ++m)
           if (strcmp(value, llama_mode_name((llama_mode)m)) == 0) o->modes[o->num_modes++] = m;
         if (o->num_modes == 0) {
-          fprintf(stderr, "flashspec-llama: --mode: '%s' is not plain, ngram, draft, bandit or all\n", value);
+          fprintf(stderr, "flashspec-llama: --mode: '%s' is not plain, ngram, draft, bandit, suffix or all\n", value);
           return -1;
         }
       }
@@ -218,6 +229,7 @@ int main(int argc, char** argv) {
   if (llama_runner_create(target, draft, device, (int32_t)o.threads, (int32_t)o.draft_len, &runner, err,
                           sizeof err) != 0)
     goto fail;
+  llama_runner_set_adaptive_draft_len(runner, o.adaptive_draft_len);
 
   if (o.prompt == NULL && (o.prompt = prompt_path = first_prompt(o.models)) == NULL) goto quiet_fail;
   size_t text_len = 0;

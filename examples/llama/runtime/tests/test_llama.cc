@@ -444,7 +444,7 @@ TEST(Speculative, GreedyOutputEqualsPlainDecodingInEveryMode) {
   const Reference ref = read_reference(fixture("reference_target.bin"));  // bos + the fixture prompt
   const std::vector<int32_t> plain = generate(pair.runner, LLAMA_MODE_PLAIN, ref.tokens, 60, 0.0f, 0, nullptr);
   ASSERT_EQ(plain.size(), 60u);
-  for (llama_mode mode : {LLAMA_MODE_NGRAM, LLAMA_MODE_DRAFT, LLAMA_MODE_BANDIT}) {
+  for (llama_mode mode : {LLAMA_MODE_NGRAM, LLAMA_MODE_DRAFT, LLAMA_MODE_BANDIT, LLAMA_MODE_SUFFIX}) {
     llama_generation_stats stats;
     const std::vector<int32_t> got = generate(pair.runner, mode, ref.tokens, 60, 0.0f, 0, &stats);
     EXPECT_EQ(got, plain) << llama_mode_name(mode);
