@@ -3,11 +3,13 @@
 // emits for it (T = 0 and T > 0, different prompts, budgets and draft
 // lengths, sequences joining and leaving mid-run, a step retried after a
 // failed forward); each sequence's bandit learns alone; one sequence's
-// failing callback ends that sequence only; bad input gets specific
-// statuses with outputs untouched.
+// failing callback ends that sequence only; the suffix drafter and the
+// adaptive draft length run per sequence; bad input gets specific statuses
+// with outputs untouched.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <string>
@@ -126,19 +128,26 @@ struct Fixture : ::testing::Test {
   std::vector<std::unique_ptr<HashDrafter>> hash_drafters;
   std::vector<flashspec_arm> arms = kArms;
   flashspec_bandit_policy policy = FLASHSPEC_BANDIT_UCB1;
+  bool with_suffix = false;  // each sequence's first drafter: suffix instead of n-gram
+  flashspec_draft_len_rule draft_len_rule = FLASHSPEC_DRAFT_LEN_ARM;
   BatchEnginePtr batch;
 
   void SetUp() override { host.model = &model; }
 
   std::string error() const { return flashspec_context_last_error(ctx.get()); }
 
-  // The drafters one sequence brings: an n-gram drafter and a hash drafter.
+  // The drafters one sequence brings: an n-gram (or suffix) drafter and a
+  // hash drafter.
   std::vector<flashspec_drafter*> make_drafters(int hash_fail_at = -1) {
-    flashspec_ngram_params np;
-    flashspec_ngram_params_init(&np);
-    np.max_n = 3;
     flashspec_drafter* ngram = nullptr;
-    EXPECT_EQ(flashspec_drafter_create_ngram(ctx.get(), &np, &ngram), FLASHSPEC_OK) << error();
+    if (with_suffix) {
+      EXPECT_EQ(flashspec_drafter_create_suffix(ctx.get(), nullptr, &ngram), FLASHSPEC_OK) << error();
+    } else {
+      flashspec_ngram_params np;
+      flashspec_ngram_params_init(&np);
+      np.max_n = 3;
+      EXPECT_EQ(flashspec_drafter_create_ngram(ctx.get(), &np, &ngram), FLASHSPEC_OK) << error();
+    }
     drafters.emplace_back(ngram);
     hash_drafters.push_back(std::make_unique<HashDrafter>());
     hash_drafters.back()->vocab = kVocab;
@@ -165,6 +174,7 @@ struct Fixture : ::testing::Test {
     p.policy = policy;
     p.bandit_seed = 5;
     p.max_sequences = max_sequences;
+    p.draft_len_rule = draft_len_rule;
     flashspec_batch_engine* e = nullptr;
     ASSERT_EQ(flashspec_batch_engine_create(ctx.get(), head.get(), &p, &e), FLASHSPEC_OK) << error();
     batch.reset(e);
@@ -184,8 +194,9 @@ struct Fixture : ::testing::Test {
     return p;
   }
 
-  void add(const Request& r, int hash_fail_at = -1) {
-    const std::vector<flashspec_drafter*> list = make_drafters(hash_fail_at);
+  void add(const Request& r, int hash_fail_at = -1) { add_with(r, make_drafters(hash_fail_at)); }
+
+  void add_with(const Request& r, const std::vector<flashspec_drafter*>& list) {
     const flashspec_sequence_params p = sequence_params(r, list);
     ASSERT_EQ(flashspec_batch_engine_add_sequence(batch.get(), r.id, r.prompt.data(), int32_t(r.prompt.size()), &p),
               FLASHSPEC_OK)
@@ -234,6 +245,7 @@ struct Fixture : ::testing::Test {
     p.num_arms = int32_t(arms.size());
     p.policy = policy;
     p.bandit_seed = 5;
+    p.draft_len_rule = draft_len_rule;
     flashspec_engine* e = nullptr;
     Outcome o;
     EXPECT_EQ(flashspec_engine_create(ctx.get(), head.get(), &p, &e), FLASHSPEC_OK) << error();
@@ -322,6 +334,87 @@ TEST_F(Fixture, GreedyEachSequenceEqualsItsSingleEngineRunAndGreedyDecoding) {
       EXPECT_EQ(got.tokens, greedy_reference(ctx.get(), head.get(), model, r.prompt, r.max_tokens));
     }
   }
+}
+
+// Per sequence: its suffix drafter, and the adaptive rule's estimates of
+// its drafters. At T = 0 each still emits its single-engine run, which is
+// greedy decoding.
+TEST_F(Fixture, SuffixDrafterAndAdaptiveDraftLengthEqualTheirSingleEngineRun) {
+  with_suffix = true;
+  draft_len_rule = FLASHSPEC_DRAFT_LEN_ADAPTIVE;
+  build();
+  const std::vector<Request> rs = requests(0.0f);
+  for (const Request& r : rs) add(r);
+  run_to_end();
+  EXPECT_TRUE(host.protocol_error.empty()) << host.protocol_error;
+  uint64_t accepted = 0;
+  for (const Request& r : rs) {
+    expect_same_as_single(r);
+    const Outcome got = outcome(r.id);
+    accepted += got.metrics.accepted_tokens;
+    if (r.stop_tokens.empty())
+      EXPECT_EQ(got.tokens, greedy_reference(ctx.get(), head.get(), model, r.prompt, r.max_tokens));
+  }
+  EXPECT_GT(accepted, 0u) << "the drafters never helped: the comparison would be vacuous";
+}
+
+// A batched sequence's suffix drafter sees its final sequence when it
+// finishes: the drafter, moved to a new sequence with the same prompt,
+// drafts the cached output, so the same greedy text takes fewer steps. A
+// suffix drafter serving a sequence refuses tree proposals until the
+// sequence leaves.
+TEST_F(Fixture, ASuffixDrafterCachesItsFinishedSequenceForTheNext) {
+  with_suffix = true;
+  arms = {{0, 8}};
+  policy = FLASHSPEC_BANDIT_FIXED;
+  build();
+  Request first;
+  first.id = 1;
+  first.prompt = {11, 12, 13, 14};
+  first.max_tokens = 60;
+  const std::vector<flashspec_drafter*> list = make_drafters();
+  add_with(first, list);
+  int32_t tokens[4], parents[4], count = -1;
+  EXPECT_EQ(flashspec_suffix_drafter_propose_tree(list[0], first.prompt.data(), 4, 4, tokens, parents, &count),
+            FLASHSPEC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(count, -1);
+  run_to_end();
+  const Outcome one = outcome(first.id);
+  ASSERT_EQ(one.info.finish_reason, FLASHSPEC_FINISH_LENGTH);
+  ASSERT_EQ(flashspec_batch_engine_remove_sequence(batch.get(), first.id), FLASHSPEC_OK) << error();
+
+  Request second = first;
+  second.id = 2;
+  add_with(second, list);
+  run_to_end();
+  const Outcome two = outcome(second.id);
+  EXPECT_EQ(two.tokens, one.tokens);
+  EXPECT_EQ(two.tokens, greedy_reference(ctx.get(), head.get(), model, first.prompt, first.max_tokens));
+  EXPECT_LT(two.info.steps, one.info.steps);
+  ASSERT_EQ(flashspec_batch_engine_remove_sequence(batch.get(), second.id), FLASHSPEC_OK) << error();
+  EXPECT_EQ(flashspec_suffix_drafter_propose_tree(list[0], first.prompt.data(), 4, 4, tokens, parents, &count),
+            FLASHSPEC_OK)
+      << error();
+}
+
+TEST_F(Fixture, BatchParamsRefuseABadDraftLengthRule) {
+  flashspec_batch_engine_params p;
+  flashspec_batch_engine_params_init(&p);
+  EXPECT_EQ(p.draft_len_rule, FLASHSPEC_DRAFT_LEN_ARM);
+  EXPECT_EQ(p.draft_len_memory, 64.0);
+  p.target_forward = BatchTargetHost::forward;
+  p.target_user_data = &host;
+  flashspec_batch_engine* untouched = reinterpret_cast<flashspec_batch_engine*>(0x1);
+  p.draft_len_rule = static_cast<flashspec_draft_len_rule>(7);
+  EXPECT_EQ(flashspec_batch_engine_create(ctx.get(), head.get(), &p, &untouched), FLASHSPEC_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(error().find("params->draft_len_rule"), std::string::npos) << error();
+  p.draft_len_rule = FLASHSPEC_DRAFT_LEN_ADAPTIVE;
+  for (double memory : {0.5, 2e6, std::nan("")}) {
+    p.draft_len_memory = memory;
+    EXPECT_EQ(flashspec_batch_engine_create(ctx.get(), head.get(), &p, &untouched), FLASHSPEC_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(error().find("params->draft_len_memory"), std::string::npos) << error();
+  }
+  EXPECT_EQ(untouched, reinterpret_cast<flashspec_batch_engine*>(0x1));
 }
 
 TEST_F(Fixture, SampledEachSequenceEqualsItsSingleEngineRunWithTheSameSeed) {
