@@ -22,6 +22,12 @@
                                   drafters=[flashspec.NgramDrafter(ctx)])
         tokens, finish_reason, steps = engine.generate(prompt, temperature=0)
 
+        # Many sequences, one ragged target forward and one verify per step.
+        batch = flashspec.BatchEngine(ctx, head, batch_forward, num_drafters=1)
+        batch.add_sequence(7, prompt, drafters=[flashspec.NgramDrafter(ctx)], temperature=0)
+        batch.run()
+        tokens = batch.sequence(7).tokens
+
 The raw SWIG layer is flashspec.capi (every C function and struct as is).
 """
 from . import capi
@@ -32,6 +38,7 @@ from .errors import FlashSpecError, error_class
 from .errors import *  # noqa: F401,F403  (one exception class per status)
 from ._engine import (ArmMetrics, CallbackDrafter, Drafter, Engine, EngineMetrics, FinishReason, Generation,
                       NgramDrafter, SuffixDrafter)
+from ._batch_engine import BatchEngine, BatchForward, SequenceState
 
 from . import errors as _errors
 
@@ -46,7 +53,7 @@ __all__ = [
     "SamplingControls", "MAX_TOP_K", "TOP_K_ALL", "MAX_TOP_LOGPROBS",
     "Engine", "Drafter", "NgramDrafter", "SuffixDrafter", "CallbackDrafter", "Generation", "FinishReason",
     "EngineMetrics",
-    "ArmMetrics",
+    "ArmMetrics", "BatchEngine", "BatchForward", "SequenceState",
     "FlashSpecError", "error_class",
     "version", "version_number", "abi_version", "ABI_VERSION", "status_string", "status_name",
     "cuda_device_count", "philox4x32_10", "rng_uniform", "RNG_PURPOSES", "get_api",

@@ -19,6 +19,9 @@ from ._core import Summaries as Summaries
 from ._core import VerifyBatch as VerifyBatch
 from ._core import VerifyResult as VerifyResult
 from ._core import stream_handle as stream_handle
+from ._batch_engine import BatchEngine as BatchEngine
+from ._batch_engine import BatchForward as BatchForward
+from ._batch_engine import SequenceState as SequenceState
 from ._engine import ArmMetrics as ArmMetrics
 from ._engine import CallbackDrafter as CallbackDrafter
 from ._engine import Drafter as Drafter
@@ -52,7 +55,7 @@ __all__ = [
     "SamplingControls", "MAX_TOP_K", "TOP_K_ALL", "MAX_TOP_LOGPROBS",
     "Engine", "Drafter", "NgramDrafter", "SuffixDrafter", "CallbackDrafter", "Generation", "FinishReason",
     "EngineMetrics",
-    "ArmMetrics",
+    "ArmMetrics", "BatchEngine", "BatchForward", "SequenceState",
     "FlashSpecError", "error_class",
     "version", "version_number", "abi_version", "ABI_VERSION", "status_string", "status_name",
     "cuda_device_count", "philox4x32_10", "rng_uniform", "RNG_PURPOSES", "get_api",

@@ -353,6 +353,21 @@ class EngineMetrics:
         return dataclasses.asdict(self)
 
 
+def _arm_metrics(a):
+    """ArmMetrics of a flashspec_arm_metrics."""
+    return ArmMetrics(a.drafter, a.draft_len, int(a.pulls), int(a.draft_tokens), int(a.accepted_tokens),
+                      a.mean_reward, a.mean_cost)
+
+
+def _engine_metrics(m, drafted, accepted, arms):
+    """EngineMetrics of a flashspec_engine_metrics, its per-position counts
+    and its ArmMetrics (shared by Engine and BatchEngine)."""
+    return EngineMetrics(int(m.steps), int(m.drafts), int(m.draft_tokens), int(m.accepted_tokens),
+                         int(m.emitted_tokens), m.acceptance_rate, m.mean_accepted_length, m.tokens_per_step,
+                         m.step_latency_p50_us, m.step_latency_p99_us,
+                         tuple(int(x) for x in drafted), tuple(int(x) for x in accepted), tuple(arms))
+
+
 # ---- the engine -------------------------------------------------------------
 class Engine:
     """Speculative decoding of one sequence at a time (flashspec_engine).
@@ -620,12 +635,8 @@ class Engine:
                 a = _capi.flashspec_arm_metrics()
                 _capi.flashspec_arm_metrics_init(a)
                 check(_capi.flashspec_engine_get_arm_metrics(raw, i, a), self.context.raw)
-                arms.append(ArmMetrics(a.drafter, a.draft_len, int(a.pulls), int(a.draft_tokens),
-                                       int(a.accepted_tokens), a.mean_reward, a.mean_cost))
-        return EngineMetrics(int(m.steps), int(m.drafts), int(m.draft_tokens), int(m.accepted_tokens),
-                             int(m.emitted_tokens), m.acceptance_rate, m.mean_accepted_length, m.tokens_per_step,
-                             m.step_latency_p50_us, m.step_latency_p99_us,
-                             tuple(int(x) for x in drafted[:n]), tuple(int(x) for x in accepted[:n]), tuple(arms))
+                arms.append(_arm_metrics(a))
+        return _engine_metrics(m, drafted[:n], accepted[:n], arms)
 
     def reset_metrics(self):
         """Zero the metrics (the policy keeps what it learned)."""

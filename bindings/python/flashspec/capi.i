@@ -5,9 +5,10 @@
  *     plain integer addresses, so host (numpy) and device (CUDA array
  *     interface, DLPack) memory pass through without a copy;
  *   - `T** out` handle outputs are returned after the status;
- *   - engine callbacks (function-pointer typedefs) and the engine's arrays
- *     of drafters, arms and rewards are integer addresses too: the package
- *     passes ctypes trampolines and numpy arrays;
+ *   - engine callbacks (function-pointer typedefs, the batched engine's
+ *     included) and the engines' arrays of drafters, arms and rewards are
+ *     integer addresses too: the package passes ctypes trampolines and
+ *     numpy arrays;
  *   - the fixed-size arrays of flashspec_philox4x32_10 are tuples.
  * New handle types or pointer element types go in the lists below. */
 %module(package="flashspec") capi
@@ -69,6 +70,10 @@ FLASHSPEC_ADDRESS(flashspec_drafter* const*)
 FLASHSPEC_ADDRESS(const flashspec_arm*)
 FLASHSPEC_OUT_HANDLE(flashspec_drafter)
 FLASHSPEC_OUT_HANDLE(flashspec_engine)
+FLASHSPEC_ADDRESS(flashspec_batch_target_forward_fn)
+FLASHSPEC_ADDRESS(flashspec_batch_target_rollback_fn)
+FLASHSPEC_ADDRESS(flashspec_sequence_token_fn)
+FLASHSPEC_OUT_HANDLE(flashspec_batch_engine)
 
 /* ---- fixed-size uint32 arrays of the Philox helper ---------------------- */
 %define FLASHSPEC_U32_IN(NAME, N)

@@ -25,7 +25,7 @@ import sys
 import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
-STUBS = ["__init__.pyi", "_controls.pyi", "_core.pyi", "_engine.pyi", "errors.pyi", "capi.pyi"]
+STUBS = ["__init__.pyi", "_controls.pyi", "_core.pyi", "_engine.pyi", "_batch_engine.pyi", "errors.pyi", "capi.pyi"]
 
 
 def stub_all_and_bound(path):
