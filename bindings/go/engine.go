@@ -123,6 +123,7 @@ type Drafter struct {
 	state  *drafterState // nil for built-in drafters
 	handle cgo.Handle
 	engine *Engine
+	batch  *BatchEngine // the batched engine whose sequence it serves
 }
 
 // NgramOptions are the prompt-lookup drafter's parameters; zero MinN/MaxN
@@ -271,7 +272,7 @@ func (d *Drafter) Close() error {
 	if d.raw == nil {
 		return nil
 	}
-	if d.engine != nil {
+	if d.engine != nil || d.batch != nil {
 		return &Error{Status: ErrInvalidArgument, Message: "drafter: is used by an engine; close the engine first"}
 	}
 	d.ctx.mu.Lock()
@@ -675,6 +676,33 @@ func (m *EngineMetrics) PositionAcceptance() []float64 {
 	return r
 }
 
+// engineMetricsFrom converts the totals of a flashspec_engine_metrics.
+func engineMetricsFrom(m capi.Flashspec_engine_metrics) EngineMetrics {
+	return EngineMetrics{Steps: m.GetSteps(), Drafts: m.GetDrafts(), DraftTokens: m.GetDraft_tokens(),
+		AcceptedTokens: m.GetAccepted_tokens(), EmittedTokens: m.GetEmitted_tokens(),
+		AcceptanceRate: m.GetAcceptance_rate(), MeanAcceptedLength: m.GetMean_accepted_length(),
+		TokensPerStep: m.GetTokens_per_step(), StepLatencyP50us: m.GetStep_latency_p50_us(),
+		StepLatencyP99us: m.GetStep_latency_p99_us()}
+}
+
+// armMetricsOf reads arms 0 .. n-1 with get (the single or the batched
+// engine's getter).
+func armMetricsOf(n int, get func(int, capi.Flashspec_arm_metrics) capi.Enum_SS_flashspec_status) ([]ArmMetrics, capi.Enum_SS_flashspec_status) {
+	am := capi.NewFlashspec_arm_metrics()
+	defer capi.DeleteFlashspec_arm_metrics(am)
+	var arms []ArmMetrics
+	for i := 0; i < n; i++ {
+		capi.Flashspec_arm_metrics_init(am)
+		if s := get(i, am); Status(s) != OK {
+			return nil, s
+		}
+		arms = append(arms, ArmMetrics{Drafter: am.GetDrafter(), DraftLen: am.GetDraft_len(), Pulls: am.GetPulls(),
+			DraftTokens: am.GetDraft_tokens(), AcceptedTokens: am.GetAccepted_tokens(),
+			MeanReward: am.GetMean_reward(), MeanCost: am.GetMean_cost()})
+	}
+	return arms, capi.FLASHSPEC_OK
+}
+
 // Metrics is a snapshot of the engine's metrics.
 func (e *Engine) Metrics() (*EngineMetrics, error) {
 	e.mu.Lock()
@@ -698,24 +726,13 @@ func (e *Engine) Metrics() (*EngineMetrics, error) {
 		if s := capi.Flashspec_engine_get_position_metrics(raw, n, uintptr(drafted), uintptr(accepted), 0); Status(s) != OK {
 			return s
 		}
-		r = EngineMetrics{Steps: m.GetSteps(), Drafts: m.GetDrafts(), DraftTokens: m.GetDraft_tokens(),
-			AcceptedTokens: m.GetAccepted_tokens(), EmittedTokens: m.GetEmitted_tokens(),
-			AcceptanceRate: m.GetAcceptance_rate(), MeanAcceptedLength: m.GetMean_accepted_length(),
-			TokensPerStep: m.GetTokens_per_step(), StepLatencyP50us: m.GetStep_latency_p50_us(),
-			StepLatencyP99us: m.GetStep_latency_p99_us(),
-			PositionDrafted:  back[uint64](drafted, n), PositionAccepted: back[uint64](accepted, n)}
-		am := capi.NewFlashspec_arm_metrics()
-		defer capi.DeleteFlashspec_arm_metrics(am)
-		for i := 0; i < m.GetNum_arms(); i++ {
-			capi.Flashspec_arm_metrics_init(am)
-			if s := capi.Flashspec_engine_get_arm_metrics(raw, i, am); Status(s) != OK {
-				return s
-			}
-			r.Arms = append(r.Arms, ArmMetrics{Drafter: am.GetDrafter(), DraftLen: am.GetDraft_len(), Pulls: am.GetPulls(),
-				DraftTokens: am.GetDraft_tokens(), AcceptedTokens: am.GetAccepted_tokens(),
-				MeanReward: am.GetMean_reward(), MeanCost: am.GetMean_cost()})
-		}
-		return capi.FLASHSPEC_OK
+		r = engineMetricsFrom(m)
+		r.PositionDrafted, r.PositionAccepted = back[uint64](drafted, n), back[uint64](accepted, n)
+		var s capi.Enum_SS_flashspec_status
+		r.Arms, s = armMetricsOf(m.GetNum_arms(), func(i int, am capi.Flashspec_arm_metrics) capi.Enum_SS_flashspec_status {
+			return capi.Flashspec_engine_get_arm_metrics(raw, i, am)
+		})
+		return s
 	})
 	if err != nil {
 		return nil, err

@@ -2,7 +2,8 @@ package flashspec
 
 // The C side of the engine callbacks: functions exported to C that the
 // library calls through the function pointers of engine_params, the
-// callback drafter and generate_params. user_data is a runtime/cgo.Handle
+// callback drafter and generate_params, and of the batched engine's
+// batch_engine_params and sequence_params. user_data is a runtime/cgo.Handle
 // of the Go state. A Go error or panic never unwinds into C: it is stored
 // in the state and the trampoline returns a failure code, which makes the
 // engine call fail with FLASHSPEC_ERR_CALLBACK.
@@ -69,4 +70,33 @@ func flashspecGoToken(userData unsafe.Pointer, token C.int32_t) C.int {
 func flashspecGoDraft(userData unsafe.Pointer, call *C.flashspec_draft_call) C.int {
 	st := cgo.Handle(uintptr(userData)).Value().(*drafterState)
 	return guard(&st.failure, "draft callback", func() error { return st.draft(call) })
+}
+
+//export flashspecGoBatchTargetForward
+func flashspecGoBatchTargetForward(userData unsafe.Pointer, call *C.flashspec_batch_target_call) C.int {
+	st := cgo.Handle(uintptr(userData)).Value().(*batchEngineState)
+	return guard(&st.failure, "target forward", func() error { return st.forward(call) })
+}
+
+//export flashspecGoBatchTargetRollback
+func flashspecGoBatchTargetRollback(userData unsafe.Pointer, sequenceID C.uint64_t, numKeep C.int32_t) C.int {
+	st := cgo.Handle(uintptr(userData)).Value().(*batchEngineState)
+	return guard(&st.failure, "target rollback", func() error { return st.back(uint64(sequenceID), int(numKeep)) })
+}
+
+//export flashspecGoSequenceToken
+func flashspecGoSequenceToken(userData unsafe.Pointer, sequenceID C.uint64_t, token C.int32_t) C.int {
+	seq := cgo.Handle(uintptr(userData)).Value().(*batchSequence)
+	stop := false
+	// A failure stops this sequence only: the library sees a request to stop.
+	if rc := guard(&seq.failure, "token callback", func() error {
+		stop = seq.onToken(uint64(sequenceID), int32(token))
+		return nil
+	}); rc != 0 {
+		return rc
+	}
+	if stop {
+		return 1
+	}
+	return 0
 }
