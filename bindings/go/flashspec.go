@@ -446,8 +446,22 @@ func rowsOf(values []float32, cols int, name string) (int, error) {
 // request's drafts a tree: draft k of request r (node k) has parent node
 // DraftParents[DraftOffsets[r] + k] in [-1, k) (-1: the root), and target
 // row k + 1 of the request is the target after the path to node k. It needs
-// DraftOffsets[R] entries and greedy drafts (DraftLogits nil); the result's
-// AcceptedNodes give the accepted path (see "Tree verify" in flashspec.h).
+// DraftOffsets[R] entries; the result's AcceptedNodes give the accepted path
+// (see "Tree verify" in flashspec.h). With greedy drafts a node's children
+// are point-mass candidates; with DraftLogits or a sparse support they are
+// stochastic candidates (SpecInfer's multi-step speculative sampling, CPU
+// backend).
+//
+// DraftSupportOffsets, DraftSupportTokens and DraftSupportProbs give each
+// draft row's q as a sparse support instead of DraftLogits (all three or
+// none; see "Sparse draft distributions" in flashspec.h): draft row k's
+// support is entries [DraftSupportOffsets[k], DraftSupportOffsets[k+1]) of
+// the tokens and probabilities, 1..MaxDraftSupport distinct tokens whose
+// probabilities sum to 1 within DraftSupportTolerance, the drafted token
+// among them. DraftSupportOffsets needs DraftOffsets[R] + 1 entries, the
+// tokens and probabilities DraftSupportOffsets[DraftOffsets[R]] each (a short
+// one is an ErrOutOfRange error before the call). A point-mass draft is the
+// support {x} with q = 1, so greedy and stochastic requests share a batch.
 type VerifyBatch struct {
 	DraftOffsets      []int32
 	DraftTokens       []int32
@@ -465,6 +479,10 @@ type VerifyBatch struct {
 	Logprobs          bool
 	TopLogprobs       int
 	DraftParents      []int32
+	// Sparse draft distributions (CPU backend).
+	DraftSupportOffsets []int32
+	DraftSupportTokens  []int32
+	DraftSupportProbs   []float32
 }
 
 // VerifyResult is what finalize wrote. The logprob slices are indexed as
@@ -541,7 +559,8 @@ func (r *VerifyResult) Top(request, k int) ([]int32, []float32) {
 
 // checkSizes makes sure the library reads no slice past its end: it reads
 // R + 1 offsets, DraftOffsets[R] draft tokens and uniforms, R entries of
-// each per-request slice, and the rows of the hidden and logits tensors.
+// each per-request slice, the rows of the hidden and logits tensors, and
+// the sparse supports (checkSupportSizes).
 // It returns the rows of TargetHidden.
 func (b *VerifyBatch) checkSizes(head *LMHead) (int, error) {
 	if len(b.DraftOffsets) < 2 {
@@ -584,6 +603,9 @@ func (b *VerifyBatch) checkSizes(head *LMHead) (int, error) {
 		if lrows != drafts {
 			return 0, &Error{Status: ErrOutOfRange, Message: fmt.Sprintf("DraftLogits: %d rows, expected DraftOffsets[R] = %d", lrows, drafts)}
 		}
+	}
+	if err := b.checkSupportSizes(drafts); err != nil {
+		return 0, err
 	}
 	if b.TopLogprobs < 0 || b.TopLogprobs > MaxTopLogprobs {
 		return 0, &Error{Status: ErrOutOfRange, Message: fmt.Sprintf("TopLogprobs: %d, outside [0, %d]", b.TopLogprobs, MaxTopLogprobs)}
@@ -630,6 +652,9 @@ func (b *VerifyBatch) cBatch(a *arena, head *LMHead) (capi.Flashspec_verify_batc
 	batch.SetSteps(in(a, b.Steps))
 	batch.SetAccept_uniforms(in(a, b.AcceptUniforms))
 	batch.SetDraft_parents(in(a, b.DraftParents))
+	batch.SetDraft_support_offsets(in(a, b.DraftSupportOffsets))
+	batch.SetDraft_support_tokens(in(a, b.DraftSupportTokens))
+	batch.SetDraft_support_probs(in(a, b.DraftSupportProbs))
 	batch.SetMax_draft_len(b.MaxDraftLen)
 	for _, c := range []struct {
 		controls *SamplingControls
