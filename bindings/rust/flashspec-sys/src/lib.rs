@@ -21,6 +21,8 @@ pub const FLASHSPEC_TOP_K_ALL: i32 = 0x7fffffff;
 pub const FLASHSPEC_MAX_TOP_LOGPROBS: i32 = 20;
 pub const FLASHSPEC_SHARD_RECORD_VERSION: i32 = 1;
 pub const FLASHSPEC_SHARD_RECORD_BYTES: usize = 48;
+pub const FLASHSPEC_MAX_DRAFT_SUPPORT: i32 = 64;
+pub const FLASHSPEC_DRAFT_SUPPORT_TOLERANCE: f64 = 1e-3;
 
 // ---- enumerations (C enums: 32-bit, fixed values) -------------------------
 pub type flashspec_status = c_uint;
@@ -177,6 +179,10 @@ pub struct flashspec_verify_batch {
     pub logprobs: i32,
     pub top_logprobs: i32,
     pub draft_parents: *const i32,
+    /* Appended in 0.3. */
+    pub draft_support_offsets: *const i32,
+    pub draft_support_tokens: *const i32,
+    pub draft_support_probs: *const f32,
 }
 
 #[repr(C)]

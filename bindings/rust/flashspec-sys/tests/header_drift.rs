@@ -307,6 +307,16 @@ fn every_limit_matches_the_header() {
     assert_eq!(declared, header);
 }
 
+#[test]
+fn the_draft_support_tolerance_matches_the_header() {
+    let text = std::fs::read_to_string(header_path()).unwrap();
+    let value = text
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("#define FLASHSPEC_DRAFT_SUPPORT_TOLERANCE"))
+        .expect("FLASHSPEC_DRAFT_SUPPORT_TOLERANCE in the header");
+    assert_eq!(value.trim().parse::<f64>().unwrap(), flashspec_sys::FLASHSPEC_DRAFT_SUPPORT_TOLERANCE);
+}
+
 // ---- layout, measured by the C compiler ------------------------------------
 macro_rules! layouts {
     ($($name:ident { $($field:ident),* $(,)? })*) => {
@@ -329,7 +339,7 @@ layouts! {
         flashspec_context_params { struct_size, backend, device_ordinal, cuda_stream, seed, cpu_threads, max_rows, max_requests }
         flashspec_sampling_controls { struct_size, top_k, top_p, min_p, bias_offsets, bias_tokens, bias_values, token_mask, mask_words, typical_epsilon, typical_delta, repetition_penalty }
         flashspec_draft_params { struct_size, memory, temperature, temperatures, seeds, request_ids, steps, positions, controls }
-        flashspec_verify_batch { struct_size, memory, num_requests, draft_offsets, draft_tokens, target_hidden, draft_logits, temperatures, draft_temperatures, seeds, request_ids, steps, accept_uniforms, max_draft_len, controls, draft_controls, logprobs, top_logprobs, draft_parents }
+        flashspec_verify_batch { struct_size, memory, num_requests, draft_offsets, draft_tokens, target_hidden, draft_logits, temperatures, draft_temperatures, seeds, request_ids, steps, accept_uniforms, max_draft_len, controls, draft_controls, logprobs, top_logprobs, draft_parents, draft_support_offsets, draft_support_tokens, draft_support_probs }
         flashspec_verify_result { struct_size, memory, accepted_counts, emitted_tokens, next_steps, logprobs, raw_logprobs, top_tokens, top_logprobs, accepted_nodes }
         flashspec_ngram_params { struct_size, min_n, max_n, call_cost, token_cost }
         flashspec_draft_call { struct_size, context, context_len, drafted, num_drafted, max_tokens, step, tokens, num_tokens, logits, hidden }

@@ -38,6 +38,12 @@ pub use engine::{Arm, ArmMetrics, BoxError, CallbackDrafterOptions, CallbackPani
 pub const SHARD_RECORD_BYTES: usize = sys::FLASHSPEC_SHARD_RECORD_BYTES;
 /// The record layout this crate's library writes and reads (FLASHSPEC_SHARD_RECORD_VERSION).
 pub const SHARD_RECORD_VERSION: i32 = sys::FLASHSPEC_SHARD_RECORD_VERSION;
+/// The most tokens one draft row's sparse support may name
+/// (FLASHSPEC_MAX_DRAFT_SUPPORT; see [`DraftSupport`]).
+pub const MAX_DRAFT_SUPPORT: usize = sys::FLASHSPEC_MAX_DRAFT_SUPPORT as usize;
+/// How far a support row's probabilities may sum from 1
+/// (FLASHSPEC_DRAFT_SUPPORT_TOLERANCE).
+pub const DRAFT_SUPPORT_TOLERANCE: f64 = sys::FLASHSPEC_DRAFT_SUPPORT_TOLERANCE;
 
 /// The examples of bindings/README.md, run as doctests.
 #[doc = include_str!("../../../README.md")]
@@ -538,8 +544,14 @@ impl DraftOptions<'_> {
 /// `draft_parents` (one per draft) verifies each request's drafts as a tree
 /// ("Tree verify" in flashspec.h): draft k of request r is node k, its
 /// parent `draft_parents[draft_offsets[r] + k]` a node index in `[-1, k)`
-/// (-1: the root); target row k + 1 scores the path to node k. Trees take
-/// greedy drafts; [`VerifyResult::nodes`] gives the accepted path.
+/// (-1: the root); target row k + 1 scores the path to node k;
+/// [`VerifyResult::nodes`] gives the accepted path. With greedy drafts a
+/// node's children are point-mass candidates; with `draft_logits` or a
+/// `draft_support` they are stochastic candidates (SpecInfer's multi-step
+/// speculative sampling, CPU backend).
+///
+/// `draft_support` gives each draft row's q as a sparse [`DraftSupport`]
+/// instead of `draft_logits` ("Sparse draft distributions" in flashspec.h).
 #[derive(Debug, Clone, Default)]
 pub struct VerifyBatch<'a> {
     pub draft_offsets: &'a [i32],
@@ -560,6 +572,50 @@ pub struct VerifyBatch<'a> {
     pub top_logprobs: usize,
     /// `None`: each request's drafts are a chain; else `[draft_offsets[R]]`.
     pub draft_parents: Option<&'a [i32]>,
+    /// `None`: q is `draft_logits` (or a point mass); not with `draft_logits`
+    /// or `draft_controls`.
+    pub draft_support: Option<DraftSupport<'a>>,
+}
+
+/// Sparse draft distributions, one per draft row (CPU backend): row k's q
+/// is `probs[offsets[k]..offsets[k + 1]]` over the tokens
+/// `tokens[offsets[k]..offsets[k + 1]]`, 1..=[`MAX_DRAFT_SUPPORT`] distinct
+/// ids in `[0, V)` with probabilities ≥ 0 summing to 1 within
+/// [`DRAFT_SUPPORT_TOLERANCE`], the drafted token among them with q > 0;
+/// q = 0 off the support. Verify is exact when the drafter sampled its
+/// token from this truncated, renormalised q. A point-mass draft is the
+/// support `{x}` with q = 1, so greedy and stochastic requests share a batch.
+///
+/// `offsets` needs `draft_offsets[R] + 1` entries, `tokens` and `probs`
+/// `offsets[draft_offsets[R]]` each: a shorter slice is an `Error`
+/// (OUT_OF_RANGE) naming it before the call. What the library checks
+/// (offsets rising from 0, rows of 1..=64 tokens, repeated or out-of-range
+/// tokens, probabilities negative, non-finite or not summing to 1, the
+/// drafted token outside its support) is its own `Error`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DraftSupport<'a> {
+    pub offsets: &'a [i32],
+    pub tokens: &'a [i32],
+    pub probs: &'a [f32],
+}
+
+impl DraftSupport<'_> {
+    /// Refuses slices the library would read past: `drafts + 1` offsets,
+    /// then as many tokens and probabilities as the last offset says. The
+    /// library refuses offsets that do not rise from 0 before it reads a
+    /// token, so no earlier offset reaches past the last one.
+    fn check(&self, drafts: usize) -> Result<()> {
+        let Some(&last) = self.offsets.get(drafts) else {
+            return Err(out_of_range(format!("draft_support.offsets: {} entries for draft_offsets[R] + 1 = {}", self.offsets.len(), drafts + 1)));
+        };
+        let entries = usize::try_from(last).map_err(|_| out_of_range(format!("draft_support.offsets[{drafts}]: {last}, below 0")))?;
+        for (name, n) in [("tokens", self.tokens.len()), ("probs", self.probs.len())] {
+            if n < entries {
+                return Err(out_of_range(format!("draft_support.{name}: {n} entries for draft_support.offsets[{drafts}] = {entries}")));
+            }
+        }
+        Ok(())
+    }
 }
 
 struct RawBatch {
@@ -610,6 +666,12 @@ impl VerifyBatch<'_> {
             return Err(out_of_range(format!("draft_parents: {n} entries for draft_offsets[R] = {drafts} drafts")));
         }
         b.draft_parents = opt_ptr(self.draft_parents);
+        if let Some(support) = &self.draft_support {
+            support.check(drafts as usize)?;
+            b.draft_support_offsets = support.offsets.as_ptr();
+            b.draft_support_tokens = support.tokens.as_ptr();
+            b.draft_support_probs = support.probs.as_ptr();
+        }
         if self.top_logprobs > MAX_TOP_LOGPROBS {
             return Err(Error { status: sys::FLASHSPEC_ERR_OUT_OF_RANGE, message: format!("top_logprobs: {}, at most {MAX_TOP_LOGPROBS}", self.top_logprobs) });
         }
