@@ -80,6 +80,30 @@ void require_finite_row(const Partial& all, int64_t row) {
              ": a logit divided by the temperature overflows fp32 (temperature too small)");
 }
 
+// The log-sum-exp of a row analysed whole, in one pass: the online rule of
+// sampling/fold.h with its running sum in float64. An fp32 running sum
+// drifts with the number of terms (about 1e-4 in log space over 70001
+// tokens, more over 128256); in float64 each term's fp32 exp carries the
+// only rounding that matters, so the error does not grow with V. The terms
+// are added in token or rank order, so the value does not depend on the
+// thread count.
+class LogSumExp {
+ public:
+  void add(float x) {
+    if (x > m_) {
+      s_ = s_ * std::exp(double(m_) - double(x)) + 1.0;
+      m_ = x;
+    } else {
+      s_ += double(expf(x - m_));
+    }
+  }
+  float value() const { return float(double(m_) + std::log(s_)); }
+
+ private:
+  float m_ = neg_inf();
+  double s_ = 0.0;
+};
+
 // A row whose distribution needs its whole logits row: one with sampling
 // controls, or of a call that returns logprobs. From the raw logits l it
 // holds x = (l + bias) / T (T = 0: l + bias) for the allowed tokens, −Inf for
@@ -117,10 +141,10 @@ class RowAnalysis {
 
   // H(p) = LSE − Σ p_i x_i over the kept set (T > 0).
   float entropy() const {
-    float mean_x = 0.0f;
+    double mean_x = 0.0;  // float64 for the reason LogSumExp gives
     for (int64_t i = 0; i < vocab_; ++i)
-      if (kept(int32_t(i))) mean_x += expf(x_[size_t(i)] - lse_) * x_[size_t(i)];
-    return lse_ - mean_x;
+      if (kept(int32_t(i))) mean_x += double(expf(x_[size_t(i)] - lse_)) * double(x_[size_t(i)]);
+    return float(double(lse_) - mean_x);
   }
 
   // The row's sample: argmax of x (T = 0), else Gumbel-max of x + g over
@@ -176,10 +200,10 @@ class RowAnalysis {
   }
 
   float log_sum_exp_all(const float* values) const {
-    float m = neg_inf(), s = 0.0f;
+    LogSumExp lse;
     for (int64_t i = 0; i < vocab_; ++i)
-      if (values[i] != neg_inf()) lse_add(m, s, values[i]);
-    return lse_value(m, s);
+      if (values[i] != neg_inf()) lse.add(values[i]);
+    return lse.value();
   }
 
   // Ranks as many allowed tokens as the controls need and cuts the prefix.
@@ -206,9 +230,9 @@ class RowAnalysis {
     const int32_t n = kept_count(ranked_x.data(), int32_t(ranked.size()), c);
     cut_token_ = ranked[size_t(n - 1)];
     cut_x_ = ranked_x[size_t(n - 1)];
-    float s = 0.0f;
-    for (int32_t i = 0; i < n; ++i) s += expf(ranked_x[size_t(i)] - ranked_x[0]);
-    lse_ = ranked_x[0] + logf(s);
+    LogSumExp lse;
+    for (int32_t i = 0; i < n; ++i) lse.add(ranked_x[size_t(i)]);
+    lse_ = lse.value();
   }
 
   const float* raw_;
