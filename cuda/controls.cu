@@ -6,6 +6,7 @@
 
 #include "controls.h"
 #include "launch.cuh"
+#include "tuning.h"
 #include "sampling/controls.h"
 #include "util/philox.h"
 
@@ -14,6 +15,8 @@ namespace cuda {
 namespace controls {
 namespace {
 
+static_assert(tuning::kGemmMaxChunkTokens <= kMaxSlicesPerChunk * kSliceTokens,
+              "a merge block holds the candidate lists of one chunk's slices in registers");
 constexpr int kFoldThreads = 256;
 constexpr int kTokensPerThread = kSliceTokens / kFoldThreads;
 static_assert(kTokensPerThread % 4 == 0, "each thread takes whole Philox blocks of four tokens");
@@ -192,8 +195,17 @@ __device__ int32_t lower_bound(const int32_t* sorted, int32_t count, int32_t tok
 // gives one key (0: none). Every thread runs the same number of rounds.
 struct RegisterKeys {
   const uint64_t* keys;  // the thread's kTokensPerThread keys
-  __device__ int rounds() const { return kTokensPerThread; }
+  __device__ static constexpr int rounds() { return kTokensPerThread; }
   __device__ uint64_t key(int i) const { return keys[i]; }
+};
+
+// A merge block's keys, loaded once into registers: the merged list and
+// up to kMaxSlicesPerChunk slice lists of kCandidates each.
+constexpr int kMergeKeysPerThread = (kCandidates * (kMaxSlicesPerChunk + 1) + kRowThreads - 1) / kRowThreads;
+struct CachedKeys {
+  uint64_t k[kMergeKeysPerThread];
+  __device__ static constexpr int rounds() { return kMergeKeysPerThread; }
+  __device__ uint64_t key(int i) const { return k[i]; }
 };
 
 // Keys of a row's lists in global memory: the merged list, then the slices'.
@@ -206,7 +218,6 @@ struct ListKeys {
   int32_t slice_count;
   int32_t capacity;
   int32_t total;
-  __device__ int rounds() const { return (total + int(blockDim.x) - 1) / int(blockDim.x); }
   __device__ uint64_t at(int index) const {
     if (index < merged_count) return merged[index];
     int s = 0;
@@ -229,6 +240,7 @@ __device__ uint64_t kth_largest(const Keys& keys, int k, uint32_t* hist, int32_t
   for (int shift = 56; shift >= 0; shift -= 8) {
     for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
     __syncthreads();
+#pragma unroll
     for (int i = 0; i < keys.rounds(); ++i) {
       const uint64_t key = keys.key(i);
       const bool match = key != 0 && (key & mask) == prefix;
@@ -301,6 +313,7 @@ __device__ int select_into(const Keys& keys, Raw raw_of, int keep, uint64_t floo
   }
   __syncthreads();
   int mine = 0;
+#pragma unroll
   for (int i = 0; i < keys.rounds(); ++i) {
     const uint64_t key = keys.key(i);
     mine += key != 0 && key >= floor;
@@ -310,6 +323,7 @@ __device__ int select_into(const Keys& keys, Raw raw_of, int keep, uint64_t floo
   const int present = shared[0];
   uint64_t cut = floor > 0 ? floor : 1;
   if (present > keep) cut = kth_largest(keys, keep, hist, shared + 1);
+#pragma unroll
   for (int i = 0; i < keys.rounds(); ++i) {
     const uint64_t key = keys.key(i);
     const bool take = key != 0 && key >= cut;
@@ -342,6 +356,7 @@ struct BiasArgs {
 constexpr int kBiasSort = kMaxBiasEntries;
 
 __global__ void __launch_bounds__(kBiasThreads) bias_kernel(const BiasArgs a) {
+  pdl_wait();  // launched dependent: may start before its predecessor ends
   const int r = blockIdx.x;
   const bool bad_batch = a.batch_status && *a.batch_status != FLASHSPEC_OK;
   if (threadIdx.x == 0 && !bad_batch) {
@@ -413,6 +428,7 @@ struct FoldArgs {
 };
 
 __global__ void __launch_bounds__(kFoldThreads) fold_kernel(const FoldArgs a) {
+  pdl_wait();  // launched dependent: may start before its predecessor ends
   const int row = blockIdx.y, s = blockIdx.x;
   const RowSetup r = row_setup(a.common, row);
   const int begin = s * kSliceTokens, end = min(a.count, begin + kSliceTokens);
@@ -433,6 +449,7 @@ __global__ void __launch_bounds__(kFoldThreads) fold_kernel(const FoldArgs a) {
   ControlPartial part = empty_control_partial();
   float raw[kTokensPerThread];
   uint64_t key[kTokensPerThread];
+#pragma unroll
   for (int q = 0; q < kTokensPerThread / 4; ++q) {
     const int base = begin + (q * kFoldThreads + int(threadIdx.x)) * 4;
     const int32_t token0 = a.v0 + base;
@@ -506,6 +523,7 @@ __global__ void __launch_bounds__(kFoldThreads) fold_kernel(const FoldArgs a) {
                 list.slice_keys + at, list.slice_raws + at, list.slice_counts + row * c.slices + s, hist, shared);
   }
   if (c.top_n > 0) {
+#pragma unroll
     for (int i = 0; i < kTokensPerThread; ++i) {
       const int q = i / 4, k = i % 4;
       const int tok = begin + (q * kFoldThreads + int(threadIdx.x)) * 4 + k;
@@ -532,10 +550,11 @@ __device__ void merge_list(const Lists& list, int row, int slices, int slices_in
   const int64_t merged_from = (int64_t(from) * gridDim.x + row) * list.capacity;
   const int64_t merged_to = (int64_t(to) * gridDim.x + row) * list.capacity;
   const int32_t merged_count = list.merged_counts[from * gridDim.x + row];
+  if (int(threadIdx.x) < slices_in_chunk) counts[threadIdx.x] = list.slice_counts[row * slices + threadIdx.x];
+  __syncthreads();
   if (threadIdx.x == 0) {
     int32_t running = merged_count;
     for (int s = 0; s < slices_in_chunk; ++s) {
-      counts[s] = list.slice_counts[row * slices + s];
       starts[s] = running;
       running += counts[s];
     }
@@ -546,8 +565,11 @@ __device__ void merge_list(const Lists& list, int row, int slices, int slices_in
   __syncthreads();
   const uint64_t* slice_keys = list.slice_keys + int64_t(row) * slices * list.capacity;
   const float* slice_raws = list.slice_raws + int64_t(row) * slices * list.capacity;
-  const ListKeys keys{list.merged_keys + merged_from, merged_count, slice_keys, counts, starts, slices_in_chunk,
-                      list.capacity, total};
+  const ListKeys listed{list.merged_keys + merged_from, merged_count, slice_keys, counts, starts, slices_in_chunk,
+                        list.capacity, total};
+  CachedKeys keys;
+#pragma unroll
+  for (int i = 0; i < kMergeKeysPerThread; ++i) keys.k[i] = listed.key(i);
   const float* merged_raws = list.merged_raws + merged_from;
   auto raw_of = [&](int i) {
     const int index = i * int(blockDim.x) + int(threadIdx.x);
@@ -570,6 +592,7 @@ __device__ void merge_list(const Lists& list, int row, int slices, int slices_in
 }
 
 __global__ void __launch_bounds__(kRowThreads) merge_kernel(const MergeArgs a) {
+  pdl_wait();  // launched dependent: may start before its predecessor ends
   const int row = blockIdx.x;
   const RowSetup r = row_setup(a.common, row);
   if (r.plan.status != FLASHSPEC_OK) return;
@@ -616,6 +639,7 @@ __device__ void merge_winner(Winner& a, const Winner& b) {
 }
 
 __global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs a) {
+  pdl_wait();  // launched dependent: may start before its predecessor ends
   const int row = blockIdx.x;
   const Common& c = a.common;
   const RowSetup r = row_setup(c, row);
@@ -628,10 +652,15 @@ __global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs 
   __shared__ int32_t kept, status_shared, candidate_count;
   __shared__ float lse_shared;
 
+  __shared__ ControlPartial groups[kMaxVocabulary / kSliceTokens];
+  if (r.plan.status == FLASHSPEC_OK)
+    for (int g = threadIdx.x; g < a.groups; g += blockDim.x)
+      groups[g] = a.partials[int64_t(g) * a.partial_stride + row];
+  __syncthreads();
   if (threadIdx.x == 0) {
     ControlPartial p = empty_control_partial();
     if (r.plan.status == FLASHSPEC_OK)
-      for (int g = 0; g < a.groups; ++g) merge_control_partial(p, a.partials[int64_t(g) * a.partial_stride + row]);
+      for (int g = 0; g < a.groups; ++g) merge_control_partial(p, groups[g]);
     all = p;
     int32_t status = r.plan.status;
     if (status == FLASHSPEC_OK) status = r.bias_status;
@@ -835,7 +864,8 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
                 const char** cublas_failure) {
   *cublas_failure = nullptr;
   const int32_t slices_total = (p.vocab + kSliceTokens - 1) / kSliceTokens;
-  if (slices_total > ws.max_groups || p.rows > ws.max_rows || p.requests > ws.max_requests)
+  if (slices_total > ws.max_groups || p.rows > ws.max_rows || p.requests > ws.max_requests ||
+      ws.slices_per_chunk > kMaxSlicesPerChunk)
     return cudaErrorInvalidValue;
   cudaError_t e = cudaSuccess;
   // Each row's lists start empty; merged list 0 is read first.
@@ -847,8 +877,12 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
 
   BiasArgs b{p.controls, p.draft_offsets, p.requests, p.rows, p.batch_status, ws.row_requests,
              ws.bias_tokens, ws.bias_values, ws.bias_counts};
-  bias_kernel<<<unsigned(p.requests), kBiasThreads, 0, stream>>>(b);
-  if ((e = cudaGetLastError()) != cudaSuccess) return e;
+  {
+    void* params[] = {&b};
+    e = launch_dependent(reinterpret_cast<const void*>(&bias_kernel), dim3(unsigned(p.requests)), dim3(kBiasThreads), 0,
+                         stream, params);
+  }
+  if (e != cudaSuccess) return e;
 
   Common common = {};
   common.plans = p.plans;
@@ -886,17 +920,29 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
     const int slices = (count + kSliceTokens - 1) / kSliceTokens;
     FoldArgs f{common, p.chunk_logits, p.chunk, v0, count, static_cast<ControlPartial*>(ws.partials), ws.max_rows,
                group};
-    fold_kernel<<<dim3(unsigned(slices), unsigned(p.rows)), kFoldThreads, 0, stream>>>(f);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    {
+    void* params[] = {&f};
+    e = launch_dependent(reinterpret_cast<const void*>(&fold_kernel), dim3(unsigned(slices), unsigned(p.rows)),
+                         dim3(kFoldThreads), 0, stream, params);
+  }
+    if (e != cudaSuccess) return e;
     MergeArgs m{common, slices, from};
-    merge_kernel<<<unsigned(p.rows), kRowThreads, 0, stream>>>(m);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    {
+    void* params[] = {&m};
+    e = launch_dependent(reinterpret_cast<const void*>(&merge_kernel), dim3(unsigned(p.rows)), dim3(kRowThreads), 0,
+                         stream, params);
+  }
+    if (e != cudaSuccess) return e;
     from = 1 - from;
     group += slices;
   }
   SummaryArgs s{common, static_cast<const ControlPartial*>(ws.partials), ws.max_rows, group, from, p.hidden_bad, out};
-  summary_kernel<<<unsigned(p.rows), kRowThreads, 0, stream>>>(s);
-  return cudaGetLastError();
+  {
+    void* params[] = {&s};
+    e = launch_dependent(reinterpret_cast<const void*>(&summary_kernel), dim3(unsigned(p.rows)), dim3(kRowThreads), 0,
+                         stream, params);
+  }
+  return e;
 }
 
 }  // namespace controls

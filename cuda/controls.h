@@ -41,6 +41,7 @@ constexpr int32_t kSliceTokens = 4096;                 // tokens per fold block
 constexpr int32_t kCandidates = FLASHSPEC_MAX_TOP_K;   // candidates a row keeps
 constexpr int32_t kMaxBiasEntries = 4096;              // bias entries per request the device sorts
 constexpr int32_t kMaxVocabulary = 1 << 20;            // the partials hold this many tokens' slices
+constexpr int32_t kMaxSlicesPerChunk = 16;             // cuBLAS chunks of at most 65536 tokens
 
 // Device scratch of the controlled path, sized at context creation.
 struct Workspace {

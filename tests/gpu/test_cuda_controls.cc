@@ -207,8 +207,8 @@ Outcome run_controls_parity(const ControlsCase& c) {
   flashspec_tensor hdv = hd.view();
   const DeviceControls dk(k);
   const flashspec_sampling_controls dc = dk.view(hc);
-  Dev<int32_t> d_off(offsets), d_tok(tokens), d_parents(parents), d_acc(size_t(c.requests)), d_emit(static_cast<size_t>(rows)),
-      d_top(n_top);
+  Dev<int32_t> d_off(offsets), d_tok(tokens), d_parents(parents), d_acc(size_t(c.requests)),
+      d_emit(static_cast<size_t>(rows)), d_top(n_top);
   Dev<float> d_temps(temps), d_lp(static_cast<size_t>(rows)), d_raw(static_cast<size_t>(rows)), d_toplp(n_top);
   Dev<uint64_t> d_seeds(seeds), d_ids(ids), d_steps(steps);
   flashspec_verify_batch db = hb;
@@ -368,7 +368,7 @@ TEST_F(Gpu, EachControlAloneMatchesCpu) {
   for (int requests : {5, 30}) {
     run_controls_parity({kBf16, 2503, 96, requests, 3, 1.0f, 1, 0, 0, false, false, false, false, 0});       // top-k 1
     run_controls_parity({kBf16, 2503, 96, requests, 3, 1.0f, 7, 0, 0, false, false, false, false, 0});       // top-k 7
-    run_controls_parity({kBf16, 2503, 96, requests, 3, 1.0f, 1024, 0, 0, false, false, false, false, 0});    // top-k 1024
+    run_controls_parity({kBf16, 2503, 96, requests, 3, 1.0f, 1024, 0, 0, false, false, false, false, 0});  // top-k 1024
     run_controls_parity({kBf16, 2503, 96, requests, 3, 1.0f, 0, 0.9f, 0, false, false, false, false, 0, 6.0});  // top-p
     run_controls_parity({kBf16, 2503, 96, requests, 3, 1.0f, 0, 0, 0.1f, false, false, false, false, 0, 6.0});  // min-p
     run_controls_parity({kBf16, 2503, 96, requests, 3, 1.0f, 0, 0, 0, true, false, false, false, 0});        // bias
