@@ -77,6 +77,9 @@ pub const FLASHSPEC_FINISH_STOP_TOKEN: flashspec_finish_reason = 2;
 pub const FLASHSPEC_FINISH_HOST_STOP: flashspec_finish_reason = 3;
 pub const FLASHSPEC_FINISH_CONTEXT_FULL: flashspec_finish_reason = 4;
 pub const FLASHSPEC_FINISH_CANCELLED: flashspec_finish_reason = 5;
+pub type flashspec_draft_len_rule = c_uint;
+pub const FLASHSPEC_DRAFT_LEN_ARM: flashspec_draft_len_rule = 0;
+pub const FLASHSPEC_DRAFT_LEN_ADAPTIVE: flashspec_draft_len_rule = 1;
 
 // ---- opaque handles ---------------------------------------------------------
 macro_rules! opaque {
@@ -88,7 +91,7 @@ macro_rules! opaque {
         }
     )*};
 }
-opaque!(flashspec_context, flashspec_lm_head, flashspec_summaries, flashspec_drafter, flashspec_engine);
+opaque!(flashspec_context, flashspec_lm_head, flashspec_summaries, flashspec_drafter, flashspec_engine, flashspec_batch_engine);
 
 // ---- callbacks ----------------------------------------------------------------
 pub type flashspec_draft_fn =
@@ -98,6 +101,12 @@ pub type flashspec_target_forward_fn =
 pub type flashspec_target_rollback_fn =
     Option<unsafe extern "C" fn(user_data: *mut c_void, num_keep: i32) -> c_int>;
 pub type flashspec_token_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, token: i32) -> c_int>;
+pub type flashspec_batch_target_forward_fn =
+    Option<unsafe extern "C" fn(user_data: *mut c_void, call: *mut flashspec_batch_target_call) -> c_int>;
+pub type flashspec_batch_target_rollback_fn =
+    Option<unsafe extern "C" fn(user_data: *mut c_void, sequence_id: u64, num_keep: i32) -> c_int>;
+pub type flashspec_sequence_token_fn =
+    Option<unsafe extern "C" fn(user_data: *mut c_void, sequence_id: u64, token: i32) -> c_int>;
 
 // ---- structs --------------------------------------------------------------------
 #[repr(C)]
@@ -213,6 +222,18 @@ pub struct flashspec_ngram_params {
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
+pub struct flashspec_suffix_params {
+    pub struct_size: u32,
+    pub max_match_len: i32,
+    pub max_depth: i32,
+    pub min_probability: f64,
+    pub cache_max_tokens: i32,
+    pub call_cost: f64,
+    pub token_cost: f64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
 pub struct flashspec_draft_call {
     pub struct_size: u32,
     pub context: *const i32,
@@ -279,6 +300,9 @@ pub struct flashspec_engine_params {
     pub target_step_cost: f64,
     pub target_row_cost: f64,
     pub max_context: i32,
+    /* Appended in 0.3. */
+    pub draft_len_memory: f64,
+    pub draft_len_rule: flashspec_draft_len_rule,
 }
 
 #[repr(C)]
@@ -333,6 +357,73 @@ pub struct flashspec_arm_metrics {
     pub accepted_tokens: u64,
     pub mean_reward: f64,
     pub mean_cost: f64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_batch_target_call {
+    pub struct_size: u32,
+    pub num_sequences: i32,
+    pub sequence_ids: *const u64,
+    pub num_past: *const i32,
+    pub token_offsets: *const i32,
+    pub tokens: *const i32,
+    pub row_offsets: *const i32,
+    pub num_tokens: i32,
+    pub num_rows: i32,
+    pub step: u64,
+    pub hidden: flashspec_tensor,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_batch_engine_params {
+    pub struct_size: u32,
+    pub target_forward: flashspec_batch_target_forward_fn,
+    pub target_rollback: flashspec_batch_target_rollback_fn,
+    pub target_user_data: *mut c_void,
+    pub num_drafters: i32,
+    pub arms: *const flashspec_arm,
+    pub num_arms: i32,
+    pub default_draft_len: i32,
+    pub policy: flashspec_bandit_policy,
+    pub bandit_seed: u64,
+    pub ucb_exploration: f64,
+    pub fixed_arm: i32,
+    pub oracle_rewards: *const f64,
+    pub target_step_cost: f64,
+    pub target_row_cost: f64,
+    pub max_context: i32,
+    pub max_sequences: i32,
+    pub draft_len_memory: f64,
+    pub draft_len_rule: flashspec_draft_len_rule,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_sequence_params {
+    pub struct_size: u32,
+    pub drafters: *const *mut flashspec_drafter,
+    pub num_drafters: i32,
+    pub temperature: f32,
+    pub seed: u64,
+    pub request_id: u64,
+    pub max_tokens: i32,
+    pub stop_tokens: *const i32,
+    pub num_stop_tokens: i32,
+    pub on_token: flashspec_sequence_token_fn,
+    pub on_token_user_data: *mut c_void,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flashspec_sequence_info {
+    pub struct_size: u32,
+    pub active: i32,
+    pub status: flashspec_status,
+    pub finish_reason: flashspec_finish_reason,
+    pub num_tokens: i32,
+    pub steps: i32,
 }
 
 #[repr(C)]
@@ -399,6 +490,25 @@ pub struct flashspec_api {
     pub finalize_shards: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_verify_batch, *const c_void, i32, *const flashspec_verify_result) -> flashspec_status>,
     pub draft_shard: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_lm_head, *const flashspec_tensor, *const flashspec_draft_params, *mut c_void) -> flashspec_status>,
     pub draft_from_shards: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_draft_params, *const c_void, i32, i32, *mut i32, *mut f32) -> flashspec_status>,
+    /* Appended: the batched engine. */
+    pub batch_engine_params_init: Option<unsafe extern "C" fn(*mut flashspec_batch_engine_params)>,
+    pub batch_engine_create: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_lm_head, *const flashspec_batch_engine_params, *mut *mut flashspec_batch_engine) -> flashspec_status>,
+    pub batch_engine_destroy: Option<unsafe extern "C" fn(*mut flashspec_batch_engine)>,
+    pub sequence_params_init: Option<unsafe extern "C" fn(*mut flashspec_sequence_params)>,
+    pub batch_engine_add_sequence: Option<unsafe extern "C" fn(*mut flashspec_batch_engine, u64, *const i32, i32, *const flashspec_sequence_params) -> flashspec_status>,
+    pub batch_engine_remove_sequence: Option<unsafe extern "C" fn(*mut flashspec_batch_engine, u64) -> flashspec_status>,
+    pub batch_engine_step: Option<unsafe extern "C" fn(*mut flashspec_batch_engine, *mut i32) -> flashspec_status>,
+    pub sequence_info_init: Option<unsafe extern "C" fn(*mut flashspec_sequence_info)>,
+    pub batch_engine_get_sequence: Option<unsafe extern "C" fn(*const flashspec_batch_engine, u64, *mut i32, i32, *mut flashspec_sequence_info) -> flashspec_status>,
+    pub batch_engine_sequence_error: Option<unsafe extern "C" fn(*const flashspec_batch_engine, u64) -> *const c_char>,
+    pub batch_engine_get_metrics: Option<unsafe extern "C" fn(*const flashspec_batch_engine, *mut flashspec_engine_metrics) -> flashspec_status>,
+    pub batch_engine_get_sequence_metrics: Option<unsafe extern "C" fn(*const flashspec_batch_engine, u64, *mut flashspec_engine_metrics) -> flashspec_status>,
+    pub batch_engine_get_arm_metrics: Option<unsafe extern "C" fn(*const flashspec_batch_engine, i32, *mut flashspec_arm_metrics) -> flashspec_status>,
+    /* Appended in 0.3. */
+    pub suffix_params_init: Option<unsafe extern "C" fn(*mut flashspec_suffix_params)>,
+    pub drafter_create_suffix: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_suffix_params, *mut *mut flashspec_drafter) -> flashspec_status>,
+    pub suffix_drafter_propose_tree: Option<unsafe extern "C" fn(*mut flashspec_drafter, *const i32, i32, i32, *mut i32, *mut i32, *mut i32) -> flashspec_status>,
+    pub engine_params_init_sized: Option<unsafe extern "C" fn(*mut flashspec_engine_params, usize)>,
 }
 
 // ---- functions --------------------------------------------------------------
@@ -450,10 +560,15 @@ extern "C" {
     pub fn flashspec_draft_from_shards(ctx: *mut flashspec_context, params: *const flashspec_draft_params, records: *const c_void, num_shards: i32, rows: i32, tokens_out: *mut i32, scores_out: *mut f32) -> flashspec_status;
     pub fn flashspec_ngram_params_init(params: *mut flashspec_ngram_params);
     pub fn flashspec_drafter_create_ngram(ctx: *mut flashspec_context, params: *const flashspec_ngram_params, out: *mut *mut flashspec_drafter) -> flashspec_status;
+    pub fn flashspec_suffix_params_init(params: *mut flashspec_suffix_params);
+    pub fn flashspec_drafter_create_suffix(ctx: *mut flashspec_context, params: *const flashspec_suffix_params, out: *mut *mut flashspec_drafter) -> flashspec_status;
+    pub fn flashspec_suffix_drafter_propose_tree(drafter: *mut flashspec_drafter, context: *const i32, context_len: i32, max_nodes: i32, tokens_out: *mut i32, parents_out: *mut i32, num_nodes_out: *mut i32) -> flashspec_status;
     pub fn flashspec_callback_drafter_params_init(params: *mut flashspec_callback_drafter_params);
     pub fn flashspec_drafter_create_callback(ctx: *mut flashspec_context, params: *const flashspec_callback_drafter_params, out: *mut *mut flashspec_drafter) -> flashspec_status;
     pub fn flashspec_drafter_destroy(drafter: *mut flashspec_drafter);
+    /// Fills the 0.2 layout only: use flashspec_engine_params_init_sized.
     pub fn flashspec_engine_params_init(params: *mut flashspec_engine_params);
+    pub fn flashspec_engine_params_init_sized(params: *mut flashspec_engine_params, size: usize);
     pub fn flashspec_engine_create(ctx: *mut flashspec_context, target_head: *const flashspec_lm_head, params: *const flashspec_engine_params, out: *mut *mut flashspec_engine) -> flashspec_status;
     pub fn flashspec_engine_destroy(engine: *mut flashspec_engine);
     pub fn flashspec_generate_params_init(params: *mut flashspec_generate_params);
@@ -466,5 +581,18 @@ extern "C" {
     pub fn flashspec_arm_metrics_init(metrics: *mut flashspec_arm_metrics);
     pub fn flashspec_engine_get_arm_metrics(engine: *const flashspec_engine, arm: i32, out: *mut flashspec_arm_metrics) -> flashspec_status;
     pub fn flashspec_engine_reset_metrics(engine: *mut flashspec_engine) -> flashspec_status;
+    pub fn flashspec_batch_engine_params_init(params: *mut flashspec_batch_engine_params);
+    pub fn flashspec_batch_engine_create(ctx: *mut flashspec_context, target_head: *const flashspec_lm_head, params: *const flashspec_batch_engine_params, out: *mut *mut flashspec_batch_engine) -> flashspec_status;
+    pub fn flashspec_batch_engine_destroy(engine: *mut flashspec_batch_engine);
+    pub fn flashspec_sequence_params_init(params: *mut flashspec_sequence_params);
+    pub fn flashspec_batch_engine_add_sequence(engine: *mut flashspec_batch_engine, sequence_id: u64, prompt: *const i32, prompt_len: i32, params: *const flashspec_sequence_params) -> flashspec_status;
+    pub fn flashspec_batch_engine_remove_sequence(engine: *mut flashspec_batch_engine, sequence_id: u64) -> flashspec_status;
+    pub fn flashspec_batch_engine_step(engine: *mut flashspec_batch_engine, num_active_out: *mut i32) -> flashspec_status;
+    pub fn flashspec_sequence_info_init(info: *mut flashspec_sequence_info);
+    pub fn flashspec_batch_engine_get_sequence(engine: *const flashspec_batch_engine, sequence_id: u64, tokens_out: *mut i32, capacity: i32, info: *mut flashspec_sequence_info) -> flashspec_status;
+    pub fn flashspec_batch_engine_sequence_error(engine: *const flashspec_batch_engine, sequence_id: u64) -> *const c_char;
+    pub fn flashspec_batch_engine_get_metrics(engine: *const flashspec_batch_engine, out: *mut flashspec_engine_metrics) -> flashspec_status;
+    pub fn flashspec_batch_engine_get_sequence_metrics(engine: *const flashspec_batch_engine, sequence_id: u64, out: *mut flashspec_engine_metrics) -> flashspec_status;
+    pub fn flashspec_batch_engine_get_arm_metrics(engine: *const flashspec_batch_engine, arm: i32, out: *mut flashspec_arm_metrics) -> flashspec_status;
     pub fn flashspec_get_api(abi_version: c_uint) -> *const flashspec_api;
 }
