@@ -37,10 +37,10 @@ impl std::error::Error for CallbackPanic {}
 
 /// The first failure of a callback during one engine call.
 #[derive(Default)]
-struct Failure(Option<(&'static str, BoxError)>);
+pub(crate) struct Failure(pub(crate) Option<(&'static str, BoxError)>);
 
 impl Failure {
-    fn record(&mut self, where_: &'static str, error: BoxError) {
+    pub(crate) fn record(&mut self, where_: &'static str, error: BoxError) {
         if self.0.is_none() {
             self.0 = Some((where_, error));
         }
@@ -48,7 +48,7 @@ impl Failure {
 }
 
 /// Runs `f`; an `Err` or a panic is recorded in `failure` and becomes 1.
-fn guarded(failure: &mut Failure, where_: &'static str, f: impl FnOnce() -> CallbackResult<c_int>) -> c_int {
+pub(crate) fn guarded(failure: &mut Failure, where_: &'static str, f: impl FnOnce() -> CallbackResult<c_int>) -> c_int {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(rc)) => rc,
         Ok(Err(e)) => {
@@ -63,7 +63,7 @@ fn guarded(failure: &mut Failure, where_: &'static str, f: impl FnOnce() -> Call
     }
 }
 
-fn tensor_of(data: &[f32], rows: usize, cols: usize) -> sys::flashspec_tensor {
+pub(crate) fn tensor_of(data: &[f32], rows: usize, cols: usize) -> sys::flashspec_tensor {
     host_tensor(data, rows, cols)
 }
 
@@ -109,6 +109,50 @@ impl Default for CallbackDrafterOptions {
         };
         CallbackDrafterOptions { draft_temperature: p.draft_temperature, call_cost: p.call_cost, token_cost: p.token_cost }
     }
+}
+
+/// Suffix drafter parameters (flashspec_suffix_params); `Default` gives
+/// the library's.
+#[derive(Debug, Clone)]
+pub struct SuffixOptions {
+    /// Longest suffix of the sequence matched, 1..64.
+    pub max_match_len: i32,
+    /// Longest path proposed, 1..64.
+    pub max_depth: i32,
+    /// Least score (estimated acceptance probability of a token and its
+    /// path) of a proposed token, 0..1.
+    pub min_probability: f64,
+    /// Tokens of earlier outputs kept in the cache, 0..2^24 (0: no cache).
+    pub cache_max_tokens: i32,
+    /// Costs in units of one target forward.
+    pub call_cost: f64,
+    pub token_cost: f64,
+}
+
+fn suffix_params_default() -> sys::flashspec_suffix_params {
+    let mut p = std::mem::MaybeUninit::<sys::flashspec_suffix_params>::zeroed();
+    // SAFETY: init fills every field.
+    unsafe {
+        sys::flashspec_suffix_params_init(p.as_mut_ptr());
+        p.assume_init()
+    }
+}
+
+impl Default for SuffixOptions {
+    fn default() -> Self {
+        let p = suffix_params_default();
+        SuffixOptions { max_match_len: p.max_match_len, max_depth: p.max_depth, min_probability: p.min_probability, cache_max_tokens: p.cache_max_tokens, call_cost: p.call_cost, token_cost: p.token_cost }
+    }
+}
+
+/// A suffix drafter's proposal tree: node `i` has token `tokens[i]` and
+/// parent `parents[i]`, a node index in `[-1, i)` (-1: a child of the last
+/// context token), best nodes first. `parents` is what
+/// `VerifyBatch::draft_parents` takes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DraftTree {
+    pub tokens: Vec<i32>,
+    pub parents: Vec<i32>,
 }
 
 type TokensFn<'a> = Box<dyn FnMut(&[i32], usize) -> CallbackResult<Vec<i32>> + 'a>;
@@ -160,11 +204,12 @@ unsafe extern "C" fn draft_trampoline(user_data: *mut c_void, call: *mut sys::fl
     })
 }
 
-/// A drafter; it serves one engine, which owns it.
+/// A drafter; it serves one engine (or one sequence of a batched engine),
+/// which owns it while it uses it.
 pub struct Drafter<'a> {
-    raw: *mut sys::flashspec_drafter,
+    pub(crate) raw: *mut sys::flashspec_drafter,
     state: Option<Box<DrafterState<'a>>>,
-    _context: PhantomData<&'a Context>,
+    ctx: &'a Context,
 }
 
 impl Drop for Drafter<'_> {
@@ -174,7 +219,38 @@ impl Drop for Drafter<'_> {
 }
 
 impl<'a> Drafter<'a> {
-    fn take_failure(&mut self) -> Option<(&'static str, BoxError)> {
+    /// A draft tree after `context` from a suffix drafter, of at most
+    /// `max_nodes` nodes (0..=[`MAX_DRAFT_LEN`](crate::MAX_DRAFT_LEN)),
+    /// for a host that verifies trees itself. The drafter first indexes
+    /// `context` (non-empty, token ids ≥ 0): a context that extends the one
+    /// it indexed last costs only its new tokens; any other starts a new
+    /// sequence and the previous one's output enters the cache of earlier
+    /// outputs (see flashspec_suffix_drafter_propose_tree). Nodes come best
+    /// first, so the first n nodes of a larger budget are the tree of
+    /// budget n; none when nothing matched. Errors: OUT_OF_RANGE
+    /// (`max_nodes`, checked here; the context), INVALID_ARGUMENT (not a
+    /// suffix drafter).
+    pub fn propose_tree(&mut self, context: &[i32], max_nodes: usize) -> Result<DraftTree> {
+        if max_nodes > crate::MAX_DRAFT_LEN {
+            return Err(crate::out_of_range(format!("max_nodes: {max_nodes} is more than FLASHSPEC_MAX_DRAFT_LEN = {}", sys::FLASHSPEC_MAX_DRAFT_LEN)));
+        }
+        let context_len = i32::try_from(context.len()).map_err(|_| crate::out_of_range(format!("context: {} tokens do not fit an int32_t", context.len())))?;
+        // Buffers of max_nodes entries (at least one, so never NULL): the
+        // library writes at most max_nodes of each.
+        let (mut tokens, mut parents) = (vec![0i32; max_nodes.max(1)], vec![0i32; max_nodes.max(1)]);
+        let mut num_nodes = 0i32;
+        // SAFETY: context holds context_len tokens (an empty one passes its
+        // non-null, unread pointer, refused as OUT_OF_RANGE context_len);
+        // tokens and parents hold max_nodes entries.
+        let status = unsafe { sys::flashspec_suffix_drafter_propose_tree(self.raw, context.as_ptr(), context_len, max_nodes as i32, tokens.as_mut_ptr(), parents.as_mut_ptr(), &mut num_nodes) };
+        check(status, self.ctx.raw)?;
+        let n = (num_nodes.max(0) as usize).min(max_nodes);
+        tokens.truncate(n);
+        parents.truncate(n);
+        Ok(DraftTree { tokens, parents })
+    }
+
+    pub(crate) fn take_failure(&mut self) -> Option<(&'static str, BoxError)> {
         self.state.as_mut().and_then(|s| s.failure.0.take())
     }
 }
@@ -193,7 +269,25 @@ impl Context {
         p.token_cost = options.token_cost;
         let mut raw = ptr::null_mut();
         check(unsafe { sys::flashspec_drafter_create_ngram(self.raw, &p, &mut raw) }, self.raw)?;
-        Ok(Drafter { raw, state: None, _context: PhantomData })
+        Ok(Drafter { raw, state: None, ctx: self })
+    }
+
+    /// The built-in suffix drafter (SuffixDecoding): it indexes the current
+    /// sequence and a cache of its earlier generations' outputs, and
+    /// drafts as long as the counts are confident. Reuse it across
+    /// generations (or sequences of a batched engine) to profit from the
+    /// cache; [`Drafter::propose_tree`] gives trees.
+    pub fn suffix_drafter(&self, options: &SuffixOptions) -> Result<Drafter<'_>> {
+        let mut p = suffix_params_default();
+        p.max_match_len = options.max_match_len;
+        p.max_depth = options.max_depth;
+        p.min_probability = options.min_probability;
+        p.cache_max_tokens = options.cache_max_tokens;
+        p.call_cost = options.call_cost;
+        p.token_cost = options.token_cost;
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::flashspec_drafter_create_suffix(self.raw, &p, &mut raw) }, self.raw)?;
+        Ok(Drafter { raw, state: None, ctx: self })
     }
 
     fn callback_drafter_with<'a>(&'a self, closure: DraftClosure<'a>, options: &CallbackDrafterOptions) -> Result<Drafter<'a>> {
@@ -215,7 +309,7 @@ impl Context {
         p.token_cost = options.token_cost;
         let mut raw = ptr::null_mut();
         check(unsafe { sys::flashspec_drafter_create_callback(self.raw, &p, &mut raw) }, self.raw)?;
-        Ok(Drafter { raw, state: Some(state), _context: PhantomData })
+        Ok(Drafter { raw, state: Some(state), ctx: self })
     }
 
     /// A drafter backed by `f(context, max_tokens)`, which returns up to
@@ -266,6 +360,73 @@ pub struct Arm {
     pub draft_len: i32,
 }
 
+/// How many tokens a step drafts (flashspec_draft_len_rule).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DraftLenRule {
+    /// The played arm's k.
+    Arm,
+    /// Dynamic speculation length: up to the arm's k, the k that maximises
+    /// the expected tokens per unit cost under live per-drafter acceptance
+    /// estimates (see FLASHSPEC_DRAFT_LEN_ADAPTIVE).
+    Adaptive,
+}
+
+impl DraftLenRule {
+    pub(crate) fn raw(self) -> sys::flashspec_draft_len_rule {
+        match self {
+            DraftLenRule::Arm => sys::FLASHSPEC_DRAFT_LEN_ARM,
+            DraftLenRule::Adaptive => sys::FLASHSPEC_DRAFT_LEN_ADAPTIVE,
+        }
+    }
+
+    pub(crate) fn from_raw(raw: sys::flashspec_draft_len_rule) -> DraftLenRule {
+        if raw == sys::FLASHSPEC_DRAFT_LEN_ADAPTIVE { DraftLenRule::Adaptive } else { DraftLenRule::Arm }
+    }
+}
+
+/// The arm table the library reads, or `None` for one arm per drafter.
+pub(crate) fn arm_table(arms: Option<&[Arm]>) -> Option<Vec<sys::flashspec_arm>> {
+    arms.map(|arms| arms.iter().map(|a| sys::flashspec_arm { drafter: a.drafter.map_or(-1, |d| d as i32), draft_len: a.draft_len }).collect())
+}
+
+/// Sets the policy fields of flashspec_engine_params or
+/// flashspec_batch_engine_params (the same names in both) from a
+/// [`Policy`]; `$arms` is the number of arms the library will read oracle
+/// rewards for. Evaluates to the oracle rewards, which must outlive the
+/// create call, or returns OUT_OF_RANGE when there are too few.
+macro_rules! set_policy {
+    ($p:expr, $policy:expr, $arms:expr) => {{
+        let mut oracle: Vec<f64> = Vec::new();
+        match $policy {
+            Policy::Ucb1 { exploration } => {
+                $p.policy = sys::FLASHSPEC_BANDIT_UCB1;
+                $p.ucb_exploration = exploration;
+            }
+            Policy::Thompson { seed } => {
+                $p.policy = sys::FLASHSPEC_BANDIT_THOMPSON;
+                $p.bandit_seed = seed;
+            }
+            Policy::Fixed(arm) => {
+                $p.policy = sys::FLASHSPEC_BANDIT_FIXED;
+                $p.fixed_arm = arm;
+            }
+            Policy::Oracle(rewards) => {
+                // The library reads one reward per arm. (None at all is
+                // passed as NULL, which the library refuses itself.)
+                let arms: usize = $arms;
+                if !rewards.is_empty() && rewards.len() < arms {
+                    return Err(Error { status: sys::FLASHSPEC_ERR_OUT_OF_RANGE, message: format!("oracle rewards: {} entries for {arms} arms", rewards.len()) });
+                }
+                $p.policy = sys::FLASHSPEC_BANDIT_ORACLE;
+                oracle = rewards;
+                $p.oracle_rewards = if oracle.is_empty() { ptr::null() } else { oracle.as_ptr() };
+            }
+        }
+        oracle
+    }};
+}
+pub(crate) use set_policy;
+
 type RollbackFn<'a> = Box<dyn FnMut(usize) -> CallbackResult<()> + 'a>;
 type ForwardFn<'a> = Box<dyn FnMut(&[i32], usize, usize) -> CallbackResult<Vec<f32>> + 'a>;
 
@@ -284,13 +445,18 @@ pub struct EngineOptions<'a> {
     pub target_row_cost: f64,
     /// Most tokens the target's cache holds; 0 = unlimited.
     pub max_context: i32,
+    /// How many tokens a step drafts; the library default is [`DraftLenRule::Arm`].
+    pub draft_len_rule: DraftLenRule,
+    /// [`DraftLenRule::Adaptive`]: steps the acceptance estimates remember,
+    /// 1..1e6 (the library default is 64).
+    pub draft_len_memory: f64,
 }
 
 fn engine_params_default() -> sys::flashspec_engine_params {
     let mut p = std::mem::MaybeUninit::<sys::flashspec_engine_params>::zeroed();
     // SAFETY: init fills every field.
     unsafe {
-        sys::flashspec_engine_params_init(p.as_mut_ptr());
+        sys::flashspec_engine_params_init_sized(p.as_mut_ptr(), std::mem::size_of::<sys::flashspec_engine_params>());
         p.assume_init()
     }
 }
@@ -298,7 +464,7 @@ fn engine_params_default() -> sys::flashspec_engine_params {
 impl Default for EngineOptions<'_> {
     fn default() -> Self {
         let p = engine_params_default();
-        EngineOptions { rollback: None, drafters: Vec::new(), arms: None, default_draft_len: p.default_draft_len, policy: Policy::Ucb1 { exploration: p.ucb_exploration }, target_step_cost: p.target_step_cost, target_row_cost: p.target_row_cost, max_context: p.max_context }
+        EngineOptions { rollback: None, drafters: Vec::new(), arms: None, default_draft_len: p.default_draft_len, policy: Policy::Ucb1 { exploration: p.ucb_exploration }, target_step_cost: p.target_step_cost, target_row_cost: p.target_row_cost, max_context: p.max_context, draft_len_rule: DraftLenRule::from_raw(p.draft_len_rule), draft_len_memory: p.draft_len_memory }
     }
 }
 
@@ -362,7 +528,7 @@ pub enum FinishReason {
 }
 
 impl FinishReason {
-    fn from_raw(raw: sys::flashspec_finish_reason) -> FinishReason {
+    pub(crate) fn from_raw(raw: sys::flashspec_finish_reason) -> FinishReason {
         match raw {
             sys::FLASHSPEC_FINISH_LENGTH => FinishReason::Length,
             sys::FLASHSPEC_FINISH_STOP_TOKEN => FinishReason::StopToken,
@@ -498,7 +664,36 @@ pub struct EngineMetrics {
     pub arms: Vec<ArmMetrics>,
 }
 
+/// Zeroed metrics with struct_size set, for a get_metrics call to fill.
+pub(crate) fn metrics_init() -> sys::flashspec_engine_metrics {
+    let mut m = std::mem::MaybeUninit::<sys::flashspec_engine_metrics>::zeroed();
+    // SAFETY: init fills every field.
+    unsafe {
+        sys::flashspec_engine_metrics_init(m.as_mut_ptr());
+        m.assume_init()
+    }
+}
+
+/// The statistics of arms 0..num_arms, each read by `get(arm, out)`.
+pub(crate) fn arm_metrics(num_arms: i32, mut get: impl FnMut(i32, &mut sys::flashspec_arm_metrics) -> Result<()>) -> Result<Vec<ArmMetrics>> {
+    (0..num_arms.max(0))
+        .map(|i| {
+            let mut a = std::mem::MaybeUninit::<sys::flashspec_arm_metrics>::zeroed();
+            let mut a = unsafe {
+                sys::flashspec_arm_metrics_init(a.as_mut_ptr());
+                a.assume_init()
+            };
+            get(i, &mut a)?;
+            Ok(ArmMetrics { drafter: usize::try_from(a.drafter).ok(), draft_len: a.draft_len, pulls: a.pulls, draft_tokens: a.draft_tokens, accepted_tokens: a.accepted_tokens, mean_reward: a.mean_reward, mean_cost: a.mean_cost })
+        })
+        .collect()
+}
+
 impl EngineMetrics {
+    pub(crate) fn from_raw(m: &sys::flashspec_engine_metrics, position_drafted: Vec<u64>, position_accepted: Vec<u64>, arms: Vec<ArmMetrics>) -> EngineMetrics {
+        EngineMetrics { steps: m.steps, drafts: m.drafts, draft_tokens: m.draft_tokens, accepted_tokens: m.accepted_tokens, emitted_tokens: m.emitted_tokens, acceptance_rate: m.acceptance_rate, mean_accepted_length: m.mean_accepted_length, tokens_per_step: m.tokens_per_step, step_latency_p50_us: m.step_latency_p50_us, step_latency_p99_us: m.step_latency_p99_us, position_drafted, position_accepted, arms }
+    }
+
     /// The acceptance rate at each draft position.
     pub fn position_acceptance(&self) -> Vec<f64> {
         self.position_drafted.iter().zip(&self.position_accepted).map(|(&d, &a)| if d > 0 { a as f64 / d as f64 } else { 0.0 }).collect()
@@ -529,7 +724,7 @@ impl Drop for Engine<'_> {
 
 impl<'a> Engine<'a> {
     fn new(ctx: &'a Context, head: &'a LmHead<'_>, forward: ForwardFn<'a>, options: EngineOptions<'a>) -> Result<Engine<'a>> {
-        let EngineOptions { rollback, drafters, arms, default_draft_len, policy, target_step_cost, target_row_cost, max_context } = options;
+        let EngineOptions { rollback, drafters, arms, default_draft_len, policy, target_step_cost, target_row_cost, max_context, draft_len_rule, draft_len_memory } = options;
         let has_rollback = rollback.is_some();
         let mut state = Box::new(EngineState { forward, rollback, hidden_size: head.hidden, hidden: Vec::new(), failure: Failure::default() });
         let mut p = engine_params_default();
@@ -539,42 +734,19 @@ impl<'a> Engine<'a> {
         let raws: Vec<*mut sys::flashspec_drafter> = drafters.iter().map(|d| d.raw).collect();
         p.drafters = if raws.is_empty() { ptr::null() } else { raws.as_ptr() };
         p.num_drafters = raws.len() as i32;
-        let arm_table: Option<Vec<sys::flashspec_arm>> = arms.map(|arms| arms.iter().map(|a| sys::flashspec_arm { drafter: a.drafter.map_or(-1, |d| d as i32), draft_len: a.draft_len }).collect());
+        let arm_table = arm_table(arms.as_deref());
         if let Some(table) = &arm_table {
             p.arms = if table.is_empty() { ptr::null() } else { table.as_ptr() };
             p.num_arms = table.len() as i32;
         }
         p.default_draft_len = default_draft_len;
-        let oracle;
-        match policy {
-            Policy::Ucb1 { exploration } => {
-                p.policy = sys::FLASHSPEC_BANDIT_UCB1;
-                p.ucb_exploration = exploration;
-            }
-            Policy::Thompson { seed } => {
-                p.policy = sys::FLASHSPEC_BANDIT_THOMPSON;
-                p.bandit_seed = seed;
-            }
-            Policy::Fixed(arm) => {
-                p.policy = sys::FLASHSPEC_BANDIT_FIXED;
-                p.fixed_arm = arm;
-            }
-            Policy::Oracle(rewards) => {
-                // The library reads one reward per arm: the arms given, or one
-                // per drafter (at least one) when none are. (None at all is
-                // passed as NULL, which the library refuses itself.)
-                let arms = arm_table.as_ref().map_or(raws.len().max(1), |t| t.len());
-                if !rewards.is_empty() && rewards.len() < arms {
-                    return Err(Error { status: sys::FLASHSPEC_ERR_OUT_OF_RANGE, message: format!("oracle rewards: {} entries for {arms} arms", rewards.len()) });
-                }
-                p.policy = sys::FLASHSPEC_BANDIT_ORACLE;
-                oracle = rewards;
-                p.oracle_rewards = if oracle.is_empty() { ptr::null() } else { oracle.as_ptr() };
-            }
-        }
+        // One reward per arm: the arms given, or one per drafter (at least one).
+        let _oracle = set_policy!(p, policy, arm_table.as_ref().map_or(raws.len().max(1), |t| t.len()));
         p.target_step_cost = target_step_cost;
         p.target_row_cost = target_row_cost;
         p.max_context = max_context;
+        p.draft_len_rule = draft_len_rule.raw();
+        p.draft_len_memory = draft_len_memory;
         let mut raw = ptr::null_mut();
         check(unsafe { sys::flashspec_engine_create(ctx.raw, head.raw, &p, &mut raw) }, ctx.raw)?;
         Ok(Engine { raw, ctx, state, cancel: Arc::new(Mutex::new(EnginePtr(raw))), drafters, _head: PhantomData, _not_sync: PhantomData })
@@ -659,28 +831,15 @@ impl<'a> Engine<'a> {
 
     /// A snapshot of the metrics.
     pub fn metrics(&self) -> Result<EngineMetrics> {
-        let mut m = std::mem::MaybeUninit::<sys::flashspec_engine_metrics>::zeroed();
-        let mut m = unsafe {
-            sys::flashspec_engine_metrics_init(m.as_mut_ptr());
-            m.assume_init()
-        };
+        let mut m = metrics_init();
         check(unsafe { sys::flashspec_engine_get_metrics(self.raw, &mut m) }, self.ctx.raw)?;
         let n = m.num_positions.max(0) as usize;
         let (mut drafted, mut accepted) = (vec![0u64; n.max(1)], vec![0u64; n.max(1)]);
         check(unsafe { sys::flashspec_engine_get_position_metrics(self.raw, n as i32, drafted.as_mut_ptr(), accepted.as_mut_ptr(), ptr::null_mut()) }, self.ctx.raw)?;
         drafted.truncate(n);
         accepted.truncate(n);
-        let mut arms = Vec::new();
-        for i in 0..m.num_arms {
-            let mut a = std::mem::MaybeUninit::<sys::flashspec_arm_metrics>::zeroed();
-            let mut a = unsafe {
-                sys::flashspec_arm_metrics_init(a.as_mut_ptr());
-                a.assume_init()
-            };
-            check(unsafe { sys::flashspec_engine_get_arm_metrics(self.raw, i, &mut a) }, self.ctx.raw)?;
-            arms.push(ArmMetrics { drafter: usize::try_from(a.drafter).ok(), draft_len: a.draft_len, pulls: a.pulls, draft_tokens: a.draft_tokens, accepted_tokens: a.accepted_tokens, mean_reward: a.mean_reward, mean_cost: a.mean_cost });
-        }
-        Ok(EngineMetrics { steps: m.steps, drafts: m.drafts, draft_tokens: m.draft_tokens, accepted_tokens: m.accepted_tokens, emitted_tokens: m.emitted_tokens, acceptance_rate: m.acceptance_rate, mean_accepted_length: m.mean_accepted_length, tokens_per_step: m.tokens_per_step, step_latency_p50_us: m.step_latency_p50_us, step_latency_p99_us: m.step_latency_p99_us, position_drafted: drafted, position_accepted: accepted, arms })
+        let arms = arm_metrics(m.num_arms, |i, a| check(unsafe { sys::flashspec_engine_get_arm_metrics(self.raw, i, a) }, self.ctx.raw))?;
+        Ok(EngineMetrics::from_raw(&m, drafted, accepted, arms))
     }
 
     /// Zero the metrics (the policy keeps what it learned).

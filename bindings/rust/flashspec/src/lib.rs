@@ -31,9 +31,14 @@ pub use flashspec_sys as sys;
 
 mod controls;
 pub use controls::{pack_token_mask, LogitBias, LogitBiasBuf, SamplingControls, TokenMask, MAX_TOP_K, MAX_TOP_LOGPROBS, TOP_K_ALL};
+mod batch_engine;
+pub use batch_engine::{BatchEngine, BatchEngineOptions, BatchForward, SequenceError, SequenceState, SharedError, StepError};
 mod engine;
-pub use engine::{Arm, ArmMetrics, BoxError, CallbackDrafterOptions, CallbackPanic, CallbackResult, Canceller, Drafter, Engine, EngineMetrics, EngineOptions, FinishReason, GenerateError, GenerateOptions, Generation, NgramOptions, Policy};
+pub use engine::{Arm, ArmMetrics, BoxError, CallbackDrafterOptions, CallbackPanic, CallbackResult, Canceller, DraftLenRule, DraftTree, Drafter, Engine, EngineMetrics, EngineOptions, FinishReason, GenerateError, GenerateOptions, Generation, NgramOptions, Policy, SuffixOptions};
 
+/// Most draft tokens per request, and most nodes of a proposed tree
+/// (FLASHSPEC_MAX_DRAFT_LEN).
+pub const MAX_DRAFT_LEN: usize = sys::FLASHSPEC_MAX_DRAFT_LEN as usize;
 /// Bytes of one row's record in the shard calls (FLASHSPEC_SHARD_RECORD_BYTES).
 pub const SHARD_RECORD_BYTES: usize = sys::FLASHSPEC_SHARD_RECORD_BYTES;
 /// The record layout this crate's library writes and reads (FLASHSPEC_SHARD_RECORD_VERSION).
