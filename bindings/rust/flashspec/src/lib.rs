@@ -20,7 +20,9 @@
 //! The speculative engine ([`Engine`], from [`Context::engine`]) takes the
 //! target model and callback drafters as closures; a closure's error or
 //! panic fails the generation with a [`GenerateError`] whose `source` is
-//! that error, and the engine stays usable.
+//! that error, and the engine stays usable. [`BatchEngine`] (from
+//! [`Context::batch_engine`]) runs many sequences, each with its own
+//! drafters, in one target forward and one verify pass per step.
 use std::cell::Cell;
 use std::ffi::CStr;
 use std::fmt;
