@@ -96,6 +96,8 @@ type BatchEngineOptions struct {
 	TargetRowCost   float64
 	MaxContext      int
 	MaxSequences    int
+	DraftLenRule    DraftLenRule // DraftLenAdaptive: each sequence keeps its own estimates per drafter
+	DraftLenMemory  float64      // 0: the default (64)
 }
 
 // DefaultBatchEngineOptions are the library's defaults
@@ -107,7 +109,8 @@ func DefaultBatchEngineOptions() BatchEngineOptions {
 	return BatchEngineOptions{NumDrafters: p.GetNum_drafters(), DefaultDraftLen: p.GetDefault_draft_len(),
 		Policy: Policy(p.GetPolicy()), BanditSeed: p.GetBandit_seed(), UCBExploration: p.GetUcb_exploration(),
 		FixedArm: p.GetFixed_arm(), TargetStepCost: p.GetTarget_step_cost(), TargetRowCost: p.GetTarget_row_cost(),
-		MaxContext: p.GetMax_context(), MaxSequences: p.GetMax_sequences()}
+		MaxContext: p.GetMax_context(), MaxSequences: p.GetMax_sequences(),
+		DraftLenRule: DraftLenRule(p.GetDraft_len_rule()), DraftLenMemory: p.GetDraft_len_memory()}
 }
 
 type batchEngineState struct {
@@ -227,6 +230,10 @@ func (c *Context) NewBatchEngine(head *LMHead, forward BatchTargetForward, o *Ba
 	p.SetTarget_row_cost(o.TargetRowCost)
 	p.SetMax_context(o.MaxContext)
 	p.SetMax_sequences(o.MaxSequences)
+	if err := setDraftLen(p, o.DraftLenRule, o.DraftLenMemory); err != nil {
+		h.Delete()
+		return nil, err
+	}
 	slot := out[uintptr](&a, 1)
 	if err := c.call(func(raw capi.Struct_SS_flashspec_context) capi.Enum_SS_flashspec_status {
 		return capi.Flashspec_batch_engine_create(raw, hr, p, uintptr(slot))

@@ -32,6 +32,7 @@ import "C"
 
 import (
 	"fmt"
+	"math"
 	"runtime/cgo"
 	"sync"
 	"unsafe"
@@ -307,6 +308,43 @@ const (
 	PolicyOracle   = Policy(C.FLASHSPEC_BANDIT_ORACLE)
 )
 
+// DraftLenRule says how many tokens a step drafts (flashspec_draft_len_rule).
+type DraftLenRule int
+
+// Draft length rules.
+const (
+	// DraftLenArm drafts the played arm's k.
+	DraftLenArm = DraftLenRule(C.FLASHSPEC_DRAFT_LEN_ARM)
+	// DraftLenAdaptive drafts, each step, the k in [0, the arm's k] that
+	// maximises the expected tokens per unit cost, from live per-position
+	// acceptance estimates per drafter remembered over about DraftLenMemory
+	// steps (see flashspec_draft_len_rule); k = 0 decodes without asking the
+	// drafter.
+	DraftLenAdaptive = DraftLenRule(C.FLASHSPEC_DRAFT_LEN_ADAPTIVE)
+)
+
+// draftLenParams is what flashspec_engine_params and
+// flashspec_batch_engine_params share of the draft length options.
+type draftLenParams interface {
+	SetDraft_len_rule(capi.Enum_SS_flashspec_draft_len_rule)
+	SetDraft_len_memory(float64)
+}
+
+// setDraftLen fills the draft length options of either engine. A rule the
+// C enum cannot hold is refused here (converted, it could wrap to a known
+// rule); other unknown rules and memories outside [1, 1e6] are the
+// library's ErrInvalidArgument. Memory 0 keeps the library default (64).
+func setDraftLen(p draftLenParams, rule DraftLenRule, memory float64) error {
+	if int(rule) < math.MinInt32 || int(rule) > math.MaxInt32 {
+		return &Error{Status: ErrInvalidArgument, Message: fmt.Sprintf("DraftLenRule: unknown value %d", int(rule))}
+	}
+	p.SetDraft_len_rule(capi.Enum_SS_flashspec_draft_len_rule(rule))
+	if memory != 0 {
+		p.SetDraft_len_memory(memory)
+	}
+	return nil
+}
+
 // Arm is a (drafter, draft length) pair; a nil Drafter with DraftLen 0
 // decodes without drafting.
 type Arm struct {
@@ -329,6 +367,8 @@ type EngineOptions struct {
 	TargetStepCost  float64
 	TargetRowCost   float64
 	MaxContext      int // 0: unlimited
+	DraftLenRule    DraftLenRule
+	DraftLenMemory  float64 // DraftLenAdaptive: steps remembered, 1..1e6; 0: the default (64)
 }
 
 // DefaultEngineOptions are the library's defaults (flashspec_engine_params_init).
@@ -338,7 +378,8 @@ func DefaultEngineOptions() EngineOptions {
 	capi.Flashspec_engine_params_init(p)
 	return EngineOptions{DefaultDraftLen: p.GetDefault_draft_len(), Policy: Policy(p.GetPolicy()),
 		BanditSeed: p.GetBandit_seed(), UCBExploration: p.GetUcb_exploration(), FixedArm: p.GetFixed_arm(),
-		TargetStepCost: p.GetTarget_step_cost(), TargetRowCost: p.GetTarget_row_cost(), MaxContext: p.GetMax_context()}
+		TargetStepCost: p.GetTarget_step_cost(), TargetRowCost: p.GetTarget_row_cost(), MaxContext: p.GetMax_context(),
+		DraftLenRule: DraftLenRule(p.GetDraft_len_rule()), DraftLenMemory: p.GetDraft_len_memory()}
 }
 
 type engineState struct {
@@ -464,6 +505,10 @@ func (c *Context) NewEngine(head *LMHead, forward TargetForward, o *EngineOption
 	p.SetTarget_step_cost(o.TargetStepCost)
 	p.SetTarget_row_cost(o.TargetRowCost)
 	p.SetMax_context(o.MaxContext)
+	if err := setDraftLen(p, o.DraftLenRule, o.DraftLenMemory); err != nil {
+		h.Delete()
+		return nil, err
+	}
 	slot := out[uintptr](&a, 1)
 	if err := c.call(func(raw capi.Struct_SS_flashspec_context) capi.Enum_SS_flashspec_status {
 		return capi.Flashspec_engine_create(raw, hr, p, uintptr(slot))
