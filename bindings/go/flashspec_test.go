@@ -218,14 +218,14 @@ func TestPhiloxAndPluginTable(t *testing.T) {
 
 // Each Go block of bindings/README.md is taken verbatim from an example
 // (example_test.go, example_engine_test.go, example_batch_engine_test.go, example_controls_test.go,
-// example_shards_test.go, example_sparse_test.go), which go test runs.
+// example_shards_test.go, example_sparse_test.go, example_suffix_test.go), which go test runs.
 func TestReadmeSnippetIsFromTheExample(t *testing.T) {
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var examples string
-	for _, name := range []string{"example_test.go", "example_engine_test.go", "example_batch_engine_test.go", "example_controls_test.go", "example_shards_test.go", "example_sparse_test.go"} {
+	for _, name := range []string{"example_test.go", "example_engine_test.go", "example_batch_engine_test.go", "example_controls_test.go", "example_shards_test.go", "example_sparse_test.go", "example_suffix_test.go"} {
 		example, err := os.ReadFile(name)
 		if err != nil {
 			t.Fatal(err)
