@@ -23,7 +23,7 @@ import numpy as np
 from . import _arrays
 from . import _engine
 from . import capi as _capi
-from ._engine import (POLICIES, Drafter, EngineMetrics, FinishReason, _address, _check_struct, _Failure,
+from ._engine import (DRAFT_LEN_RULES, POLICIES, Drafter, EngineMetrics, FinishReason, _address, _check_struct, _Failure,
                       _guarded, _int_tokens, _set_tensor, _Tensor)
 from .errors import check, error_class
 
@@ -109,6 +109,9 @@ class BatchEngine:
     sequence runs its own bandit of kind ``policy``; the other arguments
     mean what they mean for Engine. ``max_sequences`` (0: as many as the
     context's workspace holds) bounds the sequences in the engine at once.
+    ``draft_len_rule`` "adaptive" (with ``draft_len_memory``) picks each
+    step's k as Engine does, from acceptance estimates each sequence keeps
+    for its own drafters; "arm" drafts the arm's k.
 
     A sequence emits exactly the tokens Engine.generate emits for the same
     prompt, parameters and drafters, at any temperature.
@@ -118,13 +121,16 @@ class BatchEngine:
 
     def __init__(self, context, head, target_forward, *, target_rollback=None, num_drafters=0, arms=None,
                  default_draft_len=4, policy="ucb1", bandit_seed=0, ucb_exploration=1.0, fixed_arm=0,
-                 oracle_rewards=None, target_step_cost=1.0, target_row_cost=0.02, max_context=0, max_sequences=0):
+                 oracle_rewards=None, target_step_cost=1.0, target_row_cost=0.02, max_context=0, max_sequences=0,
+                 draft_len_rule="arm", draft_len_memory=64.0):
         if not callable(target_forward):
             raise TypeError("target_forward must be callable")
         if target_rollback is not None and not callable(target_rollback):
             raise TypeError("target_rollback must be callable or None")
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {sorted(POLICIES)}, not {policy!r}")
+        if draft_len_rule not in DRAFT_LEN_RULES:
+            raise ValueError(f"draft_len_rule must be one of {sorted(DRAFT_LEN_RULES)}, not {draft_len_rule!r}")
         self._raw = None
         self.context = context
         self.head = head
@@ -173,6 +179,8 @@ class BatchEngine:
         params.target_row_cost = target_row_cost
         params.max_context = max_context
         params.max_sequences = max_sequences
+        params.draft_len_rule = DRAFT_LEN_RULES[draft_len_rule]
+        params.draft_len_memory = draft_len_memory
         with context._lock:
             status, raw = _capi.flashspec_batch_engine_create(context.raw, head.raw, params)
             check(status, context.raw)

@@ -1,6 +1,6 @@
 # Type information for flashspec._batch_engine (BatchEngine).
 from types import TracebackType
-from typing import Any, Callable, Iterable, NamedTuple, TypeVar
+from typing import Any, Callable, Iterable, Literal, NamedTuple, TypeVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -42,7 +42,8 @@ class BatchEngine:
                  arms: Iterable[tuple[int | None, int]] | None = None, default_draft_len: int = 4,
                  policy: _Policy = "ucb1", bandit_seed: int = 0, ucb_exploration: float = 1.0, fixed_arm: int = 0,
                  oracle_rewards: ArrayLike | None = None, target_step_cost: float = 1.0,
-                 target_row_cost: float = 0.02, max_context: int = 0, max_sequences: int = 0) -> None: ...
+                 target_row_cost: float = 0.02, max_context: int = 0, max_sequences: int = 0,
+                 draft_len_rule: Literal["arm", "adaptive"] = "arm", draft_len_memory: float = 64.0) -> None: ...
     @property
     def raw(self) -> Any: ...
     @property

@@ -306,3 +306,54 @@ def test_lifetimes(model):
     del engine
     gc.collect()
     ctx.close()
+
+
+# ---- the suffix drafter and the draft length rule ----------------------------------
+def noise_drafter(ctx, seed):
+    """Proposes random tokens: almost always rejected."""
+    rng = np.random.default_rng(seed)
+    return flashspec.CallbackDrafter(ctx, lambda context, k: rng.integers(0, V, size=k))
+
+
+def run_greedy_batch(ctx, model, make_drafters, n, **options):
+    """Every prompt of PROMPTS to n tokens at T = 0 in one BatchEngine,
+    checked against greedy decoding; returns the engine's metrics."""
+    head = ctx.lm_head(model.W)
+    host = BatchHost(model)
+    with flashspec.BatchEngine(ctx, head, host.forward, target_rollback=host.rollback, **options) as engine:
+        for i, prompt in PROMPTS.items():
+            engine.add_sequence(i, prompt, drafters=make_drafters(i), temperature=0, max_tokens=n)
+        engine.run()
+        for i, prompt in PROMPTS.items():
+            state = engine.sequence(i)
+            assert state.tokens == model.greedy(prompt, n) and state.error is None
+            assert state.finish_reason == flashspec.FinishReason.LENGTH
+        return engine.metrics()
+
+
+def test_suffix_drafter_and_adaptive_draft_len_equal_greedy_decoding(ctx, model):
+    m = run_greedy_batch(ctx, model, lambda i: [flashspec.SuffixDrafter(ctx), noise_drafter(ctx, i % 97)], 40,
+                         num_drafters=2, arms=[(0, 6), (1, 6), (None, 0)], draft_len_rule="adaptive",
+                         draft_len_memory=16.0)
+    assert m.steps < 40 * len(PROMPTS) and m.arms[0].accepted_tokens > 0
+
+
+def test_draft_len_rule_reaches_the_batch_engine(ctx, model):
+    """A drafter that is never right: the arm rule drafts k = 6 every step,
+    the adaptive one soon stops asking it."""
+    drafted = {}
+    for rule in ("arm", "adaptive"):
+        m = run_greedy_batch(ctx, model, lambda i: [noise_drafter(ctx, i % 97)], 60, num_drafters=1,
+                             arms=[(0, 6)], policy="fixed", target_row_cost=0.1, draft_len_rule=rule)
+        drafted[rule] = m.draft_tokens
+    assert drafted["adaptive"] * 4 <= drafted["arm"], drafted
+
+
+def test_draft_len_rule_bad_input(ctx, model):
+    head = ctx.lm_head(model.W)
+    forward = BatchHost(model).forward
+    with pytest.raises(ValueError, match="draft_len_rule"):
+        flashspec.BatchEngine(ctx, head, forward, draft_len_rule="sometimes")
+    for memory in (0.5, 2e6, float("nan")):
+        with pytest.raises(flashspec.InvalidArgumentError, match="params->draft_len_memory"):
+            flashspec.BatchEngine(ctx, head, forward, draft_len_rule="adaptive", draft_len_memory=memory)
