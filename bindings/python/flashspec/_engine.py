@@ -130,6 +130,11 @@ class Drafter:
     """A drafter handle. It serves at most one engine; close the engine first."""
 
     _close_order = 1
+    # Defaults for an object whose creation the library refused, which
+    # __del__ still finalizes.
+    _raw = None
+    _in_use = False
+    _close_pending = False
 
     def __init__(self, context, raw):
         self._raw = raw

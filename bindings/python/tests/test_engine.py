@@ -484,3 +484,11 @@ def test_suffix_drafter_and_draft_len_rule_bad_input(ctx, model):
     with pytest.raises(flashspec.InvalidArgumentError, match="params->draft_len_memory"):
         flashspec.Engine(ctx, head, model.forward, drafters=[suffix], draft_len_rule="adaptive", draft_len_memory=0.5)
     suffix.close()
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_a_drafter_the_library_refused_is_finalized_quietly(ctx):
+    for make in (lambda: flashspec.SuffixDrafter(ctx, max_depth=0), lambda: flashspec.NgramDrafter(ctx, min_n=0)):
+        with pytest.raises(flashspec.OutOfRangeError):
+            make()
+        gc.collect()  # the half-built object's __del__ runs here
