@@ -9,6 +9,9 @@
 //   verify     flashspec_verify_and_finalize (greedy drafts, T = 1)
 //   draft_g    flashspec_draft, greedy
 //   draft_s    flashspec_draft, sampled (T = 1)
+//   tree       flashspec_verify_and_finalize of one request whose rows − 1
+//              drafts form a binary tree (node k's parent (k − 1) / 2), T = 1;
+//              against verify above, the chains of the same row count
 // Each op is captured once per weight buffer into a CUDA graph; replays are
 // timed with CUDA events (warm-up, then the median of --reps replays),
 // rotating over ≥ 2 weight buffers where they fit so the L2 holds no W.
@@ -39,6 +42,7 @@ namespace {
 struct Result {
   int vocab, d, rows, buffers;
   double floor_ms, gemm_ms, standard_ms, verify_ms, draft_g_ms, draft_s_ms;
+  double tree_ms;  // 0 for one row (no tree)
 };
 
 double measure_bandwidth(Timer& timer, const void* buf, size_t bytes, unsigned* sink, int sms) {
@@ -154,8 +158,22 @@ int main(int argc, char** argv) {
         CUDA_OK(cudaMemcpy(d_off, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
         CUDA_OK(cudaMemcpy(d_tok, tokens.data(), tokens.size() * 4, cudaMemcpyHostToDevice));
         flashspec_tensor hv = flashspec_tensor_make(hidden, FLASHSPEC_DTYPE_BF16, FLASHSPEC_MEMORY_CUDA, rows, d);
+        // The tree: one request, rows − 1 nodes, siblings' tokens distinct.
+        const int nodes = rows - 1;
+        std::vector<int32_t> tree_offsets{0, nodes}, parents(size_t(std::max(1, nodes))), tree_tokens(parents.size());
+        for (int k = 0; k < nodes; ++k) {
+          parents[size_t(k)] = k == 0 ? -1 : (k - 1) / 2;
+          tree_tokens[size_t(k)] = int32_t((uint32_t(k) * 2654435761u + 17u) % uint32_t(vocab));
+        }
+        int32_t *d_tree_off, *d_tree_tok, *d_parents;
+        CUDA_OK(cudaMalloc(&d_tree_off, 2 * 4));
+        CUDA_OK(cudaMalloc(&d_tree_tok, tree_tokens.size() * 4));
+        CUDA_OK(cudaMalloc(&d_parents, parents.size() * 4));
+        CUDA_OK(cudaMemcpy(d_tree_off, tree_offsets.data(), 2 * 4, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(d_tree_tok, tree_tokens.data(), tree_tokens.size() * 4, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(d_parents, parents.data(), parents.size() * 4, cudaMemcpyHostToDevice));
 
-        std::vector<cudaGraphExec_t> gemm, standard, verify, draft_g, draft_s;
+        std::vector<cudaGraphExec_t> gemm, standard, verify, draft_g, draft_s, tree;
         const float one = 1.0f, zero = 0.0f;
         for (int b = 0; b < buffers; ++b) {
           auto run_gemm = [&] {
@@ -187,6 +205,24 @@ int main(int argc, char** argv) {
             res.emitted_tokens = d_emit;
             FS_OK(ctx, flashspec_verify_and_finalize(ctx, heads[size_t(b)], &batch, &res));
           }));
+          if (nodes > 0)
+            tree.push_back(timer.capture([&] {
+              flashspec_verify_batch batch;
+              flashspec_verify_batch_init(&batch);
+              batch.memory = FLASHSPEC_MEMORY_CUDA;
+              batch.num_requests = 1;
+              batch.draft_offsets = d_tree_off;
+              batch.draft_tokens = d_tree_tok;
+              batch.draft_parents = d_parents;
+              batch.target_hidden = &hv;
+              batch.max_draft_len = nodes;
+              flashspec_verify_result res;
+              flashspec_verify_result_init(&res);
+              res.memory = FLASHSPEC_MEMORY_CUDA;
+              res.accepted_counts = d_acc;
+              res.emitted_tokens = d_emit;
+              FS_OK(ctx, flashspec_verify_and_finalize(ctx, heads[size_t(b)], &batch, &res));
+            }));
           for (int sampled = 0; sampled < 2; ++sampled) {
             auto& list = sampled ? draft_s : draft_g;
             list.push_back(timer.capture([&] {
@@ -209,17 +245,20 @@ int main(int argc, char** argv) {
         res.verify_ms = timer.median_ms(verify);
         res.draft_g_ms = timer.median_ms(draft_g);
         res.draft_s_ms = timer.median_ms(draft_s);
+        res.tree_ms = nodes > 0 ? timer.median_ms(tree) : 0.0;
         results.push_back(res);
-        std::printf("V=%6d d=%5d rows=%3d | floor %.4f gemm %.4f std %.4f verify %.4f draft_g %.4f draft_s %.4f ms"
-                    " | verify/gemm %.3f draft_g/gemm %.3f draft_s/gemm %.3f std/verify %.2f\n",
+        std::printf("V=%6d d=%5d rows=%3d | floor %.4f gemm %.4f std %.4f verify %.4f draft_g %.4f draft_s %.4f "
+                    "tree %.4f ms | verify/gemm %.3f draft_g/gemm %.3f draft_s/gemm %.3f std/verify %.2f "
+                    "tree/verify %.3f\n",
                     vocab, d, rows, res.floor_ms, res.gemm_ms, res.standard_ms, res.verify_ms, res.draft_g_ms,
-                    res.draft_s_ms, res.verify_ms / res.gemm_ms, res.draft_g_ms / res.gemm_ms,
-                    res.draft_s_ms / res.gemm_ms, res.standard_ms / res.verify_ms);
+                    res.draft_s_ms, res.tree_ms, res.verify_ms / res.gemm_ms, res.draft_g_ms / res.gemm_ms,
+                    res.draft_s_ms / res.gemm_ms, res.standard_ms / res.verify_ms, res.tree_ms / res.verify_ms);
         std::fflush(stdout);
-        for (auto* list : {&gemm, &standard, &verify, &draft_g, &draft_s})
+        for (auto* list : {&gemm, &standard, &verify, &draft_g, &draft_s, &tree})
           for (auto g : *list) cudaGraphExecDestroy(g);
         for (void* p : {static_cast<void*>(d_off), static_cast<void*>(d_tok), static_cast<void*>(d_acc),
-                        static_cast<void*>(d_emit), static_cast<void*>(d_out), static_cast<void*>(d_scores)})
+                        static_cast<void*>(d_emit), static_cast<void*>(d_out), static_cast<void*>(d_scores),
+                        static_cast<void*>(d_tree_off), static_cast<void*>(d_tree_tok), static_cast<void*>(d_parents)})
           cudaFree(p);
       }
       for (auto* h : heads) flashspec_lm_head_destroy(h);
@@ -244,10 +283,12 @@ int main(int argc, char** argv) {
                    "    {\"V\": %d, \"d\": %d, \"rows\": %d, \"weight_buffers\": %d, \"floor_ms\": %.5f, "
                    "\"gemm_ms\": %.5f, \"standard_ms\": %.5f, \"verify_ms\": %.5f, \"draft_greedy_ms\": %.5f, "
                    "\"draft_sampled_ms\": %.5f, \"verify_over_gemm\": %.4f, \"draft_greedy_over_gemm\": %.4f, "
-                   "\"draft_sampled_over_gemm\": %.4f, \"standard_over_verify\": %.4f, \"gemm_over_floor\": %.4f}%s\n",
+                   "\"draft_sampled_over_gemm\": %.4f, \"standard_over_verify\": %.4f, \"gemm_over_floor\": %.4f, "
+                   "\"tree_ms\": %.5f, \"tree_over_verify\": %.4f}%s\n",
                    r.vocab, r.d, r.rows, r.buffers, r.floor_ms, r.gemm_ms, r.standard_ms, r.verify_ms, r.draft_g_ms,
                    r.draft_s_ms, r.verify_ms / r.gemm_ms, r.draft_g_ms / r.gemm_ms, r.draft_s_ms / r.gemm_ms,
-                   r.standard_ms / r.verify_ms, r.gemm_ms / r.floor_ms, i + 1 < results.size() ? "," : "");
+                   r.standard_ms / r.verify_ms, r.gemm_ms / r.floor_ms, r.tree_ms, r.tree_ms / r.verify_ms,
+                   i + 1 < results.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
     std::fclose(f);

@@ -1,6 +1,8 @@
 // The Algorithm 1 finalize on the device: one thread per request runs the
 // shared finalize_request, reading the request through the shared
-// request_view.
+// request_view. A tree's walk reads its nodes' parents and tokens once per
+// level, so one warp per tree request first stages them in shared memory
+// and its first lane walks there.
 #include "finalize.h"
 #include "launch.cuh"
 #include "sampling/algorithm1.h"
@@ -18,13 +20,16 @@ struct FinalizeArgs {
   finalize::TopLogprobs top;
 };
 
+template <bool kTree>
 __global__ void finalize_kernel(const FinalizeArgs a) {
   pdl_wait();
-  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  const int thread = int(blockIdx.x * blockDim.x + threadIdx.x);
+  const int r = kTree ? int(blockIdx.x) : thread;
+  const bool lead = !kTree || threadIdx.x == 0;
   const bool bad_batch = *a.batch_status != FLASHSPEC_OK;
   const int32_t n = a.top.n;
   if (bad_batch)
-    for (int k = r; k < a.batch.total_rows; k += gridDim.x * blockDim.x) {
+    for (int k = thread; k < a.batch.total_rows; k += gridDim.x * blockDim.x) {
       a.result.emitted_tokens[k] = -1;
       if (a.result.accepted_nodes) a.result.accepted_nodes[k] = -1;
       if (a.result.logprobs) a.result.logprobs[k] = NAN;
@@ -35,7 +40,7 @@ __global__ void finalize_kernel(const FinalizeArgs a) {
       }
     }
   if (r >= a.batch.num_requests || bad_batch) {
-    if (r < a.batch.num_requests) {
+    if (r < a.batch.num_requests && lead) {
       a.result.accepted_counts[r] = -1;
       // Offsets that do not describe the batch still make a view; only its
       // step is read then.
@@ -48,10 +53,18 @@ __global__ void finalize_kernel(const FinalizeArgs a) {
   int32_t* accepted_nodes = at(a.result.accepted_nodes);
   int32_t* drawing_rows = a.top.drawing_rows ? a.top.drawing_rows + v.first_row : nullptr;
   int32_t accepted;
-  if (a.batch.draft_parents) {
-    accepted = finalize_tree_request(v, a.batch.draft_tokens, a.batch.draft_parents, a.rows,
-                                     a.result.emitted_tokens + v.first_row, accepted_nodes, at(a.result.logprobs),
-                                     at(a.result.raw_logprobs), drawing_rows);
+  if constexpr (kTree) {
+    __shared__ int32_t tokens[FLASHSPEC_MAX_DRAFT_LEN], parents[FLASHSPEC_MAX_DRAFT_LEN];
+    for (int32_t k = threadIdx.x; k < v.num_drafts; k += blockDim.x) {  // ≤ max_draft_len (plans)
+      tokens[k] = a.batch.draft_tokens[v.first_draft + k];
+      parents[k] = a.batch.draft_parents[v.first_draft + k];
+    }
+    __syncthreads();
+    if (!lead) return;
+    RequestView staged = v;  // its drafts now start at 0
+    staged.first_draft = 0;
+    accepted = finalize_tree_request(staged, tokens, parents, a.rows, a.result.emitted_tokens + v.first_row,
+                                     accepted_nodes, at(a.result.logprobs), at(a.result.raw_logprobs), drawing_rows);
   } else {
     accepted = finalize_request(v, a.batch.draft_tokens, a.rows, a.batch.accept_uniforms,
                                 a.result.emitted_tokens + v.first_row);
@@ -84,11 +97,14 @@ namespace finalize {
 cudaError_t requests(const VerifyArgs& args, const RowSummary* rows, const int32_t* batch_status,
                      const ResultArgs& result, const TopLogprobs& top, cudaStream_t stream) {
   FinalizeArgs a{args, rows, batch_status, result, top};
+  void* params[] = {&a};
+  if (args.draft_parents)
+    return launch_dependent(reinterpret_cast<const void*>(&finalize_kernel<true>), dim3(args.num_requests),
+                            dim3(32), 0, stream, params);
   const int threads = tuning::kFinalizeThreads;
   const int blocks = (args.num_requests + threads - 1) / threads;
-  void* params[] = {&a};
-  return launch_dependent(reinterpret_cast<const void*>(&finalize_kernel), dim3(blocks), dim3(threads), 0, stream,
-                          params);
+  return launch_dependent(reinterpret_cast<const void*>(&finalize_kernel<false>), dim3(blocks), dim3(threads), 0,
+                          stream, params);
 }
 
 }  // namespace finalize
