@@ -265,7 +265,7 @@ def check_result(group, index, root, output, source):
             return "the C quick start's summary line is missing from its output"
         # The main job: every mode generated, and each speculative mode
         # reports its speedup and per-position acceptance.
-        for mode in ("plain", "ngram", "draft", "bandit"):
+        for mode in ("plain", "ngram", "draft", "bandit", "suffix"):
             if f"=== mode {mode} ===" not in output:
                 return f"flashspec-llama's {mode} mode is missing from its output"
         # As the quick start tells: nvidia-smi lists a GPU; with one (and the
@@ -273,8 +273,8 @@ def check_result(group, index, root, output, source):
         gpu = subprocess.run(["sh", "-c", "nvidia-smi -L"], capture_output=True).returncode == 0
         cuda_module = list((root / "build-quickstart" / "src").glob("libflashspec-cuda.so*"))
         runs = 2 if gpu and cuda_module else 1
-        if output.count("speedup vs plain") != 3 * runs or output.count("per position:") != 3 * runs:
-            return (f"flashspec-llama did not report speedup and acceptance per position for its three drafters "
+        if output.count("speedup vs plain") != 4 * runs or output.count("per position:") != 4 * runs:
+            return (f"flashspec-llama did not report speedup and acceptance per position for its four drafters "
                     f"in each of its {runs} run(s)")
         if runs == 2 and "device cuda" not in output:
             return "flashspec-llama --device cuda did not run on the GPU"

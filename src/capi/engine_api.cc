@@ -356,6 +356,21 @@ void store_arm_metrics(const Arm& spec, const ArmStats& stats, flashspec_arm_met
   store_struct(m, out);
 }
 
+// flashspec_engine_get_arm_metrics and its batched twin: arm `arm` of an
+// engine handle (either kind) into out.
+template <class Handle>
+flashspec_status get_arm_metrics(const Handle* engine, int32_t arm, flashspec_arm_metrics* out) {
+  if (!engine) return null_engine();
+  return guarded(engine->ctx, [&] {
+    require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
+    check_struct_size<flashspec_arm_metrics>(out->struct_size, "out");
+    const int32_t arms = int32_t(engine->engine->arms().size());
+    require(arm >= 0 && arm < arms, FLASHSPEC_ERR_OUT_OF_RANGE, "arm",
+            "is " + str(arm) + ", outside [0, " + str(arms) + ")");
+    store_arm_metrics(engine->engine->arms()[size_t(arm)], engine->engine->metrics().arms()[size_t(arm)], out);
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -623,15 +638,7 @@ void flashspec_arm_metrics_init(flashspec_arm_metrics* metrics) {
 
 flashspec_status flashspec_engine_get_arm_metrics(const flashspec_engine* engine, int32_t arm,
                                                   flashspec_arm_metrics* out) {
-  if (!engine) return null_engine();
-  return guarded(engine->ctx, [&] {
-    require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
-    check_struct_size<flashspec_arm_metrics>(out->struct_size, "out");
-    const int32_t arms = int32_t(engine->engine->arms().size());
-    require(arm >= 0 && arm < arms, FLASHSPEC_ERR_OUT_OF_RANGE, "arm",
-            "is " + str(arm) + ", outside [0, " + str(arms) + ")");
-    store_arm_metrics(engine->engine->arms()[size_t(arm)], engine->engine->metrics().arms()[size_t(arm)], out);
-  });
+  return get_arm_metrics(engine, arm, out);
 }
 
 flashspec_status flashspec_engine_reset_metrics(flashspec_engine* engine) {
@@ -820,15 +827,7 @@ flashspec_status flashspec_batch_engine_get_sequence_metrics(const flashspec_bat
 
 flashspec_status flashspec_batch_engine_get_arm_metrics(const flashspec_batch_engine* engine, int32_t arm,
                                                         flashspec_arm_metrics* out) {
-  if (!engine) return null_engine();
-  return guarded(engine->ctx, [&] {
-    require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
-    check_struct_size<flashspec_arm_metrics>(out->struct_size, "out");
-    const int32_t arms = int32_t(engine->engine->arms().size());
-    require(arm >= 0 && arm < arms, FLASHSPEC_ERR_OUT_OF_RANGE, "arm",
-            "is " + str(arm) + ", outside [0, " + str(arms) + ")");
-    store_arm_metrics(engine->engine->arms()[size_t(arm)], engine->engine->metrics().arms()[size_t(arm)], out);
-  });
+  return get_arm_metrics(engine, arm, out);
 }
 
 }  // extern "C"

@@ -7,25 +7,10 @@
 
 #include "engine/callback_drafter.h"
 #include "engine/host_call.h"
+#include "util/busy_guard.h"
 #include "util/status.h"
 
 namespace flashspec {
-
-namespace {
-
-// Clears the busy flag however a step leaves.
-class BusyGuard {
- public:
-  explicit BusyGuard(bool& flag) : flag_(flag) { flag_ = true; }
-  ~BusyGuard() { flag_ = false; }
-  BusyGuard(const BusyGuard&) = delete;
-  BusyGuard& operator=(const BusyGuard&) = delete;
-
- private:
-  bool& flag_;
-};
-
-}  // namespace
 
 BatchEngine::Slot::Slot(uint64_t id_, std::vector<Drafter*> drafters_, const BatchEngineConfig& config,
                         Metrics& totals, int64_t vocab)

@@ -7,6 +7,7 @@
 
 #include "engine/callback_drafter.h"
 #include "engine/host_call.h"
+#include "util/busy_guard.h"
 #include "util/status.h"
 
 namespace flashspec {
@@ -15,17 +16,6 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-// Clears the busy flag however generate() leaves.
-class BusyGuard {
- public:
-  explicit BusyGuard(bool& flag) : flag_(flag) { flag_ = true; }
-  ~BusyGuard() { flag_ = false; }
-  BusyGuard(const BusyGuard&) = delete;
-  BusyGuard& operator=(const BusyGuard&) = delete;
-
- private:
-  bool& flag_;
-};
 
 }  // namespace
 
