@@ -875,13 +875,17 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
                             std::pair<void*, size_t>{ws.top_thresholds, size_t(ws.max_rows) * 8}})
     if ((e = cudaMemsetAsync(ptr, 0, bytes, stream)) != cudaSuccess) return e;
 
+  // Every kernel of the pass launches as a programmatic dependent (it waits
+  // in pdl_wait()); a fold that follows an event wait launches plainly.
+  auto launch_on = [](const void* kernel, dim3 grid, int threads, cudaStream_t on, void* args, bool dependent) {
+    void* params[] = {args};
+    return dependent ? launch_dependent(kernel, grid, dim3(unsigned(threads)), 0, on, params)
+                     : launch(kernel, grid, dim3(unsigned(threads)), 0, false, on, params);
+  };
   BiasArgs b{p.controls, p.draft_offsets, p.requests, p.rows, p.batch_status, ws.row_requests,
              ws.bias_tokens, ws.bias_values, ws.bias_counts};
-  {
-    void* params[] = {&b};
-    e = launch_dependent(reinterpret_cast<const void*>(&bias_kernel), dim3(unsigned(p.requests)), dim3(kBiasThreads), 0,
-                         stream, params);
-  }
+  e = launch_on(reinterpret_cast<const void*>(&bias_kernel), dim3(unsigned(p.requests)), kBiasThreads, stream, &b,
+                true);
   if (e != cudaSuccess) return e;
 
   Common common = {};
@@ -902,47 +906,54 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
   // The merged lists are indexed [list][rows][capacity] with this call's row
   // count as the stride (merge and summary kernels use gridDim / rows).
 
+  // Two logits buffers: while the side stream folds and merges one chunk,
+  // cuBLAS writes the next into the other buffer on the pass's stream
+  // (events order the buffers' reuse; the whole pass stays capturable).
+  const bool pipelined = p.side != nullptr;
+  const int32_t chunk = p.chunk;
   const bool wide = p.w_dtype == FLASHSPEC_DTYPE_F32;
   const cudaDataType type = wide ? CUDA_R_32F : (p.w_dtype == FLASHSPEC_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F);
   const size_t element = wide ? 4 : 2;
   const float alpha = 1.0f, beta = 0.0f;
-  int group = 0, from = 0;
-  for (int32_t v0 = 0; v0 < p.vocab; v0 += p.chunk) {
-    const int32_t count = std::min(p.chunk, p.vocab - v0);
+  cudaStream_t fold_stream = pipelined ? p.side : stream;
+  int group = 0, from = 0, index = 0;
+  for (int32_t v0 = 0; v0 < p.vocab; v0 += chunk, ++index) {
+    const int buffer = pipelined ? index % 2 : 0;
+    float* logits = p.chunk_logits[buffer];
+    if (pipelined && index >= 2 && (e = cudaStreamWaitEvent(stream, p.freed[buffer], 0)) != cudaSuccess) return e;
+    const int32_t count = std::min(chunk, p.vocab - v0);
     const void* w = static_cast<const unsigned char*>(p.w) + int64_t(v0) * p.ldw * int64_t(element);
-    const cublasStatus_t s = cublasGemmEx(p.cublas, CUBLAS_OP_T, CUBLAS_OP_N, count, p.rows, p.d, &alpha, w, type,
-                                          int(p.ldw), p.hidden, type, p.k_pad, &beta, p.chunk_logits, CUDA_R_32F,
-                                          p.chunk, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (s != CUBLAS_STATUS_SUCCESS) {
+    const cublasStatus_t status = cublasGemmEx(p.cublas, CUBLAS_OP_T, CUBLAS_OP_N, count, p.rows, p.d, &alpha, w,
+                                               type, int(p.ldw), p.hidden, type, p.k_pad, &beta, logits, CUDA_R_32F,
+                                               chunk, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (status != CUBLAS_STATUS_SUCCESS) {
       *cublas_failure = "cublasGemmEx";
       return cudaSuccess;
     }
+    if (pipelined) {
+      if ((e = cudaEventRecord(p.ready[buffer], stream)) != cudaSuccess) return e;
+      if ((e = cudaStreamWaitEvent(fold_stream, p.ready[buffer], 0)) != cudaSuccess) return e;
+    }
     const int slices = (count + kSliceTokens - 1) / kSliceTokens;
-    FoldArgs f{common, p.chunk_logits, p.chunk, v0, count, static_cast<ControlPartial*>(ws.partials), ws.max_rows,
-               group};
-    {
-    void* params[] = {&f};
-    e = launch_dependent(reinterpret_cast<const void*>(&fold_kernel), dim3(unsigned(slices), unsigned(p.rows)),
-                         dim3(kFoldThreads), 0, stream, params);
-  }
+    FoldArgs f{common, logits, chunk, v0, count, static_cast<ControlPartial*>(ws.partials), ws.max_rows, group};
+    e = launch_on(reinterpret_cast<const void*>(&fold_kernel), dim3(unsigned(slices), unsigned(p.rows)),
+                  kFoldThreads, fold_stream, &f, !pipelined);
     if (e != cudaSuccess) return e;
+    if (pipelined && (e = cudaEventRecord(p.freed[buffer], fold_stream)) != cudaSuccess) return e;
     MergeArgs m{common, slices, from};
-    {
-    void* params[] = {&m};
-    e = launch_dependent(reinterpret_cast<const void*>(&merge_kernel), dim3(unsigned(p.rows)), dim3(kRowThreads), 0,
-                         stream, params);
-  }
+    e = launch_on(reinterpret_cast<const void*>(&merge_kernel), dim3(unsigned(p.rows)), kRowThreads, fold_stream, &m,
+                  true);
     if (e != cudaSuccess) return e;
     from = 1 - from;
     group += slices;
   }
-  SummaryArgs s{common, static_cast<const ControlPartial*>(ws.partials), ws.max_rows, group, from, p.hidden_bad, out};
-  {
-    void* params[] = {&s};
-    e = launch_dependent(reinterpret_cast<const void*>(&summary_kernel), dim3(unsigned(p.rows)), dim3(kRowThreads), 0,
-                         stream, params);
+  if (pipelined) {  // the pass's stream takes the side stream's work back
+    if ((e = cudaEventRecord(p.joined, fold_stream)) != cudaSuccess) return e;
+    if ((e = cudaStreamWaitEvent(stream, p.joined, 0)) != cudaSuccess) return e;
   }
-  return e;
+  SummaryArgs s{common, static_cast<const ControlPartial*>(ws.partials), ws.max_rows, group, from, p.hidden_bad, out};
+  return launch_on(reinterpret_cast<const void*>(&summary_kernel), dim3(unsigned(p.rows)), kRowThreads, stream, &s,
+                   !pipelined);
 }
 
 }  // namespace controls

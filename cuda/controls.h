@@ -10,7 +10,9 @@
 // count) and, for a row that top-k, top-p or min-p truncates, to the slice's
 // best `keep` candidates by (x, then smaller id). A merge kernel keeps each
 // row's best `keep` candidates across slices after every chunk, so a row
-// holds at most FLASHSPEC_MAX_TOP_K candidates however large V is. After
+// holds at most FLASHSPEC_MAX_TOP_K candidates however large V is. The fold
+// and merge of one chunk run on a side stream while cuBLAS writes the next
+// chunk into a second buffer. After
 // the last chunk one block per row ranks its candidates and applies the
 // controls with the shared rules of sampling/controls.h:
 //   - top-k ≤ FLASHSPEC_MAX_TOP_K: the kept set lies among the candidates;
@@ -92,9 +94,13 @@ struct Pass {
   const int32_t* draft_offsets;   // verify: [requests + 1]; draft calls: NULL (row r is request r)
   const int32_t* batch_status;    // verify: the plans' batch status; NULL for a draft call
   int32_t top_n;                  // top raw logprobs per row
-  cublasHandle_t cublas;
-  float* chunk_logits;            // [rows, chunk]
+  cublasHandle_t cublas;           // bound to the pass's stream
+  float* chunk_logits[2];         // two buffers of [rows, chunk]
   int32_t chunk;
+  // A second stream (non-blocking) and events for the two-buffer pipeline;
+  // side NULL: chunk_logits[0] only, everything on the pass's stream.
+  cudaStream_t side;
+  cudaEvent_t ready[2], freed[2], joined;
 };
 
 // Where a controlled pass writes: verify summaries (and the top raw tokens

@@ -65,7 +65,14 @@ class CudaBackend final : public Backend {
       const size_t controls_bytes = controls::workspace_bytes(max_rows_, config.max_requests, chunk_);
       controls_storage_.allocate(controls_bytes, "cudaMalloc (sampling controls workspace)");
       controls_ = controls::carve_workspace(controls_storage_.as<void>(), max_rows_, config.max_requests, chunk_);
-      chunk_logits_.allocate(size_t(max_rows_) * size_t(chunk_) * sizeof(float), "cudaMalloc (logits chunk)");
+      // The controlled pass folds one logits chunk on a side stream while
+      // cuBLAS writes the next (controls.h).
+      check_cuda(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+      for (cudaEvent_t* e : {&chunk_ready_[0], &chunk_ready_[1], &chunk_freed_[0], &chunk_freed_[1], &side_joined_})
+        check_cuda(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      // Two chunks of logits: the many-row scan uses the first; the
+      // controlled pass folds one while cuBLAS writes the other.
+      chunk_logits_.allocate(2 * size_t(max_rows_) * size_t(chunk_) * sizeof(float), "cudaMalloc (logits chunks)");
       cublas_workspace_.allocate(tuning::kCublasWorkspaceBytes, "cudaMalloc (cuBLAS workspace)");
       cublasHandle_t handle = nullptr;
       check_cublas(cublasCreate(&handle), "cublasCreate");
@@ -84,6 +91,9 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     cudaGetLastError();
     if (cublas_) cublasDestroy(cublas_);
+    for (cudaEvent_t e : {chunk_ready_[0], chunk_ready_[1], chunk_freed_[0], chunk_freed_[1], side_joined_})
+      if (e) cudaEventDestroy(e);
+    if (side_stream_) cudaStreamDestroy(side_stream_);
     for (DeviceBuffer* b : {&plans_, &hidden_bad_, &partials_, &q_partials_, &residuals_, &flag_, &done_counter_,
                             &staging_, &chunk_logits_, &cublas_workspace_, &shard_summaries_, &shard_status_,
                             &controls_storage_})
@@ -397,8 +407,15 @@ class CudaBackend final : public Backend {
     p.batch_status = batch_status;
     p.top_n = top_n;
     p.cublas = cublas_;
-    p.chunk_logits = chunk_logits_.as<float>();
+    p.chunk_logits[0] = chunk_logits_.as<float>();
+    p.chunk_logits[1] = chunk_logits_.as<float>() + size_t(max_rows_) * size_t(chunk_);
     p.chunk = chunk_;
+    p.side = side_stream_;
+    p.ready[0] = chunk_ready_[0];
+    p.ready[1] = chunk_ready_[1];
+    p.freed[0] = chunk_freed_[0];
+    p.freed[1] = chunk_freed_[1];
+    p.joined = side_joined_;
     const char* cublas_failure = nullptr;
     const cudaError_t e = controls::run(controls_, p, out, stream_, &cublas_failure);
     check_cuda(e, "sampling controls pass");
@@ -461,6 +478,8 @@ class CudaBackend final : public Backend {
   DeviceBuffer shard_summaries_, shard_status_;  // finalize of gathered shard records
   DeviceBuffer controls_storage_;                // calls with sampling controls or logprobs
   controls::Workspace controls_ = {};
+  cudaStream_t side_stream_ = nullptr;           // the controlled pass's folds
+  cudaEvent_t chunk_ready_[2] = {}, chunk_freed_[2] = {}, side_joined_ = nullptr;
 };
 
 }  // namespace

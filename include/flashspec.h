@@ -199,7 +199,10 @@ typedef struct flashspec_context_params {
   uint64_t seed;              /* seed used where a call passes no seeds array; default 0 */
   int32_t cpu_threads;        /* CPU worker threads; 0 = one per hardware core (default) */
   int32_t max_rows;           /* workspace: most rows per draft/verify call; default 512.
-                                 CUDA: above 16 it also reserves ~96 MiB for many-row scans */
+                                 CUDA: it also reserves 32 MiB for cuBLAS, two logits chunks
+                                 (4 · max_rows · chunk bytes each, at most 64 MiB) for many-row
+                                 scans and calls with sampling controls, and about 0.25 MiB per
+                                 row and 32 KiB per request for the controls' candidates */
   int32_t max_requests;       /* workspace: most requests per verify call; default 512 */
 } flashspec_context_params;
 
