@@ -199,6 +199,10 @@ class CudaBackend final : public Backend {
     });
   }
 
+  void draft_top_k(const LmHeadStorage&, const DraftArgs&, int32_t, int32_t*, float*) override {
+    fail(FLASHSPEC_ERR_UNSUPPORTED, Field::kHidden, "the fused top-k draft is not yet implemented on the CUDA backend");
+  }
+
   void verify(const LmHeadStorage& head_base, const VerifyArgs& args, SummaryStore& store_base) override {
     DeviceScope scope(device_);
     const auto& head = static_cast<const CudaLmHead&>(head_base);

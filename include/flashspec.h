@@ -428,6 +428,31 @@ FLASHSPEC_API flashspec_status flashspec_draft(flashspec_context* ctx, const fla
                                                const flashspec_draft_params* params,
                                                int32_t* tokens_out, float* scores_out);
 
+#define FLASHSPEC_MAX_DRAFT_TOP_K 16
+/* [context-exclusive] Fused top-k draft: for each hidden row, the k tokens of
+ * largest x = l + bias over the allowed tokens (params->controls' bias,
+ * repetition penalty and token mask apply; its top_k/top_p/min_p/typical
+ * must be NULL), in rank order (larger x first, ties by smaller id), and
+ * their log-probabilities x − log Σ_allowed exp(x) (softmax at temperature 1;
+ * params' temperatures, seeds, request ids, steps and positions are not read).
+ * One read of W, nothing vocabulary-sized written. tokens_out: [rows, k];
+ * logprobs_out: [rows, k] or NULL. A row with fewer than k allowed tokens
+ * gets −1 / −Inf in the remaining slots. Errors: as flashspec_draft, plus
+ * OUT_OF_RANGE (k outside [1, FLASHSPEC_MAX_DRAFT_TOP_K]) and
+ * INVALID_ARGUMENT (params->controls with top_k, top_p, min_p or typical). */
+/* Details: hidden, params and their memory are checked as for
+ * flashspec_draft (host temperatures and positions included, though they do
+ * not change the result); params may be NULL (no controls). NULL ctx, head,
+ * hidden or tokens_out: NULL_POINTER. tokens_out and logprobs_out may not
+ * overlap each other or any input (INVALID_ARGUMENT). On any error neither
+ * output is written. k = 1 gives flashspec_draft's T = 0 token under the
+ * same controls. CPU backend: each row keeps its logits in host scratch
+ * (4·V bytes per row) while the call runs, as a draft with controls does. */
+FLASHSPEC_API flashspec_status flashspec_draft_top_k(flashspec_context* ctx, const flashspec_lm_head* head,
+                                                    const flashspec_tensor* hidden,
+                                                    const flashspec_draft_params* params, int32_t k,
+                                                    int32_t* tokens_out, float* logprobs_out);
+
 /* ---------------------------------------------------------------------- */
 /* Verify and finalize                                                     */
 /* ---------------------------------------------------------------------- */
@@ -1697,6 +1722,9 @@ typedef struct flashspec_api {
   flashspec_status (*suffix_drafter_propose_tree)(flashspec_drafter*, const int32_t*, int32_t, int32_t, int32_t*,
                                                   int32_t*, int32_t*);
   void (*engine_params_init_sized)(flashspec_engine_params*, size_t);
+  /* Appended: the fused top-k draft. */
+  flashspec_status (*draft_top_k)(flashspec_context*, const flashspec_lm_head*, const flashspec_tensor*,
+                                  const flashspec_draft_params*, int32_t, int32_t*, float*);
 } flashspec_api;
 
 /* [thread-safe] The table for abi_version, or NULL if this library cannot

@@ -267,6 +267,17 @@ flashspec_status flashspec_draft(flashspec_context* ctx, const flashspec_lm_head
   });
 }
 
+flashspec_status flashspec_draft_top_k(flashspec_context* ctx, const flashspec_lm_head* head,
+                                       const flashspec_tensor* hidden, const flashspec_draft_params* params,
+                                       int32_t k, int32_t* tokens_out, float* logprobs_out) {
+  if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
+  return guarded(ctx, [&] {
+    const LmHeadStorage& storage = validate_head(*ctx, head, "head");
+    const DraftArgs args = validate_draft_top_k(*ctx, storage, hidden, params, k, tokens_out, logprobs_out);
+    naming_fields(draft_names(), [&] { ctx->backend->draft_top_k(storage, args, k, tokens_out, logprobs_out); });
+  });
+}
+
 void flashspec_sampling_controls_init(flashspec_sampling_controls* controls) {
   if (!controls) return;
   *controls = flashspec_sampling_controls{};

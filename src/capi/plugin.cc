@@ -82,6 +82,7 @@ const flashspec_api* flashspec_get_api(unsigned abi_version) {
       flashspec_drafter_create_suffix,
       flashspec_suffix_drafter_propose_tree,
       flashspec_engine_params_init_sized,
+      flashspec_draft_top_k,
   };
   return abi_version == FLASHSPEC_ABI_VERSION ? &table : nullptr;
 }

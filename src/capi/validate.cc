@@ -557,13 +557,38 @@ int64_t check_records(const ShardRecord* records, int32_t shards, int32_t rows) 
   return vocab;
 }
 
-// A draft-like call's outputs, disjoint from its inputs and each other.
-void set_draft_outputs(DraftArgs& args, const std::vector<Span>& inputs, int32_t* tokens_out, float* scores_out) {
-  const Span tokens = array_span("tokens_out", tokens_out, args.rows, sizeof(int32_t));
-  const Span scores = array_span("scores_out", scores_out, args.rows, sizeof(float));
+// The ranking of a top-k draft is of x = l + bias over every allowed token:
+// a truncating or typical control would change which tokens exist, not
+// their order, so none may be given (checked before the controls' values).
+void refuse_truncating_controls(const flashspec_draft_params* params) {
+  const flashspec_draft_params p =
+      load_struct_or_defaults(params, [](flashspec_draft_params* d) { flashspec_draft_params_init(d); }, "params");
+  if (!p.controls) return;
+  const flashspec_sampling_controls c = load_struct(p.controls, flashspec_sampling_controls_init, "params->controls");
+  const std::pair<const void*, const char*> refused[] = {{c.top_k, "params->controls->top_k"},
+                                                         {c.top_p, "params->controls->top_p"},
+                                                         {c.min_p, "params->controls->min_p"},
+                                                         {c.typical_epsilon, "params->controls->typical_epsilon"},
+                                                         {c.typical_delta, "params->controls->typical_delta"}};
+  for (const auto& [given, name] : refused)
+    require(given == nullptr, FLASHSPEC_ERR_INVALID_ARGUMENT, name,
+            "must be NULL: flashspec_draft_top_k ranks every allowed token by l + bias");
+}
+
+// A draft-like call's outputs of `per_row` entries per row, disjoint from
+// its inputs and each other; `scores_name` names the float output.
+void require_draft_outputs_disjoint(const std::vector<Span>& inputs, int32_t rows, int32_t per_row,
+                                    const int32_t* tokens_out, const char* scores_name, const float* scores_out) {
+  const int64_t count = int64_t(rows) * per_row;
+  const Span tokens = array_span("tokens_out", tokens_out, count, sizeof(int32_t));
+  const Span scores = array_span(scores_name, scores_out, count, sizeof(float));
   require_disjoint(tokens, inputs);
   require_disjoint(tokens, {scores});
   require_disjoint(scores, inputs);
+}
+
+void set_draft_outputs(DraftArgs& args, const std::vector<Span>& inputs, int32_t* tokens_out, float* scores_out) {
+  require_draft_outputs_disjoint(inputs, args.rows, 1, tokens_out, "scores_out", scores_out);
   args.tokens_out = tokens_out;
   args.scores_out = scores_out;
 }
@@ -585,6 +610,22 @@ DraftArgs validate_draft(const flashspec_context& ctx, const LmHeadStorage& head
   std::vector<Span> inputs = {tensor_span("hidden", hidden)};
   DraftArgs args = validate_draft_params(ctx, params, rows, head.vocab_size, inputs);
   set_draft_outputs(args, inputs, tokens_out, scores_out);
+  args.hidden = hidden;
+  return args;
+}
+
+DraftArgs validate_draft_top_k(const flashspec_context& ctx, const LmHeadStorage& head, const flashspec_tensor* hidden,
+                               const flashspec_draft_params* params, int32_t k, const int32_t* tokens_out,
+                               const float* logprobs_out) {
+  validate_draft_hidden(ctx, head, hidden);
+  require(k >= 1 && k <= FLASHSPEC_MAX_DRAFT_TOP_K, FLASHSPEC_ERR_OUT_OF_RANGE, "k",
+          "must be in [1, FLASHSPEC_MAX_DRAFT_TOP_K = " + str(FLASHSPEC_MAX_DRAFT_TOP_K) + "], got " + str(k));
+  require(tokens_out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "tokens_out", "is NULL");
+  const int32_t rows = int32_t(hidden->rows);
+  std::vector<Span> inputs = {tensor_span("hidden", hidden)};
+  refuse_truncating_controls(params);
+  DraftArgs args = validate_draft_params(ctx, params, rows, head.vocab_size, inputs);
+  require_draft_outputs_disjoint(inputs, rows, k, tokens_out, "logprobs_out", logprobs_out);
   args.hidden = hidden;
   return args;
 }

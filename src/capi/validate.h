@@ -26,6 +26,13 @@ void validate_temperature(float t, const char* argument);
 DraftArgs validate_draft(const flashspec_context& ctx, const LmHeadStorage& head, const flashspec_tensor* hidden,
                          const flashspec_draft_params* params, int32_t* tokens_out, float* scores_out);
 
+// Validates a fused top-k draft (flashspec_draft_top_k) of k tokens per row
+// into tokens_out / logprobs_out ([rows, k]); the outputs are not stored in
+// the returned args.
+DraftArgs validate_draft_top_k(const flashspec_context& ctx, const LmHeadStorage& head, const flashspec_tensor* hidden,
+                               const flashspec_draft_params* params, int32_t k, const int32_t* tokens_out,
+                               const float* logprobs_out);
+
 // A batch as today's struct (params.h: load_struct), NULL refused.
 flashspec_verify_batch load_batch(const flashspec_verify_batch* batch);
 

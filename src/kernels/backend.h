@@ -58,6 +58,10 @@ class Backend {
   // in device memory only the device can check, so a device backend reports
   // those per row (RowSummary::status, accepted_counts[r] = −1).
   virtual void draft(const LmHeadStorage& head, const DraftArgs& args) = 0;
+  // Fused top-k draft (flashspec.h: flashspec_draft_top_k); args validated,
+  // 1 ≤ k ≤ FLASHSPEC_MAX_DRAFT_TOP_K; logprobs may be NULL.
+  virtual void draft_top_k(const LmHeadStorage& head, const DraftArgs& args, int32_t k, int32_t* tokens,
+                           float* logprobs) = 0;
   virtual void verify(const LmHeadStorage& head, const VerifyArgs& args, SummaryStore& summaries) = 0;
   virtual void finalize(const VerifyArgs& args, const SummaryStore& summaries, const ResultArgs& result) = 0;
   virtual void synchronize() = 0;

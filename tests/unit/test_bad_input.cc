@@ -4,6 +4,7 @@
 // summaries still giving the previous result).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -363,6 +364,138 @@ TEST_F(BadInputWithHead, Draft) {
       EXPECT_EQ(tokens[i], kPoison) << k.name << ": tokens_out[" << i << "] written";
       EXPECT_TRUE(is_poison(scores[i])) << k.name << ": scores_out[" << i << "] written";
     }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// flashspec_draft_top_k: its own arguments (k, refused controls, outputs of
+// [rows, k]); hidden and params are checked by flashspec_draft's table.
+// ---------------------------------------------------------------------------
+TEST_F(BadInputWithHead, DraftTopK) {
+  constexpr int64_t kRows = 3;
+  constexpr int32_t kK = 4;
+  struct Call {
+    flashspec_context* ctx;
+    const flashspec_lm_head* head;
+    flashspec_tensor hidden;
+    flashspec_draft_params params;
+    flashspec_sampling_controls controls;
+    int32_t k = kK;
+    bool null_hidden = false, null_tokens = false;
+    bool logprobs_in_tokens = false;  // logprobs_out points into tokens_out's [rows, k]
+    bool logprobs_in_hidden = false;
+    std::vector<float> data;
+    std::vector<int32_t> top_k{2, 2, 2}, bias_offsets{0, 1, 1, 1}, bias_tokens{0};
+    std::vector<float> probabilities{0.5f, 0.5f, 0.5f}, bias_values{1.0f};
+    std::vector<uint32_t> mask;
+  };
+  struct Case {
+    const char* name;
+    flashspec_status status;
+    const char* argument;
+    std::function<void(Call&)> mutate;
+  };
+  const std::vector<Case> cases = {
+      {"ctx NULL", FLASHSPEC_ERR_NULL_POINTER, "ctx", [](Call& c) { c.ctx = nullptr; }},
+      {"head NULL", FLASHSPEC_ERR_NULL_POINTER, "head", [](Call& c) { c.head = nullptr; }},
+      {"hidden NULL", FLASHSPEC_ERR_NULL_POINTER, "hidden", [](Call& c) { c.null_hidden = true; }},
+      {"tokens_out NULL", FLASHSPEC_ERR_NULL_POINTER, "tokens_out", [](Call& c) { c.null_tokens = true; }},
+      {"k 0", FLASHSPEC_ERR_OUT_OF_RANGE, "k", [](Call& c) { c.k = 0; }},
+      {"k -1", FLASHSPEC_ERR_OUT_OF_RANGE, "k", [](Call& c) { c.k = -1; }},
+      {"k 17", FLASHSPEC_ERR_OUT_OF_RANGE, "k", [](Call& c) { c.k = FLASHSPEC_MAX_DRAFT_TOP_K + 1; }},
+      {"cols != d", FLASHSPEC_ERR_OUT_OF_RANGE, "hidden",
+       [](Call& c) { c.hidden.cols = kHidden - 1, c.hidden.row_stride = kHidden - 1; }},
+      {"more rows than max_rows", FLASHSPEC_ERR_WORKSPACE_EXCEEDED, "hidden",
+       [](Call& c) {
+         c.data.assign(size_t((kMaxRows + 1) * kHidden), 0.5f);
+         c.hidden.data = c.data.data(), c.hidden.rows = kMaxRows + 1;
+       }},
+      {"params->struct_size larger", FLASHSPEC_ERR_STRUCT_SIZE, "params->struct_size",
+       [](Call& c) { c.params.struct_size = sizeof(flashspec_draft_params) + 4; }},
+      {"controls->top_k", FLASHSPEC_ERR_INVALID_ARGUMENT, "params->controls->top_k",
+       [](Call& c) { c.controls.top_k = c.top_k.data(); }},
+      {"controls->top_k 0 (refused before its values)", FLASHSPEC_ERR_INVALID_ARGUMENT, "params->controls->top_k",
+       [](Call& c) { c.top_k = {0, 0, 0}, c.controls.top_k = c.top_k.data(); }},
+      {"controls->top_p", FLASHSPEC_ERR_INVALID_ARGUMENT, "params->controls->top_p",
+       [](Call& c) { c.controls.top_p = c.probabilities.data(); }},
+      {"controls->min_p", FLASHSPEC_ERR_INVALID_ARGUMENT, "params->controls->min_p",
+       [](Call& c) { c.controls.min_p = c.probabilities.data(); }},
+      {"controls->typical_epsilon", FLASHSPEC_ERR_INVALID_ARGUMENT, "params->controls->typical_epsilon",
+       [](Call& c) { c.controls.typical_epsilon = c.probabilities.data(); }},
+      {"controls->struct_size 0", FLASHSPEC_ERR_STRUCT_SIZE, "params->controls",
+       [](Call& c) { c.controls.struct_size = 0; }},
+      {"controls->bias_tokens out of range", FLASHSPEC_ERR_OUT_OF_RANGE, "params->controls->bias_tokens",
+       [](Call& c) { c.bias_tokens = {int32_t(kVocab)}; }},
+      {"controls->mask_words wrong", FLASHSPEC_ERR_OUT_OF_RANGE, "params->controls->mask_words",
+       [](Call& c) {
+         c.mask.assign(size_t(kRows * 10), ~0u);
+         c.controls.token_mask = c.mask.data(), c.controls.mask_words = 9;
+       }},
+      {"a mask row allows no token", FLASHSPEC_ERR_INVALID_ARGUMENT, "params->controls->token_mask",
+       [](Call& c) {
+         const int32_t words = int32_t((kVocab + 31) / 32);
+         c.mask.assign(size_t(kRows * words), ~0u);
+         std::fill(c.mask.begin() + words, c.mask.begin() + 2 * words, 0u);
+         c.controls.token_mask = c.mask.data();
+       }},
+      {"tokens_out overlaps logprobs_out", FLASHSPEC_ERR_INVALID_ARGUMENT, "tokens_out",
+       [](Call& c) { c.logprobs_in_tokens = true; }},
+      {"logprobs_out overlaps hidden", FLASHSPEC_ERR_INVALID_ARGUMENT, "logprobs_out",
+       [](Call& c) { c.logprobs_in_hidden = true; }},
+      {"NaN hidden value", FLASHSPEC_ERR_NON_FINITE, "hidden", [](Call& c) { c.data[kHidden + 2] = kNaN; }},
+  };
+  Rng rng(53);
+  Matrix good = random_matrix(FLASHSPEC_DTYPE_F32, kRows, kHidden, rng, 1.0);
+  auto fresh = [&] {
+    Call c;
+    c.ctx = ctx();
+    c.head = head_.get();
+    c.data = good.f32;
+    c.hidden = flashspec_tensor_make(nullptr, FLASHSPEC_DTYPE_F32, FLASHSPEC_MEMORY_HOST, kRows, kHidden);
+    flashspec_draft_params_init(&c.params);
+    flashspec_sampling_controls_init(&c.controls);
+    return c;
+  };
+  // The output buffers hold [rows, k] with room past the end; a case's
+  // pointers lie inside them (or, for the aliasing cases, on an input).
+  constexpr size_t kSlots = size_t(kRows * kK) * 2;
+  auto run = [&](Call& c, int32_t* tokens, float* logprobs) {
+    c.hidden.data = c.data.data();
+    c.controls.bias_offsets = c.bias_offsets.data();
+    c.controls.bias_tokens = c.bias_tokens.data();
+    c.controls.bias_values = c.bias_values.data();
+    c.params.controls = &c.controls;
+    float* scores = logprobs;
+    if (c.logprobs_in_tokens) scores = reinterpret_cast<float*>(tokens + 1);
+    if (c.logprobs_in_hidden) scores = c.data.data();
+    return flashspec_draft_top_k(c.ctx, c.head, c.null_hidden ? nullptr : &c.hidden, &c.params, c.k,
+                                 c.null_tokens ? nullptr : tokens, scores);
+  };
+  {
+    Call c = fresh();
+    std::vector<int32_t> tokens(kSlots, kPoison);
+    std::vector<float> logprobs(kSlots, poison_float());
+    ASSERT_EQ(run(c, tokens.data(), logprobs.data()), FLASHSPEC_OK) << flashspec_context_last_error(ctx());
+    for (size_t i = 0; i < kSlots; ++i) {
+      const bool inside = i < size_t(kRows * kK);
+      EXPECT_EQ(tokens[i] != kPoison, inside) << "tokens_out[" << i << "]";
+      EXPECT_EQ(!is_poison(logprobs[i]), inside) << "logprobs_out[" << i << "]";
+    }
+  }
+  for (const Case& k : cases) {
+    Call c = fresh();
+    k.mutate(c);
+    std::vector<int32_t> tokens(kSlots, kPoison);
+    std::vector<float> logprobs(kSlots, poison_float());
+    const std::vector<float> hidden_before = c.data;
+    flashspec_status s = run(c, tokens.data(), logprobs.data());
+    expect_failure(k.name, s, k.status, c.ctx, k.argument);
+    for (size_t i = 0; i < kSlots; ++i) {
+      EXPECT_EQ(tokens[i], kPoison) << k.name << ": tokens_out[" << i << "] written";
+      EXPECT_TRUE(is_poison(logprobs[i])) << k.name << ": logprobs_out[" << i << "] written";
+    }
+    EXPECT_EQ(std::memcmp(hidden_before.data(), c.data.data(), c.data.size() * sizeof(float)), 0)
+        << k.name << ": hidden written";
   }
 }
 

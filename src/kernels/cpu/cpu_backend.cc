@@ -139,6 +139,21 @@ class RowAnalysis {
   // log p(token) under the controlled distribution (T > 0).
   float log_p(int32_t token) const { return kept(token) ? x(token) - lse_ : neg_inf(); }
 
+  // The k kept tokens of largest x in rank order and their log p (T > 0);
+  // slots past the kept tokens get −1 / −Inf.
+  void top(int32_t k, int32_t* tokens, float* logprobs) const {
+    std::vector<int32_t> ids;
+    for (int64_t i = 0; i < vocab_; ++i)
+      if (kept(int32_t(i))) ids.push_back(int32_t(i));
+    const size_t n = std::min(size_t(k), ids.size());
+    std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(n), ids.end(),
+                      [this](int32_t a, int32_t b) { return ranks_before(x(a), a, x(b), b); });
+    for (size_t i = 0; i < size_t(k); ++i) {
+      tokens[i] = i < n ? ids[i] : -1;
+      logprobs[i] = i < n ? log_p(ids[i]) : neg_inf();
+    }
+  }
+
   // H(p) = LSE − Σ p_i x_i over the kept set (T > 0).
   float entropy() const {
     double mean_x = 0.0;  // float64 for the reason LogSumExp gives
@@ -484,6 +499,35 @@ class CpuBackend final : public Backend {
     }
     std::copy(tokens.begin(), tokens.end(), args.tokens_out);
     if (args.scores_out) std::copy(scores.begin(), scores.end(), args.scores_out);
+  }
+
+  void draft_top_k(const LmHeadStorage& head, const DraftArgs& args, int32_t k, int32_t* tokens_out,
+                   float* logprobs_out) override {
+    std::vector<float> hidden = load_rows(*args.hidden, Field::kHidden);
+    const int64_t vocab = head.vocab;
+    // The scan only keeps each row's logits (a greedy fold draws no noise);
+    // the ranking and the log-sum-exp over the allowed tokens come from
+    // RowAnalysis at temperature 1, which the validated controls never
+    // truncate.
+    const std::vector<RowPlan> scan_plans(size_t(args.rows), inert_plan(FLASHSPEC_OK));
+    std::vector<float> kept(size_t(args.rows) * size_t(vocab));
+    std::vector<float*> kept_rows;
+    for (int32_t r = 0; r < args.rows; ++r) kept_rows.push_back(kept.data() + size_t(r) * size_t(vocab));
+    const std::vector<Partial> rows = scan(head, hidden, scan_plans, kept_rows);
+    for (int32_t r = 0; r < args.rows; ++r) require_finite_row(rows[size_t(r)], r);
+    RowPlan softmax_plan = inert_plan(FLASHSPEC_OK);
+    softmax_plan.flags = 0;
+    softmax_plan.inv_t = 1.0f;
+    const size_t slots = size_t(args.rows) * size_t(k);
+    std::vector<int32_t> tokens(slots);
+    std::vector<float> logprobs(slots);
+    for (int32_t r = 0; r < args.rows; ++r) {
+      const RowAnalysis a(kept_rows[size_t(r)], vocab, row_controls(args.controls, r, r), softmax_plan, r,
+                          Field::kHidden);
+      a.top(k, tokens.data() + size_t(r) * size_t(k), logprobs.data() + size_t(r) * size_t(k));
+    }
+    std::copy(tokens.begin(), tokens.end(), tokens_out);
+    if (logprobs_out) std::copy(logprobs.begin(), logprobs.end(), logprobs_out);
   }
 
   void verify(const LmHeadStorage& head, const VerifyArgs& args, SummaryStore& store) override {
