@@ -22,6 +22,7 @@ pub const FLASHSPEC_MAX_TOP_LOGPROBS: i32 = 20;
 pub const FLASHSPEC_SHARD_RECORD_VERSION: i32 = 1;
 pub const FLASHSPEC_SHARD_RECORD_BYTES: usize = 48;
 pub const FLASHSPEC_MAX_DRAFT_SUPPORT: i32 = 64;
+pub const FLASHSPEC_MAX_DRAFT_TOP_K: i32 = 16;
 pub const FLASHSPEC_DRAFT_SUPPORT_TOLERANCE: f64 = 1e-3;
 
 // ---- enumerations (C enums: 32-bit, fixed values) -------------------------
@@ -509,6 +510,7 @@ pub struct flashspec_api {
     pub drafter_create_suffix: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_suffix_params, *mut *mut flashspec_drafter) -> flashspec_status>,
     pub suffix_drafter_propose_tree: Option<unsafe extern "C" fn(*mut flashspec_drafter, *const i32, i32, i32, *mut i32, *mut i32, *mut i32) -> flashspec_status>,
     pub engine_params_init_sized: Option<unsafe extern "C" fn(*mut flashspec_engine_params, usize)>,
+    pub draft_top_k: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_lm_head, *const flashspec_tensor, *const flashspec_draft_params, i32, *mut i32, *mut f32) -> flashspec_status>,
 }
 
 // ---- functions --------------------------------------------------------------
@@ -534,6 +536,7 @@ extern "C" {
     /// Fills the 0.1 layout only: use flashspec_draft_params_init_sized.
     pub fn flashspec_draft_params_init(params: *mut flashspec_draft_params);
     pub fn flashspec_draft(ctx: *mut flashspec_context, head: *const flashspec_lm_head, hidden: *const flashspec_tensor, params: *const flashspec_draft_params, tokens_out: *mut i32, scores_out: *mut f32) -> flashspec_status;
+    pub fn flashspec_draft_top_k(ctx: *mut flashspec_context, head: *const flashspec_lm_head, hidden: *const flashspec_tensor, params: *const flashspec_draft_params, k: i32, tokens_out: *mut i32, logprobs_out: *mut f32) -> flashspec_status;
     /// Fills the 0.1 layout only: use flashspec_verify_batch_init_sized.
     pub fn flashspec_verify_batch_init(batch: *mut flashspec_verify_batch);
     pub fn flashspec_summaries_create(ctx: *mut flashspec_context, max_rows: i32, max_requests: i32, out: *mut *mut flashspec_summaries) -> flashspec_status;

@@ -306,6 +306,28 @@ impl Context {
         Ok((tokens, scores))
     }
 
+    /// The fused top-k draft (`flashspec_draft_top_k`): per row of
+    /// `hidden`, the `k` allowed tokens of largest l + bias in rank order
+    /// and their log-probabilities at temperature 1, each `[rows, k]`
+    /// row-major; a row with fewer than `k` allowed tokens ends in −1 /
+    /// −Inf. `options.controls` may carry bias, repetition penalty and a
+    /// mask (top-k, top-p, min-p and typical are INVALID_ARGUMENT); `k`
+    /// outside 1..=FLASHSPEC_MAX_DRAFT_TOP_K is the library's OUT_OF_RANGE.
+    pub fn draft_top_k(&self, head: &LmHead<'_>, hidden: &[f32], options: &DraftOptions<'_>, k: usize) -> Result<(Vec<i32>, Vec<f32>)> {
+        let rows = rows_of(hidden, head.hidden, "hidden")?;
+        let params = options.raw(rows, head.vocab)?;
+        let t = host_tensor(hidden, rows, head.hidden);
+        // An out-of-range k is refused by the library before it writes;
+        // the buffers are sized for a valid one.
+        let slots = rows * k.min(sys::FLASHSPEC_MAX_DRAFT_TOP_K as usize);
+        let mut tokens = vec![0i32; slots];
+        let mut logprobs = vec![0f32; slots];
+        let k_i32 = i32::try_from(k).unwrap_or(i32::MAX);
+        let status = unsafe { sys::flashspec_draft_top_k(self.raw, head.raw, &t, &params.params, k_i32, tokens.as_mut_ptr(), logprobs.as_mut_ptr()) };
+        self.finish(status)?;
+        Ok((tokens, logprobs))
+    }
+
     /// One rank's draft pass over its slice (`head` from
     /// [`Context::lm_head_shard`]): writes one record per row of `hidden`
     /// to the first `rows × SHARD_RECORD_BYTES` bytes of `records` (refused

@@ -138,3 +138,29 @@ fn version_rng_and_plugin_table() {
     assert_eq!(unsafe { (table.version_number.unwrap())() }, flashspec::version_number());
     assert!(flashspec::plugin_table(sys::FLASHSPEC_ABI_VERSION + 1).is_none());
 }
+
+#[test]
+fn draft_top_k_ranks_the_raw_log_softmax() {
+    let ctx = Context::new(&ContextOptions { backend: Backend::Cpu, cpu_threads: 2, ..Default::default() }).unwrap();
+    let w = values(21, V * D);
+    let head = ctx.lm_head(&w, V, D).unwrap();
+    let h = values(22, 3 * D);
+    let k = 5;
+    let (tokens, logprobs) = ctx.draft_top_k(&head, &h, &DraftOptions::default(), k).unwrap();
+    assert_eq!((tokens.len(), logprobs.len()), (3 * k, 3 * k));
+    for r in 0..3 {
+        let l = logits(&w, &h, r);
+        let m = l.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lse = m + l.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+        let mut ranked: Vec<usize> = (0..V).collect();
+        ranked.sort_by(|&a, &b| l[b].partial_cmp(&l[a]).unwrap().then(a.cmp(&b)));
+        for i in 0..k {
+            assert_eq!(tokens[r * k + i] as usize, ranked[i], "row {r} slot {i}");
+            assert!((logprobs[r * k + i] as f64 - (l[ranked[i]] - lse)).abs() < 1e-4);
+        }
+    }
+    for bad in [0, sys::FLASHSPEC_MAX_DRAFT_TOP_K as usize + 1] {
+        let err = ctx.draft_top_k(&head, &h, &DraftOptions::default(), bad).unwrap_err();
+        assert_eq!(err.status, sys::FLASHSPEC_ERR_OUT_OF_RANGE);
+    }
+}
