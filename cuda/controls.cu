@@ -152,6 +152,7 @@ struct Common {
   int32_t rows;
   int32_t slices;   // slices per chunk: the stride of the slice lists
   int32_t top_n;
+  int32_t topk;     // a top-k draft: every row keeps its topk best candidates
   Lists candidates;
   Lists tops;
 };
@@ -174,7 +175,8 @@ __device__ RowSetup row_setup(const Common& a, int row) {
     r.c.bias_values = a.bias_values + int64_t(r.request) * kMaxBiasEntries;
     r.c.bias_count = count < 0 ? 0 : count;
   }
-  if (!r.greedy && truncates(r.c, a.vocab)) r.keep = r.c.top_k <= kCandidates ? r.c.top_k : kCandidates;
+  if (a.topk > 0) r.keep = a.topk;
+  else if (!r.greedy && truncates(r.c, a.vocab)) r.keep = r.c.top_k <= kCandidates ? r.c.top_k : kCandidates;
   return r;
 }
 
@@ -703,7 +705,7 @@ __global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs 
       }
     for (int i = threadIdx.x; i < n_c; i += blockDim.x) ranked_x[i] = key_x(ranked[i]);
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && c.topk == 0) {
       const int32_t k = min(int64_t(r.c.top_k), int64_t(all.allowed)) <= n_c ? 1 : 0;
       int32_t n = k ? kept_count(ranked_x, n_c, r.c)
                     : kept_count_of_first(ranked_x, n_c, all.s * expf(all.m - ranked_x[0]), r.c);
@@ -715,6 +717,18 @@ __global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs 
       lse_shared = n > 0 ? ranked_x[0] + logf(s) : 0.0f;
     }
     __syncthreads();
+  }
+  if (c.topk > 0) {  // a top-k draft: the ranked candidates and their log p at temperature 1
+    if (threadIdx.x == 0) {
+      const bool ok = status_shared == FLASHSPEC_OK;
+      const float row_lse = lse_value(all.m, all.s);
+      for (int i = 0; i < c.topk; ++i) {
+        const int64_t at = int64_t(row) * c.topk + i;
+        a.out.topk_tokens[at] = ok && i < n_c ? key_token(ranked[i]) : -1;
+        if (a.out.topk_logprobs) a.out.topk_logprobs[at] = !ok ? NAN : i < n_c ? ranked_x[i] - row_lse : neg_inf();
+      }
+    }
+    return;
   }
   const int32_t status = status_shared;
   const bool truncated = n_c > 0 && status == FLASHSPEC_OK;
@@ -899,6 +913,7 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
   common.rows = p.rows;
   common.slices = ws.slices_per_chunk;
   common.top_n = p.top_n;
+  common.topk = out.topk;
   common.candidates = Lists{ws.slice_keys,  ws.slice_raws,    ws.slice_counts, ws.merged_keys,
                             ws.merged_raws, ws.merged_counts, ws.thresholds,   kCandidates};
   common.tops = Lists{ws.top_slice_keys,  ws.top_slice_raws,    ws.top_slice_counts, ws.top_merged_keys,

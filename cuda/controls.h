@@ -104,13 +104,18 @@ struct Pass {
 };
 
 // Where a controlled pass writes: verify summaries (and the top raw tokens
-// and logprobs, [rows][top_n]) or a draft call's outputs.
+// and logprobs, [rows][top_n]), a draft call's outputs, or a top-k draft's
+// (topk > 0: each row's topk best tokens by x and their log-probabilities,
+// [rows][topk]; its plans are at temperature 1 and nothing truncates).
 struct Outputs {
   RowSummary* summaries;
   int32_t* top_tokens;
   float* top_logprobs;
   int32_t* tokens_out;
   float* scores_out;
+  int32_t topk;
+  int32_t* topk_tokens;
+  float* topk_logprobs;  // may be NULL
 };
 
 // Enqueues the pass on `stream`. Returns a CUDA error, or (cudaSuccess) a

@@ -199,8 +199,24 @@ class CudaBackend final : public Backend {
     });
   }
 
-  void draft_top_k(const LmHeadStorage&, const DraftArgs&, int32_t, int32_t*, float*) override {
-    fail(FLASHSPEC_ERR_UNSUPPORTED, Field::kHidden, "the fused top-k draft is not yet implemented on the CUDA backend");
+  // The controlled pass with every row keeping its k best candidates, at
+  // temperature 1 (the params' temperatures are not read).
+  void draft_top_k(const LmHeadStorage& head_base, const DraftArgs& args, int32_t k, int32_t* tokens,
+                   float* logprobs) override {
+    DeviceScope scope(device_);
+    const auto& head = static_cast<const CudaLmHead&>(head_base);
+    guard([&] {
+      DraftArgs at_one = args;
+      at_one.temperature = 1.0f;
+      at_one.temperatures = nullptr;
+      check_cuda(prepare::draft_plans(at_one, head.vocab, plans_.as<RowPlan>(), stream_), "draft plans");
+      const bool tc = stage(head, *args.hidden);
+      controls::Outputs out = {};
+      out.topk = k;
+      out.topk_tokens = tokens;
+      out.topk_logprobs = logprobs;
+      run_controlled(head, tc, args.rows, args.controls, args.rows, nullptr, nullptr, 0, out, Field::kHidden);
+    });
   }
 
   void verify(const LmHeadStorage& head_base, const VerifyArgs& args, SummaryStore& store_base) override {

@@ -453,6 +453,61 @@ TEST_F(Gpu, DraftsWithControlsMatchCpu) {
   }
 }
 
+// The fused top-k draft: each row's k best tokens by l + bias over the
+// allowed tokens and their log-probabilities, as the CPU backend gives them.
+TEST_F(Gpu, DraftTopKMatchesCpu) {
+  for (int vocab : {3001, 70001})
+    for (int rows : {3, 16, 40}) {
+      Rng rng(1300 + vocab + rows);
+      const int d = 64;
+      Matrix w = random_matrix(kBf16, vocab, d, rng, 3.0 / std::sqrt(double(d)));
+      Matrix h = random_matrix(kBf16, rows, d, rng, 1.0);
+      const ControlsCase c{kBf16, vocab, d, rows, 0, 1.0f, 0, 0, 0, true, true, false, false, 0};
+      const CaseControls k = make_controls(c, std::vector<int32_t>{0}, rng);  // a mask row per row
+      const flashspec_sampling_controls hc = host_view(c, k);
+      auto cpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CPU).seed(5));
+      auto gpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(5).max_rows(64));
+      ASSERT_TRUE(cpu && gpu);
+      flashspec_tensor wv = w.view(), hv = h.view();
+      auto cpu_head = make_head(cpu.get(), wv);
+      auto gpu_head = make_head(gpu.get(), wv);
+      DevMatrix hd(h);
+      flashspec_tensor hdv = hd.view();
+      const DeviceControls dk(k);
+      const flashspec_sampling_controls dc = dk.view(hc);
+      for (int top : {1, 5, FLASHSPEC_MAX_DRAFT_TOP_K}) {
+        const size_t n = size_t(rows) * size_t(top);
+        flashspec_draft_params hp;
+        flashspec_draft_params_init(&hp);
+        hp.controls = &hc;
+        std::vector<int32_t> cpu_tokens(n);
+        std::vector<float> cpu_lp(n);
+        FSGPU_OK(cpu.get(), flashspec_draft_top_k(cpu.get(), cpu_head.get(), &hv, &hp, top, cpu_tokens.data(),
+                                                  cpu_lp.data()));
+        flashspec_draft_params dp = hp;
+        dp.memory = FLASHSPEC_MEMORY_CUDA;
+        dp.controls = &dc;
+        Dev<int32_t> d_tokens(n);
+        Dev<float> d_lp(n);
+        FSGPU_OK(gpu.get(), flashspec_draft_top_k(gpu.get(), gpu_head.get(), &hdv, &dp, top, d_tokens.ptr(),
+                                                  d_lp.ptr()));
+        FSGPU_OK(gpu.get(), flashspec_context_synchronize(gpu.get()));
+        const std::vector<int32_t> gpu_tokens = d_tokens.get();
+        const std::vector<float> gpu_lp = d_lp.get();
+        int swapped = 0;
+        for (size_t i = 0; i < n; ++i) {
+          if (gpu_tokens[i] != cpu_tokens[i]) {  // two neighbours in rank that nearly tie
+            ++swapped;
+            EXPECT_NEAR(gpu_lp[i], cpu_lp[i], kNearTie) << "V " << vocab << " row " << i / size_t(top);
+            continue;
+          }
+          EXPECT_NEAR(gpu_lp[i], cpu_lp[i], 1e-4) << "V " << vocab << " slot " << i;
+        }
+        EXPECT_LE(swapped, 2) << "V " << vocab << " rows " << rows << " k " << top;
+      }
+    }
+}
+
 // Control values in device memory are checked on the device: a request
 // with a bad value (or a mask that allows nothing) fails alone, with the
 // status in its rows' summaries; the others are verified.
