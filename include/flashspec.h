@@ -435,7 +435,7 @@ FLASHSPEC_API flashspec_status flashspec_draft(flashspec_context* ctx, const fla
  * must be NULL), in rank order (larger x first, ties by smaller id), and
  * their log-probabilities x − log Σ_allowed exp(x) (softmax at temperature 1;
  * params' temperatures, seeds, request ids, steps and positions are not read).
- * One read of W, nothing vocabulary-sized written. tokens_out: [rows, k];
+ * One read of W. tokens_out: [rows, k];
  * logprobs_out: [rows, k] or NULL. A row with fewer than k allowed tokens
  * gets −1 / −Inf in the remaining slots. Errors: as flashspec_draft, plus
  * OUT_OF_RANGE (k outside [1, FLASHSPEC_MAX_DRAFT_TOP_K]) and
@@ -447,7 +447,12 @@ FLASHSPEC_API flashspec_status flashspec_draft(flashspec_context* ctx, const fla
  * overlap each other or any input (INVALID_ARGUMENT). On any error neither
  * output is written. k = 1 gives flashspec_draft's T = 0 token under the
  * same controls. CPU backend: each row keeps its logits in host scratch
- * (4·V bytes per row) while the call runs, as a draft with controls does. */
+ * (4·V bytes per row) while the call runs, as a draft with controls does.
+ * CUDA backend: the pass of a call with sampling controls (see "Sampling
+ * controls") with every row keeping its k best candidates: nothing
+ * vocabulary-sized is written; the hidden rows must be in the LM head's
+ * dtype. Device-found errors (bad control values in device memory, a mask
+ * row allowing nothing, non-finite rows) give that row −1 / NaN. */
 FLASHSPEC_API flashspec_status flashspec_draft_top_k(flashspec_context* ctx, const flashspec_lm_head* head,
                                                     const flashspec_tensor* hidden,
                                                     const flashspec_draft_params* params, int32_t k,
