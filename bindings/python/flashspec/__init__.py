@@ -32,7 +32,7 @@ The raw SWIG layer is flashspec.capi (every C function and struct as is).
 """
 from . import capi
 from ._controls import MAX_TOP_K, MAX_TOP_LOGPROBS, TOP_K_ALL, SamplingControls
-from ._core import (MAX_DRAFT_SUPPORT, SHARD_RECORD_BYTES, SHARD_RECORD_VERSION, Context, LMHead, Summaries, VerifyBatch, VerifyResult,
+from ._core import (MAX_DRAFT_SUPPORT, MAX_DRAFT_TOP_K, SHARD_RECORD_BYTES, SHARD_RECORD_VERSION, Context, LMHead, Summaries, VerifyBatch, VerifyResult,
                     stream_handle)
 from .errors import FlashSpecError, error_class
 from .errors import *  # noqa: F401,F403  (one exception class per status)
@@ -49,7 +49,7 @@ ABI_VERSION = capi.FLASHSPEC_ABI_VERSION
 # flashspec.capi).
 __all__ = [
     "Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "stream_handle",
-    "SHARD_RECORD_BYTES", "SHARD_RECORD_VERSION", "MAX_DRAFT_SUPPORT",
+    "SHARD_RECORD_BYTES", "SHARD_RECORD_VERSION", "MAX_DRAFT_SUPPORT", "MAX_DRAFT_TOP_K",
     "SamplingControls", "MAX_TOP_K", "TOP_K_ALL", "MAX_TOP_LOGPROBS",
     "Engine", "Drafter", "NgramDrafter", "SuffixDrafter", "CallbackDrafter", "Generation", "FinishReason",
     "EngineMetrics",

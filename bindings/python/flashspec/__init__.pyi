@@ -12,6 +12,7 @@ from ._controls import TOP_K_ALL as TOP_K_ALL
 from ._controls import SamplingControls as SamplingControls
 from ._core import Context as Context
 from ._core import MAX_DRAFT_SUPPORT as MAX_DRAFT_SUPPORT
+from ._core import MAX_DRAFT_TOP_K as MAX_DRAFT_TOP_K
 from ._core import SHARD_RECORD_BYTES as SHARD_RECORD_BYTES
 from ._core import SHARD_RECORD_VERSION as SHARD_RECORD_VERSION
 from ._core import LMHead as LMHead
@@ -51,7 +52,7 @@ from .errors import error_class as error_class
 
 __all__ = [
     "Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "stream_handle",
-    "SHARD_RECORD_BYTES", "SHARD_RECORD_VERSION", "MAX_DRAFT_SUPPORT",
+    "SHARD_RECORD_BYTES", "SHARD_RECORD_VERSION", "MAX_DRAFT_SUPPORT", "MAX_DRAFT_TOP_K",
     "SamplingControls", "MAX_TOP_K", "TOP_K_ALL", "MAX_TOP_LOGPROBS",
     "Engine", "Drafter", "NgramDrafter", "SuffixDrafter", "CallbackDrafter", "Generation", "FinishReason",
     "EngineMetrics",

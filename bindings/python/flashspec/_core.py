@@ -8,17 +8,18 @@ import numpy as np
 
 from . import _arrays
 from . import capi as _capi
-from ._controls import SamplingControls
+from ._controls import _INT32_MAX, _INT32_MIN, SamplingControls
 from .errors import check
 
 __all__ = ["Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "SamplingControls", "stream_handle",
-           "SHARD_RECORD_BYTES", "SHARD_RECORD_VERSION", "MAX_DRAFT_SUPPORT"]
+           "SHARD_RECORD_BYTES", "SHARD_RECORD_VERSION", "MAX_DRAFT_SUPPORT", "MAX_DRAFT_TOP_K"]
 
 # The per-row record of a vocabulary-shard call (see "Vocabulary shards" in
 # flashspec.h): its size in bytes and the layout version it carries.
 SHARD_RECORD_BYTES = _capi.FLASHSPEC_SHARD_RECORD_BYTES
 SHARD_RECORD_VERSION = _capi.FLASHSPEC_SHARD_RECORD_VERSION
 MAX_DRAFT_SUPPORT = _capi.FLASHSPEC_MAX_DRAFT_SUPPORT
+MAX_DRAFT_TOP_K = _capi.FLASHSPEC_MAX_DRAFT_TOP_K
 
 # The per-row arrays of flashspec_draft_params, by name and element type.
 _DRAFT_ROW_ARRAYS = (("temperatures", "float32"), ("seeds", "uint64"), ("request_ids", "uint64"),
@@ -177,20 +178,42 @@ class Context(_Handle):
             rows, hv, dict(temperatures=temperatures, seeds=seeds, request_ids=request_ids, steps=steps,
                            positions=positions), dict(tokens_out=tokens_out, scores_out=scores_out))
         tv, sv = views.pop("tokens_out"), views.pop("scores_out")
-        c_controls = None
-        if controls is not None:
-            if memory != _arrays.HOST:
-                raise ValueError("controls: sampling controls need host arrays and host hidden rows "
-                                 "(only the CPU backend applies them)")
-            controls.check_vocab(head.vocab_size, "controls")
-            c_controls, _keep = controls.c_controls(rows, rows, "controls", per="rows",
-                                                    mask_source=f"the {rows} rows")
-
+        c_controls, _keep = _draft_controls(controls, head, rows, memory)
         params = _draft_params(memory, temperature, views)
         params.controls = c_controls
         self._call(_capi.flashspec_draft, head.raw, _arrays.c_tensor(hv), params, tv.address, sv.address)
         self._sync_host_outputs(memory)
         return tv.source, sv.source
+
+    def draft_top_k(self, head, hidden, k, *, controls=None):
+        """The fused top-k draft: per hidden row, the k allowed tokens of
+        largest logit + bias in rank order (larger first, ties by smaller id)
+        and their log-probabilities at temperature 1 (log-softmax over the
+        allowed tokens). Returns (tokens, logprobs), int32 and float32
+        [rows, k], allocated in the memory of ``hidden``. A row with fewer
+        than k allowed tokens ends in -1 / -inf. ``controls`` as for draft,
+        but only its bias, repetition penalty and mask (top_k, top_p, min_p
+        and typical are InvalidArgumentError). k outside 1..MAX_DRAFT_TOP_K
+        is the library's OutOfRangeError."""
+        if isinstance(k, bool) or not isinstance(k, int):
+            raise TypeError(f"k: expected an int, got {type(k).__name__}")
+        hv = _arrays.tensor(hidden, "hidden", stream=self.stream)
+        rows = hv.shape[0]
+        c_controls, _keep = _draft_controls(controls, head, rows, hv.memory)
+        # The library refuses a k outside 1..MAX_DRAFT_TOP_K before writing
+        # anything; the outputs are sized for the k it can accept, and k is
+        # clamped into int32 so any int reaches that check.
+        slots = min(max(k, 0), MAX_DRAFT_TOP_K)
+        outputs = [_arrays.view(_arrays.empty_like_memory(hv, (rows, slots), dtype), name, stream=self.stream,
+                                dtype=dtype, output=True)
+                   for name, dtype in (("tokens", "int32"), ("logprobs", "float32"))]
+        tv, lv = outputs
+        params = _draft_params(hv.memory, 0.0, {})
+        params.controls = c_controls
+        c_k = min(max(k, _INT32_MIN), _INT32_MAX)
+        self._call(_capi.flashspec_draft_top_k, head.raw, _arrays.c_tensor(hv), params, c_k, tv.address, lv.address)
+        self._sync_host_outputs(hv.memory)
+        return tv.source, lv.source
 
     def _draft_views(self, rows, default, per_row, outputs):
         """Views of a draft call's per-row arrays (per_row: name -> array or
@@ -312,6 +335,19 @@ class Context(_Handle):
         c_batch = batch.c_batch(self.stream)
         result = out if out is not None else VerifyResult.like(batch, self.stream)
         return c_batch, result, result.c_result(self.stream, batch)
+
+
+def _draft_controls(controls, head, rows, memory):
+    """The flashspec_sampling_controls of a draft call's per-row controls (a
+    SamplingControls or None) and the arrays it points at (keep them alive
+    for the call): None, None without controls."""
+    if controls is None:
+        return None, None
+    if memory != _arrays.HOST:
+        raise ValueError("controls: sampling controls need host arrays and host hidden rows "
+                         "(only the CPU backend applies them)")
+    controls.check_vocab(head.vocab_size, "controls")
+    return controls.c_controls(rows, rows, "controls", per="rows", mask_source=f"the {rows} rows")
 
 
 def _draft_params(memory, temperature, views):

@@ -9,11 +9,12 @@ from numpy.typing import ArrayLike
 from ._controls import SamplingControls as SamplingControls
 
 __all__ = ["Context", "LMHead", "Summaries", "VerifyBatch", "VerifyResult", "SamplingControls", "stream_handle",
-           "SHARD_RECORD_BYTES", "SHARD_RECORD_VERSION", "MAX_DRAFT_SUPPORT"]
+           "SHARD_RECORD_BYTES", "SHARD_RECORD_VERSION", "MAX_DRAFT_SUPPORT", "MAX_DRAFT_TOP_K"]
 
 SHARD_RECORD_BYTES: int
 SHARD_RECORD_VERSION: int
 MAX_DRAFT_SUPPORT: int
+MAX_DRAFT_TOP_K: int
 
 class _DLPackArray(Protocol):
     """A DLPack producer (torch, cupy, ...): viewed in place, never copied."""
@@ -69,6 +70,9 @@ class Context(_Handle):
               request_ids: _ArrayInput | None = None, steps: _ArrayInput | None = None,
               positions: _ArrayInput | None = None, controls: SamplingControls | None = None,
               tokens_out: _Array | None = None, scores_out: _Array | None = None) -> tuple[_Array, _Array]: ...
+    # (tokens int32 [rows, k], logprobs float32 [rows, k]) in hidden's memory.
+    def draft_top_k(self, head: LMHead, hidden: _ArrayInput, k: int, *,
+                    controls: SamplingControls | None = None) -> tuple[_Array, _Array]: ...
     def verify(self, head: LMHead, batch: VerifyBatch, summaries: Summaries) -> None: ...
     def finalize(self, batch: VerifyBatch, summaries: Summaries, *, out: VerifyResult | None = None) -> VerifyResult: ...
     def verify_and_finalize(self, head: LMHead, batch: VerifyBatch, *,

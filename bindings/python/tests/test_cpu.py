@@ -187,6 +187,79 @@ def test_errors_carry_status_and_message(ctx, weights):
         ctx.draft(head, np.ones((1, D), np.float32), temperature=-1.0)
 
 
+def log_softmax(logits):
+    """float64 log-softmax over the last axis."""
+    top = logits.max(axis=-1, keepdims=True)
+    return logits - (top + np.log(np.exp(logits - top).sum(axis=-1, keepdims=True)))
+
+
+def test_draft_top_k_ranks_the_log_softmax_of_the_logits(ctx, weights):
+    rows, k = 4, 5
+    h = np.random.default_rng(21).standard_normal((rows, D)).astype(np.float32)
+    head = ctx.lm_head(weights)
+    tokens, logprobs = ctx.draft_top_k(head, h, k)
+    assert isinstance(tokens, np.ndarray) and isinstance(logprobs, np.ndarray)
+    assert (tokens.shape, tokens.dtype, logprobs.shape, logprobs.dtype) == ((rows, k), np.int32, (rows, k), np.float32)
+    logits = logits_of(weights, h)
+    ranked = np.argsort(-logits, axis=1, kind="stable")[:, :k]  # ties: the smaller id first
+    np.testing.assert_array_equal(tokens, ranked)
+    np.testing.assert_allclose(logprobs, np.take_along_axis(log_softmax(logits), ranked, axis=1), rtol=0, atol=1e-4)
+    # Log-probabilities of the whole vocabulary, not of the k kept: a
+    # renormalisation over the top k would sum to 1.
+    assert np.exp(logprobs.astype(np.float64)).sum(axis=1).max() < 1 - 1e-3
+
+
+def test_draft_top_k_of_one_is_the_greedy_draft(ctx, weights):
+    h = np.random.default_rng(22).standard_normal((6, D)).astype(np.float32)
+    head = ctx.lm_head(weights)
+    tokens, _ = ctx.draft_top_k(head, h, 1)
+    greedy, _ = ctx.draft(head, h, temperature=0.0)
+    np.testing.assert_array_equal(tokens[:, 0], greedy)
+    full, _ = ctx.draft_top_k(head, h, flashspec.MAX_DRAFT_TOP_K)
+    assert full.shape == (6, flashspec.MAX_DRAFT_TOP_K) == (6, capi.FLASHSPEC_MAX_DRAFT_TOP_K)
+    np.testing.assert_array_equal(full[:, 0], greedy)
+
+
+def test_draft_top_k_applies_the_bias_and_mask_of_its_controls(ctx, weights):
+    rows, k = 2, 4
+    h = np.random.default_rng(23).standard_normal((rows, D)).astype(np.float32)
+    mask = np.zeros((rows, V), bool)
+    mask[0, 10:40] = True
+    mask[1, [3, 7]] = True  # fewer allowed tokens than k
+    bias = {12: 5.0, 3: -2.0}
+    controls = flashspec.SamplingControls(token_mask=mask, logit_bias=bias)
+    tokens, logprobs = ctx.draft_top_k(ctx.lm_head(weights), h, k, controls=controls)
+    x = logits_of(weights, h)
+    for token, value in bias.items():
+        x[:, token] += value
+    x[~mask] = -np.inf
+    ranked = np.argsort(-x, axis=1, kind="stable")[:, :k]
+    expected = np.take_along_axis(log_softmax(x), ranked, axis=1)
+    np.testing.assert_array_equal(tokens[0], ranked[0])
+    np.testing.assert_allclose(logprobs[0], expected[0], rtol=0, atol=1e-4)
+    np.testing.assert_array_equal(tokens[1, :2], ranked[1, :2])
+    np.testing.assert_allclose(logprobs[1, :2], expected[1, :2], rtol=0, atol=1e-4)
+    np.testing.assert_array_equal(tokens[1, 2:], [-1, -1])
+    assert np.all(np.isneginf(logprobs[1, 2:]))
+
+
+@pytest.mark.parametrize("k", [0, -1, capi.FLASHSPEC_MAX_DRAFT_TOP_K + 1, 1 << 40, -(1 << 40)])
+def test_draft_top_k_refuses_k_outside_one_to_the_maximum(ctx, weights, k):
+    with pytest.raises(flashspec.OutOfRangeError) as info:
+        ctx.draft_top_k(ctx.lm_head(weights), np.ones((2, D), np.float32), k)
+    assert info.value.status == capi.FLASHSPEC_ERR_OUT_OF_RANGE
+    assert "k" in info.value.message
+
+
+def test_draft_top_k_refuses_truncating_controls(ctx, weights):
+    with pytest.raises(flashspec.InvalidArgumentError) as info:
+        ctx.draft_top_k(ctx.lm_head(weights), np.ones((1, D), np.float32), 3,
+                        controls=flashspec.SamplingControls(top_p=0.9))
+    assert info.value.status == capi.FLASHSPEC_ERR_INVALID_ARGUMENT
+    with pytest.raises(TypeError, match="k"):
+        ctx.draft_top_k(ctx.lm_head(weights), np.ones((1, D), np.float32), 2.0)
+
+
 def test_failed_create_reports_through_the_thread_message():
     # No machine has CUDA device 99: NO_DEVICE whether or not a GPU is present.
     with pytest.raises(flashspec.NoDeviceError) as info:
