@@ -17,8 +17,9 @@ const (
 // SamplingControls turn a row's logits into the distribution a draft
 // samples and a verify verifies against (see "Sampling controls" in
 // flashspec.h): penalties and logit bias, token mask, temperature, top-k,
-// top-p, min-p, in that order. Only the CPU backend applies them (the CUDA backend
-// refuses them with ErrUnsupported).
+// top-p, min-p, in that order. Their slices are host memory, so this binding
+// applies them with the CPU backend (the CUDA backend takes controls in device
+// memory through the C API; the binding does not upload them yet).
 //
 // Per-request slices have one entry per request of a verify (per hidden
 // row of a Draft); nil leaves the step out. The logit bias is in CSR form:

@@ -47,8 +47,9 @@ class SamplingControls:
     on Medusa's typical acceptance for a verify's target controls; it is not
     distribution-preserving.
 
-    Controls are host arrays: only the CPU backend applies them (the CUDA
-    backend refuses them with UnsupportedError). Every array is checked
+    Controls are host arrays, so the binding applies them with the CPU
+    backend (the CUDA backend takes controls in device memory through the
+    C API; this binding does not upload them yet). Every array is checked
     against the call it is used in before the library sees it.
     """
 
@@ -94,7 +95,7 @@ class SamplingControls:
             v = _arrays.vector(value, f"{prefix}.{name}", dtype)
             if v.memory != _arrays.HOST:
                 raise ValueError(f"{prefix}.{name}: sampling controls are host arrays "
-                                 "(only the CPU backend applies them)")
+                                 "(this binding passes controls to the CPU backend only)")
             keep.append(v)
             return v
 

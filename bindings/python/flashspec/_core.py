@@ -345,7 +345,7 @@ def _draft_controls(controls, head, rows, memory):
         return None, None
     if memory != _arrays.HOST:
         raise ValueError("controls: sampling controls need host arrays and host hidden rows "
-                         "(only the CPU backend applies them)")
+                         "(this binding passes controls to the CPU backend only)")
     controls.check_vocab(head.vocab_size, "controls")
     return controls.c_controls(rows, rows, "controls", per="rows", mask_source=f"the {rows} rows")
 
@@ -516,8 +516,8 @@ class VerifyBatch:
     offsets[R]). ``logprobs=True`` returns the emitted tokens' logprobs
     (VerifyResult.logprobs, .raw_logprobs); ``top_logprobs=n`` (at most
     MAX_TOP_LOGPROBS) each slot's n tokens of largest raw logit
-    (.top_tokens, .top_logprobs). Controls need host index arrays: only the
-    CPU backend applies them.
+    (.top_tokens, .top_logprobs). Controls need host index arrays: this
+    binding passes them to the CPU backend only.
     """
 
     _ARRAYS = (("draft_offsets", "int32"), ("draft_tokens", "int32"), ("temperatures", "float32"),
@@ -566,7 +566,7 @@ class VerifyBatch:
         if (self.controls is not None or self.draft_controls is not None) and drafts is not None:
             if memory != _arrays.HOST:
                 raise ValueError("controls: sampling controls need host index arrays "
-                                 "(only the CPU backend applies them)")
+                                 "(this binding passes controls to the CPU backend only)")
             requests = offsets.shape[0] - 1
             if self.controls is not None:
                 controls["controls"] = self.controls.c_controls(

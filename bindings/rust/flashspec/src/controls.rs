@@ -15,9 +15,9 @@ pub const MAX_TOP_LOGPROBS: usize = sys::FLASHSPEC_MAX_TOP_LOGPROBS as usize;
 /// What turns a row's logits into the distribution a draft samples and a
 /// verify verifies against (see "Sampling controls" in `flashspec.h`):
 /// penalties and logit bias, token mask, temperature, top-k, top-p, min-p,
-/// in that order. Both backends apply them; the CUDA backend's limits (a kept
-/// set of at most 1024 tokens, no controls with stochastic drafts) are in the
-/// header.
+/// in that order. Their slices are host memory, so this crate applies them
+/// with the CPU backend (the CUDA backend takes controls in device memory
+/// through the C API; the crate does not upload them yet).
 ///
 /// Per-request slices have one entry per request of a verify (per hidden
 /// row of a draft); `None` leaves the step out. Every slice is checked
