@@ -732,7 +732,10 @@ class CpuBackend final : public Backend {
       q.emplace_back(head, args, request, d, 1.0f / v.draft_temperature);
       q_of.push_back(&q.back());
       tokens.push_back(args.draft_tokens[d]);
-      if (!(q.back().log_q(tokens.back()) > neg_inf()))
+      // Draft controls can give the drafted token q = 0 (an error of the
+      // call); a dense row without them only underflows, which Algorithm 1
+      // reads as p/q = +Inf (sparse supports are checked before the call).
+      if (args.draft_controls.present && !(q.back().log_q(tokens.back()) > neg_inf()))
         fail(FLASHSPEC_ERR_INVALID_ARGUMENT, Field::kDraftLogits,
              "row " + std::to_string(d) + ": the drafted token has probability 0 under q (draft_controls)");
     }
