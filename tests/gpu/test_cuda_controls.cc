@@ -508,6 +508,26 @@ TEST_F(Gpu, DraftTopKMatchesCpu) {
     }
 }
 
+// A device batch of `requests` requests without drafts (one row each)
+// under `controls`, and its device result arrays.
+struct BonusOnlyCall {
+  flashspec_verify_batch batch;
+  flashspec_verify_result result;
+  BonusOnlyCall(int requests, const flashspec_tensor* hidden, const int32_t* offsets,
+                const flashspec_sampling_controls* controls, int32_t* accepted, int32_t* emitted) {
+    flashspec_verify_batch_init(&batch);
+    batch.memory = FLASHSPEC_MEMORY_CUDA;
+    batch.num_requests = requests;
+    batch.draft_offsets = offsets;
+    batch.target_hidden = hidden;
+    batch.controls = controls;
+    flashspec_verify_result_init(&result);
+    result.memory = FLASHSPEC_MEMORY_CUDA;
+    result.accepted_counts = accepted;
+    result.emitted_tokens = emitted;
+  }
+};
+
 // Control values in device memory are checked on the device: a request
 // with a bad value (or a mask that allows nothing) fails alone, with the
 // status in its rows' summaries; the others are verified.
@@ -542,18 +562,9 @@ TEST_F(Gpu, BadDeviceControlValuesFailTheirRequestOnly) {
   dc.bias_tokens = d_btok.ptr();
   dc.bias_values = d_bval.ptr();
   dc.token_mask = d_mask.ptr();
-  flashspec_verify_batch db;
-  flashspec_verify_batch_init(&db);
-  db.memory = FLASHSPEC_MEMORY_CUDA;
-  db.num_requests = requests;
-  db.draft_offsets = d_off.ptr();
-  db.target_hidden = &hdv;
-  db.controls = &dc;
-  flashspec_verify_result dr;
-  flashspec_verify_result_init(&dr);
-  dr.memory = FLASHSPEC_MEMORY_CUDA;
-  dr.accepted_counts = d_acc.ptr();
-  dr.emitted_tokens = d_emit.ptr();
+  const BonusOnlyCall call(requests, &hdv, d_off.ptr(), &dc, d_acc.ptr(), d_emit.ptr());
+  const flashspec_verify_batch& db = call.batch;
+  const flashspec_verify_result& dr = call.result;
   FSGPU_OK(gpu.get(), flashspec_verify_and_finalize(gpu.get(), head.get(), &db, &dr));
   FSGPU_OK(gpu.get(), flashspec_context_synchronize(gpu.get()));
   const std::vector<int32_t> acc = d_acc.get(), emit = d_emit.get();
@@ -593,18 +604,9 @@ TEST_F(Gpu, KeptSetBeyondTheCandidateListIsUnsupported) {
   flashspec_sampling_controls dc;
   flashspec_sampling_controls_init(&dc);
   dc.top_p = d_p.ptr();
-  flashspec_verify_batch db;
-  flashspec_verify_batch_init(&db);
-  db.memory = FLASHSPEC_MEMORY_CUDA;
-  db.num_requests = requests;
-  db.draft_offsets = d_off.ptr();
-  db.target_hidden = &hdv;
-  db.controls = &dc;
-  flashspec_verify_result dr;
-  flashspec_verify_result_init(&dr);
-  dr.memory = FLASHSPEC_MEMORY_CUDA;
-  dr.accepted_counts = d_acc.ptr();
-  dr.emitted_tokens = d_emit.ptr();
+  const BonusOnlyCall call(requests, &hdv, d_off.ptr(), &dc, d_acc.ptr(), d_emit.ptr());
+  const flashspec_verify_batch& db = call.batch;
+  const flashspec_verify_result& dr = call.result;
   flashspec_summaries* sums_raw = nullptr;
   FSGPU_OK(gpu.get(), flashspec_summaries_create(gpu.get(), requests, requests, &sums_raw));
   SummariesPtr sums(sums_raw);
