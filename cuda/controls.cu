@@ -6,6 +6,7 @@
 
 #include "controls.h"
 #include "launch.cuh"
+#include "scan_gemm.h"
 #include "tuning.h"
 #include "sampling/controls.h"
 #include "util/philox.h"
@@ -926,10 +927,8 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
   // (events order the buffers' reuse; the whole pass stays capturable).
   const bool pipelined = p.side != nullptr;
   const int32_t chunk = p.chunk;
-  const bool wide = p.w_dtype == FLASHSPEC_DTYPE_F32;
-  const cudaDataType type = wide ? CUDA_R_32F : (p.w_dtype == FLASHSPEC_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F);
-  const size_t element = wide ? 4 : 2;
-  const float alpha = 1.0f, beta = 0.0f;
+  const gemm_scan::Product product{p.cublas, p.w,      p.ldw,   p.w_dtype, p.w_scale, p.dequantized,
+                                   p.d,      p.hidden, p.k_pad, p.rows};
   cudaStream_t fold_stream = pipelined ? p.side : stream;
   int group = 0, from = 0, index = 0;
   for (int32_t v0 = 0; v0 < p.vocab; v0 += chunk, ++index) {
@@ -937,12 +936,10 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
     float* logits = p.chunk_logits[buffer];
     if (pipelined && index >= 2 && (e = cudaStreamWaitEvent(stream, p.freed[buffer], 0)) != cudaSuccess) return e;
     const int32_t count = std::min(chunk, p.vocab - v0);
-    const void* w = static_cast<const unsigned char*>(p.w) + int64_t(v0) * p.ldw * int64_t(element);
-    const cublasStatus_t status = cublasGemmEx(p.cublas, CUBLAS_OP_T, CUBLAS_OP_N, count, p.rows, p.d, &alpha, w,
-                                               type, int(p.ldw), p.hidden, type, p.k_pad, &beta, logits, CUDA_R_32F,
-                                               chunk, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (status != CUBLAS_STATUS_SUCCESS) {
-      *cublas_failure = "cublasGemmEx";
+    const gemm_scan::Status status = gemm_scan::logits_chunk(product, v0, count, logits, chunk, stream);
+    if (status.cuda != cudaSuccess) return status.cuda;
+    if (status.what) {
+      *cublas_failure = status.what;
       return cudaSuccess;
     }
     if (pipelined) {

@@ -79,9 +79,11 @@ Workspace carve_workspace(void* base, int32_t max_rows, int32_t max_requests, in
 
 // What one controlled pass needs besides the workspace.
 struct Pass {
-  const void* w;                  // LM head [vocab, ldw], bf16/fp16 (hidden staged alike) or fp32
-  int64_t ldw;
+  const void* w;                  // LM head [vocab, ldw], bf16/fp16 (hidden staged alike), fp32,
+  int64_t ldw;                    // or 8-bit codes (hidden staged in bf16)
   flashspec_dtype w_dtype;
+  const float* w_scale;           // 8-bit codes: [vocab] row scales
+  uint16_t* dequantized;          // 8-bit codes: gemm_scan's conversion workspace
   int32_t vocab;
   int32_t d;
   const void* hidden;             // staged hidden rows [rows, k_pad]

@@ -18,6 +18,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda_module.h"
 #include "prepare.h"
+#include "scan_gemm.h"
 #include "util/dtype.h"
 #include "util/status.h"
 
@@ -105,17 +106,20 @@ class CudaBackend final : public Backend {
   int device() const override { return device_; }
   int last_cuda_error() const override { return last_error_; }
 
-  std::unique_ptr<LmHeadStorage> create_lm_head(const flashspec_tensor& weight,
-                                                flashspec_lm_head_flags flags) override {
+  std::unique_ptr<LmHeadStorage> create_lm_head(const flashspec_tensor& weight, flashspec_lm_head_flags flags,
+                                                const float* host_scales) override {
     DeviceScope scope(device_);
     const size_t esize = dtype_size(weight.dtype);
-    const bool sixteen = weight.dtype != FLASHSPEC_DTYPE_F32;
     auto head = std::make_unique<CudaLmHead>();
     head->backend = FLASHSPEC_BACKEND_CUDA;
     head->device = device_;
     head->dtype = weight.dtype;
     head->vocab = weight.rows;
     head->hidden = weight.cols;
+    // Tensor cores take 16-bit weights as they are and 8-bit codes through
+    // exact bf16 conversions; fp32 weights go to the CUDA-core scan.
+    const bool tensor_dtype = weight.dtype != FLASHSPEC_DTYPE_F32;
+    const int64_t row_quantum = int64_t(16 / esize);  // elements per 16 bytes
     require(weight.rows <= INT32_MAX && weight.cols <= INT32_MAX, FLASHSPEC_ERR_OUT_OF_RANGE, Field::kWeight,
             "too large");
     if (weight.memory == FLASHSPEC_MEMORY_CUDA) check_device_pointer(weight.data);
@@ -125,13 +129,13 @@ class CudaBackend final : public Backend {
       head->data = weight.data;
       head->row_stride = weight.row_stride;
       const bool aligned16 = reinterpret_cast<uintptr_t>(weight.data) % 16 == 0 &&
-                             (weight.row_stride * int64_t(esize)) % 16 == 0 && weight.cols % 8 == 0;
-      head->tensor_cores = sixteen && aligned16;
+                             (weight.row_stride * int64_t(esize)) % 16 == 0 && weight.cols % row_quantum == 0;
+      head->tensor_cores = tensor_dtype && aligned16;
       head->d_load = int32_t(weight.cols);
     } else {
       // A copy with rows padded to 16 bytes (zeros), so every row is aligned
       // for 16-byte loads whatever the caller's layout.
-      const int64_t ld = round_up(weight.cols, int64_t(16 / esize));
+      const int64_t ld = round_up(weight.cols, row_quantum);
       head->storage.allocate(size_t(weight.rows) * size_t(ld) * esize, "cudaMalloc (LM head)");
       if (ld != weight.cols)
         check_cuda(cudaMemsetAsync(head->storage.as<void>(), 0, head->storage.bytes(), stream_), "cudaMemsetAsync");
@@ -144,8 +148,15 @@ class CudaBackend final : public Backend {
                  "cudaMemcpy2DAsync (LM head)");
       head->data = head->storage.as<void>();
       head->row_stride = ld;
-      head->tensor_cores = sixteen;
-      head->d_load = int32_t(sixteen ? round_up(weight.cols, 8) : weight.cols);
+      head->tensor_cores = tensor_dtype;
+      head->d_load = int32_t(tensor_dtype ? round_up(weight.cols, row_quantum) : weight.cols);
+    }
+    if (host_scales) {
+      head->row_scales.allocate(size_t(weight.rows) * sizeof(float), "cudaMalloc (LM head scales)");
+      check_cuda(cudaMemcpyAsync(head->row_scales.as<void>(), host_scales, size_t(weight.rows) * sizeof(float),
+                                 cudaMemcpyHostToDevice, stream_),
+                 "cudaMemcpyAsync (LM head scales)");
+      head->scales = head->row_scales.as<float>();
     }
     check_cuda(prepare::find_non_finite(head->data, head->dtype, head->vocab, head->hidden, head->row_stride,
                                         flag_.as<int32_t>(), stream_),
@@ -156,6 +167,7 @@ class CudaBackend final : public Backend {
     check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     require(found == 0, FLASHSPEC_ERR_NON_FINITE, Field::kWeight, "holds a NaN or Inf value");
     reserve_staging(head->hidden);
+    if (head->codes()) reserve_dequantized(head->hidden);
     return head;
   }
 
@@ -191,7 +203,7 @@ class CudaBackend final : public Backend {
       StreamTail tail = stream_tail();
       tail.tokens_out = args.tokens_out;
       tail.scores_out = args.scores_out;
-      const ScanOutcome scan = run_scan(limits_, workspace(), head, tc, args.rows, nullptr, tail, stream_);
+      const ScanOutcome scan = run_scan(limits_, workspace(head), head, tc, args.rows, nullptr, tail, stream_);
       if (!scan.combined)
         check_cuda(combine::draft_rows(sources(args.rows, scan.groups, nullptr), args.tokens_out, args.scores_out,
                                        stream_),
@@ -227,7 +239,7 @@ class CudaBackend final : public Backend {
       check_cuda(prepare::verify_plans(args, int32_t(head.vocab), nullptr, plans_.as<RowPlan>(),
                                        store.batch_status.as<int32_t>(), stream_),
                  "verify plans");
-      const bool tc = stage(head, *args.target_hidden);
+      const bool tc = stage(head, *args.target_hidden, args.draft_logits != nullptr);
       store.top_n = args.top_logprobs;
       if (args.controls.present || args.logprobs || args.top_logprobs > 0) {
         controls::Outputs out = {};
@@ -242,7 +254,7 @@ class CudaBackend final : public Backend {
       tail.batch_status = store.batch_status.as<int32_t>();
       tail.summaries = store.rows.as<RowSummary>();
       const ScanOutcome scan =
-          run_scan(limits_, workspace(), head, tc, args.total_rows, args.draft_logits, tail, stream_);
+          run_scan(limits_, workspace(head), head, tc, args.total_rows, args.draft_logits, tail, stream_);
       if (!scan.combined)
         check_cuda(combine::verify_rows(sources(args.total_rows, scan.groups, args.draft_logits),
                                         store.batch_status.as<int32_t>(), store.rows.as<RowSummary>(), stream_),
@@ -378,18 +390,29 @@ class CudaBackend final : public Backend {
 
   // Staged hidden rows: [max_rows, k_pad] fp32 at most (the CUDA-core path).
   void reserve_staging(int64_t d) {
-    const size_t need = size_t(max_rows_) * size_t(round_up(d, 32)) * sizeof(float);
+    const size_t need = size_t(max_rows_) * size_t(round_up(d, 64)) * sizeof(float);
     if (staging_.bytes() >= need) return;
     check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     staging_.allocate(need, "cudaMalloc (hidden staging)");
   }
 
-  // Stages the hidden rows; returns whether the tensor-core scans apply.
-  bool stage(const CudaLmHead& head, const flashspec_tensor& hidden) {
-    const int64_t k_pad = round_up(head.hidden, 32);
+  // bf16 copies of an 8-bit head's codes, gemm_scan::kDequantTokens rows at
+  // a time, for the cuBLAS scans (more than kStreamMaxRows rows, controls).
+  void reserve_dequantized(int64_t d) {
+    const size_t need = size_t(gemm_scan::kDequantTokens) * size_t(round_up(d, 8)) * 2;
+    if (dequantized_.bytes() >= need) return;
+    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    dequantized_.allocate(need, "cudaMalloc (dequantised LM-head rows)");
+  }
+
+  // Stages the hidden rows; returns whether the tensor-core scans apply
+  // (never for a stochastic draft of an 8-bit head, which the CUDA-core scan
+  // serves: `stochastic`).
+  bool stage(const CudaLmHead& head, const flashspec_tensor& hidden, bool stochastic = false) {
+    const int64_t k_pad = head.staged_columns();
     require(size_t(hidden.rows) * size_t(k_pad) * sizeof(float) <= staging_.bytes(), FLASHSPEC_ERR_WORKSPACE_EXCEEDED,
             Field::kHead, "its hidden size exceeds the staging this context reserved (create the head on this context)");
-    const bool tc = head.tensor_cores && hidden.dtype == head.dtype;
+    const bool tc = head.tensor_cores && hidden.dtype == head.compute_dtype() && !(stochastic && head.codes());
     check_cuda(prepare::stage_hidden(hidden, int32_t(k_pad), !tc, staging_.as<void>(), hidden_bad_.as<int32_t>(),
                                      stream_),
                "stage hidden");
@@ -404,8 +427,10 @@ class CudaBackend final : public Backend {
                       const controls::Outputs& out, Field field) {
     const bool wide = head.dtype == FLASHSPEC_DTYPE_F32;
     require(tc || wide, FLASHSPEC_ERR_UNSUPPORTED, field,
-            "sampling controls and logprobs on the CUDA backend need hidden rows in the LM head's dtype (and a "
-            "16-byte-aligned head)");
+            "sampling controls and logprobs on the CUDA backend need hidden rows in the LM head's dtype (bf16 for "
+            "an 8-bit head) and a 16-byte-aligned head");
+    require(!head.codes() || dequantized_for(head), FLASHSPEC_ERR_WORKSPACE_EXCEEDED, Field::kHead,
+            "an 8-bit head needs a workspace this context reserves when the head is created on it");
     const int64_t slices = (head.vocab + controls::kSliceTokens - 1) / controls::kSliceTokens;
     require(slices <= controls_.max_groups, FLASHSPEC_ERR_UNSUPPORTED, Field::kHead,
             "the vocabulary is too large for sampling controls on the CUDA backend (at most " +
@@ -414,10 +439,12 @@ class CudaBackend final : public Backend {
     p.w = head.data;
     p.ldw = head.row_stride;
     p.w_dtype = head.dtype;
+    p.w_scale = head.scales;
+    p.dequantized = dequantized_for(head);
     p.vocab = int32_t(head.vocab);
     p.d = int32_t(head.hidden);
     p.hidden = staging_.as<void>();
-    p.k_pad = int32_t(round_up(head.hidden, 32));
+    p.k_pad = head.staged_columns();
     p.rows = rows;
     p.plans = plans_.as<RowPlan>();
     p.hidden_bad = hidden_bad_.as<int32_t>();
@@ -448,7 +475,7 @@ class CudaBackend final : public Backend {
     StreamTail tail = stream_tail();
     tail.records = records;
     tail.vocab_size = int32_t(head.vocab_size);
-    const ScanOutcome scan = run_scan(limits_, workspace(), head, tc, rows, nullptr, tail, stream_);
+    const ScanOutcome scan = run_scan(limits_, workspace(head), head, tc, rows, nullptr, tail, stream_);
     if (!scan.combined)
       check_cuda(combine::record_rows(sources(rows, scan.groups, nullptr), int32_t(head.vocab_begin),
                                       int32_t(head.vocab_begin + head.vocab), int32_t(head.vocab_size), records,
@@ -456,10 +483,19 @@ class CudaBackend final : public Backend {
                  "shard records");
   }
 
-  ScanWorkspace workspace() const {
-    return ScanWorkspace{plans_.as<RowPlan>(), staging_.as<void>(),     partials_.as<Partial>(),
-                         q_partials_.as<QPartial>(), residuals_.as<Residual>(), max_rows_,
-                         cublas_,                 chunk_logits_.as<float>(), chunk_};
+  ScanWorkspace workspace(const CudaLmHead& head) const {
+    return ScanWorkspace{plans_.as<RowPlan>(),       staging_.as<void>(),        partials_.as<Partial>(),
+                         q_partials_.as<QPartial>(), residuals_.as<Residual>(),  max_rows_,
+                         cublas_,                    chunk_logits_.as<float>(),  chunk_,
+                         dequantized_for(head)};
+  }
+
+  // The bf16 rows an 8-bit head's cuBLAS scans use: NULL for other heads,
+  // and for a head created on another context, which found none reserved
+  // here (the cuBLAS scans then refuse it).
+  uint16_t* dequantized_for(const CudaLmHead& head) const {
+    const size_t need = size_t(gemm_scan::kDequantTokens) * size_t(round_up(head.hidden, 8)) * 2;
+    return head.codes() && dequantized_.bytes() >= need ? dequantized_.as<uint16_t>() : nullptr;
   }
 
   StreamTail stream_tail() const {
@@ -492,6 +528,7 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;  // many-row scans and calls with sampling controls
   int32_t chunk_ = 0;                // tokens per cuBLAS logits chunk
   DeviceBuffer chunk_logits_, cublas_workspace_;
+  DeviceBuffer dequantized_;  // bf16 copies of 8-bit codes (reserve_dequantized)
   DeviceBuffer done_counter_;  // CTAs of a weight-streaming scan that have finished
   int last_error_ = 0;
   DeviceBuffer plans_, hidden_bad_, partials_, q_partials_, residuals_, flag_, staging_;

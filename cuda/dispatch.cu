@@ -25,10 +25,11 @@ ScanParams base_params(const ScanWorkspace& ws, const CudaLmHead& head, int rows
   p.w = head.data;
   p.ldw = head.row_stride;
   p.w_dtype = head.dtype;
+  p.w_scale = head.scales;
   p.vocab = int32_t(head.vocab);
   p.token_base = int32_t(head.vocab_begin);
   p.d_load = head.d_load;
-  p.k_pad = int32_t(round_up(head.hidden, 32));
+  p.k_pad = head.staged_columns();
   p.h = ws.hidden;
   p.rows = rows;
   p.row_base = 0;
@@ -120,8 +121,8 @@ ScanLimits configure_scans(int device) {
   check_cuda(cudaDeviceGetAttribute(&reserved_per_block, cudaDevAttrReservedSharedMemoryPerBlock, device),
              "cudaDeviceGetAttribute");
   for (int shape = 0; shape < tuning::kStreamShapeCount; ++shape)
-    for (bool bf16 : {true, false}) {
-      const void* kernel = scan::stream_kernel(shape, bf16);
+    for (flashspec_dtype dtype : {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_E4M3, FLASHSPEC_DTYPE_I8}) {
+      const void* kernel = scan::stream_kernel(shape, dtype);
       const int blocks = occupancy(kernel, tuning::kStreamThreads, 0);
       cudaFuncAttributes attributes{};
       check_cuda(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
@@ -129,7 +130,7 @@ ScanLimits configure_scans(int device) {
       const int percent = std::min(100, (100 * needed + smem_per_sm - 1) / std::max(1, smem_per_sm));
       check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent),
                  "cudaFuncSetAttribute (carveout)");
-      if (bf16) limits.stream_blocks_per_sm[shape] = occupancy(kernel, tuning::kStreamThreads, 0);
+      limits.stream_blocks_per_sm[shape][dtype] = occupancy(kernel, tuning::kStreamThreads, 0);
     }
   return limits;
 }
@@ -153,24 +154,25 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
   }
   if (tc && rows <= tuning::kStreamMaxRows) {
     const int shape = tuning::stream_shape_for(rows);
-    const int max_blocks = std::min(max_groups, limits.sm_count * limits.stream_blocks_per_sm[shape]);
+    const int max_blocks = std::min(max_groups, limits.sm_count * limits.stream_blocks_per_sm[shape][head.dtype]);
     const int tiles_per_warp = scan::stream_tiles_per_warp(p.vocab, max_blocks);
     const int blocks = scan::stream_blocks(p.vocab, tiles_per_warp);
     p.groups = blocks;
     p.row_blocks = 1;
-    check_cuda(scan::launch_stream(scan::stream_kernel(shape, head.dtype == FLASHSPEC_DTYPE_BF16), p, tail,
-                                   tiles_per_warp, blocks, stream),
+    check_cuda(scan::launch_stream(scan::stream_kernel(shape, head.dtype), p, tail, tiles_per_warp, blocks, stream),
                "scan (weight stream)");
     return ScanOutcome{blocks, true};
   }
   if (tc && ws.cublas) {
-    const gemm_scan::Request r{p, int32_t(head.hidden), ws.cublas, ws.chunk_logits, ws.chunk};
+    require(!head.codes() || ws.dequantized, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, Field::kHead,
+            "an 8-bit head needs a workspace this context reserves when the head is created on it");
+    const gemm_scan::Request r{p, int32_t(head.hidden), ws.cublas, ws.chunk_logits, ws.chunk, ws.dequantized};
     const gemm_scan::Status status = gemm_scan::scan(r, stream);
     if (status.cuda != cudaSuccess) cuda_fail(status.cuda, std::string("scan (cuBLAS chunks): ") + status.what);
     if (status.what) fail(FLASHSPEC_ERR_CUDA, std::string("scan (cuBLAS chunks): cublasGemmEx: ") + status.what);
     return ScanOutcome{gemm_scan::groups_for(p.vocab, ws.chunk), false};
   }
-  if (tc) {
+  if (tc && !head.codes()) {
     const int shape = tuning::mma_shape_for(rows);
     const int bm = tuning::kMmaShapes[shape].bm;
     const int row_blocks = (rows + bm - 1) / bm;

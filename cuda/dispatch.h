@@ -26,7 +26,7 @@ namespace cuda {
 struct ScanLimits {
   int sm_count = 0;
   size_t max_smem = 0;  // dynamic shared memory a block may opt in to
-  int stream_blocks_per_sm[tuning::kStreamShapeCount] = {};
+  int stream_blocks_per_sm[tuning::kStreamShapeCount][5] = {};  // [shape][W dtype]
   int mma_blocks_per_sm[tuning::kMmaShapeCount] = {};
   int simt_blocks_per_sm = 1;
 };
@@ -46,6 +46,7 @@ struct ScanWorkspace {
   cublasHandle_t cublas;   // NULL when max_rows ≤ kStreamMaxRows
   float* chunk_logits;     // [max_rows, chunk] for the cuBLAS scan
   int32_t chunk;           // tokens per cuBLAS chunk
+  uint16_t* dequantized;   // an 8-bit head's bf16 rows for the cuBLAS scan; NULL if none is reserved
 };
 
 // Tokens per cuBLAS chunk for max_rows rows: as many as fit the logits
@@ -58,7 +59,8 @@ struct ScanOutcome {
 };
 
 // Runs the scan that serves `rows` rows of `head` (tensor_cores: the hidden
-// rows are staged in W's 16-bit dtype), stochastic when `q` is given.
+// rows are staged in W's 16-bit dtype, bf16 for 8-bit codes), stochastic
+// when `q` is given.
 ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& workspace, const CudaLmHead& head,
                      bool tensor_cores, int rows, const flashspec_tensor* q, const StreamTail& tail,
                      cudaStream_t stream);

@@ -15,9 +15,10 @@ namespace cuda {
 namespace scan {
 
 // Weight-streaming scan for ≤ tuning::kStreamMaxRows rows, W and hidden both
-// bf16 or both fp16, point-mass drafts: warps stream their own 16-token tiles
-// into tensor-core fragments. One kernel per tuning::kStreamShapes entry.
-const void* stream_kernel(int shape, bool bf16);
+// bf16 or both fp16, or W 8-bit codes (e4m3 or int8) and hidden bf16,
+// point-mass drafts: warps stream their own 16-token tiles into tensor-core
+// fragments. One kernel per tuning::kStreamShapes entry and W dtype.
+const void* stream_kernel(int shape, flashspec_dtype w_dtype);
 // Tiles per warp so that max_blocks CTAs cover the vocabulary, and the CTAs
 // then needed: every warp but the last gets the same number of tiles.
 int stream_tiles_per_warp(int32_t vocab, int max_blocks);

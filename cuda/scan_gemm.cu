@@ -11,6 +11,7 @@
 #include "launch.cuh"
 #include "scan_gemm.h"
 #include "tuning.h"
+#include "util/dtype.h"
 #include "warp_fold.cuh"
 
 namespace flashspec {
@@ -88,7 +89,68 @@ const char* cublas_name(cublasStatus_t s) {
   }
 }
 
+// 8-bit codes of `count` rows → bf16 rows of ld_out (exact: every e4m3 and
+// int8 value is a bf16 value); columns d .. ld_out stay as they are, never
+// read by the product.
+__global__ void dequantize_kernel(const uint8_t* codes, int64_t ldw, flashspec_dtype dtype, int32_t count,
+                                  int32_t d, uint16_t* out, int32_t ld_out) {
+  const int32_t row = blockIdx.x;
+  const uint8_t* src = codes + int64_t(row) * ldw;
+  uint16_t* dst = out + int64_t(row) * ld_out;
+  for (int32_t k = threadIdx.x; k < d; k += blockDim.x) dst[k] = float_to_bf16(load_as_float(src, dtype, k));
+}
+
+// Row i of the chunk (token v0 + i) times its scale, in every hidden row.
+__global__ void scale_kernel(float* logits, int32_t ld, int32_t count, const float* scales) {
+  float* row = logits + int64_t(blockIdx.y) * ld;
+  for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x)
+    row[i] *= scales[i];
+}
+
+cudaDataType cuda_type(flashspec_dtype dtype) {
+  switch (dtype) {
+    case FLASHSPEC_DTYPE_F32: return CUDA_R_32F;
+    case FLASHSPEC_DTYPE_F16: return CUDA_R_16F;
+    default: return CUDA_R_16BF;  // bf16, and 8-bit codes converted to bf16
+  }
+}
+
 }  // namespace
+
+Status logits_chunk(const Product& g, int32_t v0, int32_t count, float* logits, int32_t ld, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  const cudaDataType type = cuda_type(g.w_dtype);
+  const bool codes = dtype_is_8bit(g.w_dtype);
+  const int64_t element = int64_t(dtype_size(g.w_dtype));
+  // Column-major view: C[count, rows] = W_chunkᵀ-as-stored · H, i.e. row r
+  // of `logits` holds the logits of hidden row r over the chunk.
+  const int32_t step = codes ? kDequantTokens : count;
+  for (int32_t done = 0; done < count; done += step) {
+    const int32_t n = std::min(step, count - done);
+    const void* w = static_cast<const unsigned char*>(g.w) + int64_t(v0 + done) * g.ldw * element;
+    int ldw = int(g.ldw);
+    if (codes) {
+      const int32_t ld_out = (g.d + 7) / 8 * 8;
+      dequantize_kernel<<<unsigned(n), 256, 0, stream>>>(static_cast<const uint8_t*>(w), g.ldw, g.w_dtype, n, g.d,
+                                                         g.dequantized, ld_out);
+      const cudaError_t e = cudaGetLastError();
+      if (e != cudaSuccess) return Status{e, "conversion of 8-bit codes"};
+      w = g.dequantized;
+      ldw = ld_out;
+    }
+    const cublasStatus_t s = cublasGemmEx(g.handle, CUBLAS_OP_T, CUBLAS_OP_N, n, g.rows, g.d, &alpha, w, type, ldw,
+                                          g.h, type, g.k_pad, &beta, logits + done, CUDA_R_32F, ld,
+                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) return Status{cudaSuccess, cublas_name(s)};
+  }
+  if (codes) {
+    const unsigned blocks = unsigned(std::min<int32_t>((count + 255) / 256, 64));
+    scale_kernel<<<dim3(blocks, unsigned(g.rows)), 256, 0, stream>>>(logits, ld, count, g.w_scale + v0);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return Status{e, "row scales of 8-bit codes"};
+  }
+  return Status{cudaSuccess, nullptr};
+}
 
 int groups_for(int32_t vocab, int32_t chunk) {
   int groups = 0;
@@ -101,19 +163,14 @@ int groups_for(int32_t vocab, int32_t chunk) {
 
 Status scan(const Request& r, cudaStream_t stream) {
   const ScanParams& p = r.p;
-  const cudaDataType type = p.w_dtype == FLASHSPEC_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-  const float alpha = 1.0f, beta = 0.0f;
+  const Product product{r.handle, p.w,  p.ldw,   p.w_dtype, p.w_scale, r.dequantized, r.d,
+                        static_cast<const unsigned char*>(p.h) + int64_t(p.row_base) * p.k_pad * 2,
+                        p.k_pad,  p.rows};
   int group = 0;
   for (int32_t v0 = 0; v0 < p.vocab; v0 += r.chunk) {
     const int32_t count = std::min(r.chunk, p.vocab - v0);
-    // Column-major view: C[count, rows] = W_chunkᵀ-as-stored · H, i.e. row r
-    // of the workspace holds the logits of hidden row r over the chunk.
-    const void* w = static_cast<const unsigned char*>(p.w) + int64_t(v0) * p.ldw * 2;
-    const void* h = static_cast<const unsigned char*>(p.h) + int64_t(p.row_base) * p.k_pad * 2;
-    cublasStatus_t s = cublasGemmEx(r.handle, CUBLAS_OP_T, CUBLAS_OP_N, count, p.rows, r.d, &alpha, w, type,
-                                    int(p.ldw), h, type, int(p.k_pad), &beta, r.workspace, CUDA_R_32F, r.chunk,
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (s != CUBLAS_STATUS_SUCCESS) return Status{cudaSuccess, cublas_name(s)};
+    const Status status = logits_chunk(product, v0, count, r.workspace, r.chunk, stream);
+    if (status.cuda != cudaSuccess || status.what) return status;
     const int slices = (count + kSliceTokens - 1) / kSliceTokens;
     const float* logits = r.workspace;
     int32_t chunk_ld = r.chunk, slice = kSliceTokens, row_base = p.row_base, stride = p.partial_stride;

@@ -21,11 +21,12 @@ struct ScanParams {
   const void* w;          // LM head, [vocab, ldw]
   int64_t ldw;            // elements per weight row
   flashspec_dtype w_dtype;
+  const float* w_scale;   // 8-bit codes: [vocab] row scales, each logit's factor; else NULL
   int32_t vocab;
   int32_t token_base;     // global id of W's first row (a vocabulary shard's vocab_begin, else 0):
                           // folds, noise and candidates use global ids
   int32_t d_load;         // columns read from W (multiple of 8 on the mma path)
-  int32_t k_pad;          // staged hidden columns (multiple of 32), zero beyond d
+  int32_t k_pad;          // staged hidden columns (multiple of 32; of 64 for 8-bit codes), zero beyond d
   const void* h;          // staged hidden rows, [total rows, k_pad]
   int32_t rows;           // rows in this launch
   int32_t row_base;       // first global row of this launch

@@ -1,6 +1,7 @@
 // The CUDA-core scan: exact fp32 products for the combinations the tensor
 // cores cannot take as they are (fp32 weights, hidden rows of another dtype
-// than W, borrowed heads whose rows are not 16-byte aligned).
+// than W, borrowed heads whose rows are not 16-byte aligned, stochastic
+// drafts of 8-bit heads).
 //
 // Each warp walks a contiguous sub-range of its CTA's tokens; for one token
 // the lanes split d, accumulate up to kSimtRows dot products and reduce them
@@ -67,6 +68,7 @@ __global__ void __launch_bounds__(kThreads) simt_scan_kernel(const ScanParams p)
       if (lane == r) mine = v;
     }
     if (my_row) {
+      if (p.w_scale) mine *= p.w_scale[tok];  // 8-bit codes: the row's scale times the finished sum
       const int32_t id = p.token_base + tok;
       const uint32_t noise = (my_plan.flags & kPlanGreedy) ? 0u : noise_word(my_plan.key, id);
       fold_logit(part, my_plan, mine, id, noise);

@@ -11,6 +11,13 @@
 // product is a sum over k, so any permutation applied to both operands gives
 // the same logits. Hidden rows are tiny and stay in L1/L2.
 //
+// 8-bit codes (e4m3, int8) take the same loads — 16 bytes of token g and of
+// g + 8 per lane per 64-byte chunk — which now hold 16 codes each: the chunk
+// covers 64 elements, the codes are converted to bf16 in registers (exactly:
+// every e4m3 and int8 value is a bf16 value) and feed four mma instructions
+// against the matching 16 elements of the bf16 hidden row. Half the bytes of
+// W per logit; the row's scale multiplies the finished logit.
+//
 // The epilogue folds each logit into the lane's running Partial of its rows
 // (online log-sum-exp, Gumbel top-2, tracked logit); tokens reach a Partial in
 // increasing order. Warps then merge across lanes and across the CTA in a
@@ -18,6 +25,7 @@
 // vocabulary-sized leaves the chip.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <utility>
 
@@ -127,17 +135,48 @@ __device__ __forceinline__ void finish_scan(const ScanParams& p, const StreamTai
   if (tid == 0) *tail.done_counter = 0;
 }
 
-// Loads of one burst: kUnroll 32-element chunks of the lane's two tokens.
+// The packed bf16 pairs of four codes (elements 0,1 then 2,3 of the word).
+template <flashspec_dtype kW>
+__device__ __forceinline__ void codes_to_bf16x2(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  if constexpr (kW == FLASHSPEC_DTYPE_E4M3) {
+    auto convert = [](uint32_t pair) {
+      const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3));
+      const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
+      return *reinterpret_cast<const uint32_t*>(&b);
+    };
+    lo = convert(word & 0xffffu);
+    hi = convert(word >> 16);
+  } else {
+    // int8 x: the bf16 0x43 ‖ (x & 0x7f) is 128 + (x & 0x7f) and 0x43 ‖
+    // (x & 0x80) is 128 or 256, so their difference is x, exactly.
+    auto convert = [](uint32_t spread) {
+      const uint32_t magnitude = spread & 0xff7fff7fu, offset = spread & 0xff80ff80u;
+      const __nv_bfloat162 b = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&magnitude),
+                                       *reinterpret_cast<const __nv_bfloat162*>(&offset));
+      return *reinterpret_cast<const uint32_t*>(&b);
+    };
+    lo = convert(__byte_perm(word, 0x4343u, 0x4140u));
+    hi = convert(__byte_perm(word, 0x4343u, 0x4342u));
+  }
+}
+
+constexpr bool is_codes(flashspec_dtype w) { return w == FLASHSPEC_DTYPE_E4M3 || w == FLASHSPEC_DTYPE_I8; }
+
+// Loads of one burst: kUnroll 64-byte chunks of the lane's two tokens.
 template <int kUnroll>
 struct Burst {
   uint4 a0[kUnroll], a1[kUnroll];
 };
 
 // kShape: the entry of tuning::kStreamShapes (rows, 8-row groups, burst
-// length, CTAs per SM).
-template <bool kBf16, int kShape>
+// length, CTAs per SM); kW: W's dtype (bf16, fp16, e4m3, int8).
+template <flashspec_dtype kW, int kShape>
 __global__ void __launch_bounds__(kThreads, tuning::kStreamShapes[kShape].min_blocks)
     stream_scan_kernel(const ScanParams p, const StreamTail tail, int tiles_per_warp) {
+  constexpr bool kCodes = is_codes(kW);
+  constexpr bool kBf16 = kW != FLASHSPEC_DTYPE_F16;  // the mma's input type
+  constexpr int kChunk = kCodes ? 64 : 32;           // elements per 64-byte chunk of a row
+  constexpr int kLaneElements = kChunk / 4;          // a lane's 16 bytes of a chunk
   constexpr int kNT = tuning::kStreamShapes[kShape].row_groups;
   __shared__ RowPlan plans[kMaxRows];
   // The lanes' running partials live here rather than in registers, which
@@ -165,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, tuning::kStreamShapes[kShape].min_bl
   const int total_tiles = (p.vocab + 15) / 16;
   const int first_tile = (blockIdx.x * kWarps + warp) * tiles_per_warp;
   const int tiles = max(0, min(first_tile + tiles_per_warp, total_tiles) - first_tile);
-  const int chunks = p.k_pad / 32;
+  const int chunks = p.k_pad / kChunk;
   const int bursts = (chunks + kUnroll - 1) / kUnroll;
   const int steps = tiles * bursts;
 
@@ -176,7 +215,8 @@ __global__ void __launch_bounds__(kThreads, tuning::kStreamShapes[kShape].min_bl
   for (int nt = 0; nt < kNT; ++nt) {
     const int row = nt * 8 + g;
     hvalid[nt] = row < p.rows;
-    hrow[nt] = static_cast<const unsigned char*>(p.h) + (int64_t(p.row_base + (hvalid[nt] ? row : 0)) * p.k_pad + 8 * t) * 2;
+    hrow[nt] = static_cast<const unsigned char*>(p.h) +
+               (int64_t(p.row_base + (hvalid[nt] ? row : 0)) * p.k_pad + kLaneElements * t) * 2;
   }
 
   const uint4 zero = make_uint4(0, 0, 0, 0);
@@ -185,12 +225,13 @@ __global__ void __launch_bounds__(kThreads, tuning::kStreamShapes[kShape].min_bl
   auto issue = [&](int tile, int burst, Burst& out) {
     const int tok_a = (first_tile + tile) * 16 + g, tok_b = tok_a + 8;
     const bool valid_a = tok_a < p.vocab, valid_b = tok_b < p.vocab;
-    const unsigned char* wa = w + (int64_t(valid_a ? tok_a : 0) * p.ldw + 8 * t) * 2;
-    const unsigned char* wb = w + (int64_t(valid_b ? tok_b : 0) * p.ldw + 8 * t) * 2;
+    constexpr int kElement = kCodes ? 1 : 2;
+    const unsigned char* wa = w + (int64_t(valid_a ? tok_a : 0) * p.ldw + kLaneElements * t) * kElement;
+    const unsigned char* wb = w + (int64_t(valid_b ? tok_b : 0) * p.ldw + kLaneElements * t) * kElement;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int c = burst * kUnroll + u;
-      const bool in_w = c < chunks && c * 32 + 8 * t < p.d_load;
+      const bool in_w = c < chunks && c * kChunk + kLaneElements * t < p.d_load;
       out.a0[u] = (in_w && valid_a) ? load_stream(wa + int64_t(c) * 64) : zero;
       out.a1[u] = (in_w && valid_b) ? load_stream(wb + int64_t(c) * 64) : zero;
     }
@@ -222,17 +263,45 @@ __global__ void __launch_bounds__(kThreads, tuning::kStreamShapes[kShape].min_bl
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int c = burst * kUnroll + u;
+      if constexpr (kCodes) {
+        // The lane's 16 codes of token a and of token b as bf16 pairs; pair
+        // j meets hidden elements 2j, 2j + 1 of the lane's 16.
+        uint32_t a[8], b[8];
+        const uint32_t wa[4] = {cur.a0[u].x, cur.a0[u].y, cur.a0[u].z, cur.a0[u].w};
+        const uint32_t wb[4] = {cur.a1[u].x, cur.a1[u].y, cur.a1[u].z, cur.a1[u].w};
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        const uint4 b = (c < chunks && hvalid[nt]) ? load_cached(hrow[nt] + c * 64) : zero;
-        mma_m16n8k16<kBf16>(acc[u & 1][nt], cur.a0[u].x, cur.a1[u].x, cur.a0[u].y, cur.a1[u].y, b.x, b.y);
-        mma_m16n8k16<kBf16>(acc[u & 1][nt], cur.a0[u].z, cur.a1[u].z, cur.a0[u].w, cur.a1[u].w, b.z, b.w);
+        for (int q = 0; q < 4; ++q) {
+          codes_to_bf16x2<kW>(wa[q], a[2 * q], a[2 * q + 1]);
+          codes_to_bf16x2<kW>(wb[q], b[2 * q], b[2 * q + 1]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          const bool live = c < chunks && hvalid[nt];
+          const uint4 h0 = live ? load_cached(hrow[nt] + c * 128) : zero;
+          const uint4 h1 = live ? load_cached(hrow[nt] + c * 128 + 16) : zero;
+          mma_m16n8k16<true>(acc[0][nt], a[0], b[0], a[1], b[1], h0.x, h0.y);
+          mma_m16n8k16<true>(acc[1][nt], a[2], b[2], a[3], b[3], h0.z, h0.w);
+          mma_m16n8k16<true>(acc[0][nt], a[4], b[4], a[5], b[5], h1.x, h1.y);
+          mma_m16n8k16<true>(acc[1][nt], a[6], b[6], a[7], b[7], h1.z, h1.w);
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          const uint4 b = (c < chunks && hvalid[nt]) ? load_cached(hrow[nt] + c * 64) : zero;
+          mma_m16n8k16<kBf16>(acc[u & 1][nt], cur.a0[u].x, cur.a1[u].x, cur.a0[u].y, cur.a1[u].y, b.x, b.y);
+          mma_m16n8k16<kBf16>(acc[u & 1][nt], cur.a0[u].z, cur.a1[u].z, cur.a0[u].w, cur.a1[u].w, b.z, b.w);
+        }
       }
     }
 
     if (burst == bursts - 1) {
       // acc[·][nt] = {(tok_a, row 2t), (tok_a, row 2t+1), (tok_b, row 2t), (tok_b, row 2t+1)}.
       const int tok_a = (first_tile + tile) * 16 + g, tok_b = tok_a + 8;
+      float scale_a = 1.0f, scale_b = 1.0f;
+      if constexpr (kCodes) {
+        if (tok_a < p.vocab) scale_a = __ldg(p.w_scale + tok_a);
+        if (tok_b < p.vocab) scale_b = __ldg(p.w_scale + tok_b);
+      }
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -242,7 +311,11 @@ __global__ void __launch_bounds__(kThreads, tuning::kStreamShapes[kShape].min_bl
             const RowPlan& plan = plans[row];
             const bool greedy = plan.flags & kPlanGreedy;
             Partial part = running[warp][nt][j][lane];
-            const float l_a = acc[0][nt][j] + acc[1][nt][j], l_b = acc[0][nt][2 + j] + acc[1][nt][2 + j];
+            float l_a = acc[0][nt][j] + acc[1][nt][j], l_b = acc[0][nt][2 + j] + acc[1][nt][2 + j];
+            if constexpr (kCodes) {
+              l_a *= scale_a;
+              l_b *= scale_b;
+            }
             const int32_t id_a = p.token_base + tok_a, id_b = p.token_base + tok_b;
             if (tok_a < p.vocab) fold_logit(part, plan, l_a, id_a, greedy ? 0u : noise_word(plan.key, id_a));
             if (tok_b < p.vocab) fold_logit(part, plan, l_b, id_b, greedy ? 0u : noise_word(plan.key, id_b));
@@ -266,17 +339,22 @@ __global__ void __launch_bounds__(kThreads, tuning::kStreamShapes[kShape].min_bl
   finish_scan<kNT, kWarps>(p, tail, plans, part, merged, warp, lane);
 }
 
-template <size_t... kShapes>
-const void* const* stream_kernel_table(bool bf16, std::index_sequence<kShapes...>) {
-  static const void* const bf16_kernels[] = {reinterpret_cast<const void*>(&stream_scan_kernel<true, int(kShapes)>)...};
-  static const void* const fp16_kernels[] = {reinterpret_cast<const void*>(&stream_scan_kernel<false, int(kShapes)>)...};
-  return bf16 ? bf16_kernels : fp16_kernels;
+template <flashspec_dtype kW, size_t... kShapes>
+const void* stream_kernel_of(int shape, std::index_sequence<kShapes...>) {
+  static const void* const kernels[] = {reinterpret_cast<const void*>(&stream_scan_kernel<kW, int(kShapes)>)...};
+  return kernels[shape];
 }
 
 }  // namespace
 
-const void* stream_kernel(int shape, bool bf16) {
-  return stream_kernel_table(bf16, std::make_index_sequence<tuning::kStreamShapeCount>())[shape];
+const void* stream_kernel(int shape, flashspec_dtype w_dtype) {
+  const auto shapes = std::make_index_sequence<tuning::kStreamShapeCount>();
+  switch (w_dtype) {
+    case FLASHSPEC_DTYPE_F16: return stream_kernel_of<FLASHSPEC_DTYPE_F16>(shape, shapes);
+    case FLASHSPEC_DTYPE_E4M3: return stream_kernel_of<FLASHSPEC_DTYPE_E4M3>(shape, shapes);
+    case FLASHSPEC_DTYPE_I8: return stream_kernel_of<FLASHSPEC_DTYPE_I8>(shape, shapes);
+    default: return stream_kernel_of<FLASHSPEC_DTYPE_BF16>(shape, shapes);
+  }
 }
 
 int stream_tiles_per_warp(int32_t vocab, int max_blocks) {

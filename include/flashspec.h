@@ -138,6 +138,11 @@ typedef enum flashspec_dtype {
   FLASHSPEC_DTYPE_F32 = 0,
   FLASHSPEC_DTYPE_BF16 = 1,
   FLASHSPEC_DTYPE_F16 = 2,
+  /* 8-bit LM-head codes, for flashspec_lm_head_create_quantized only (every
+   * other tensor refuses them with FLASHSPEC_ERR_DTYPE_MISMATCH): */
+  FLASHSPEC_DTYPE_E4M3 = 3, /* fp8 e4m3 (OCP "e4m3fn"): bias 7, 3 mantissa
+                               bits, no Inf, 0x7f/0xff NaN, largest ±448 */
+  FLASHSPEC_DTYPE_I8 = 4,   /* two's-complement int8 */
   FLASHSPEC_DTYPE_FORCE_32BIT_ = 0x7fffffff
 } flashspec_dtype;
 
@@ -275,6 +280,41 @@ FLASHSPEC_API flashspec_status flashspec_lm_head_create(flashspec_context* ctx,
                                                         const flashspec_tensor* weight,
                                                         flashspec_lm_head_flags flags,
                                                         flashspec_lm_head** out);
+/* [context-exclusive] Upload an 8-bit LM head: vocabulary row v is stored as
+ * d codes q_v (stored = FLASHSPEC_DTYPE_E4M3 or FLASHSPEC_DTYPE_I8) and one
+ * fp32 scale s_v, and its logit for a hidden row h is
+ *     l_v = s_v · Σ_k h_k · q_vk      (fp32 sum of exact products).
+ * The head IS the dequantised W = diag(s) · Q: every guarantee of the calls
+ * (Algorithm 1's exactness, CPU == CUDA token for token, the controls) holds
+ * for that W, and a scan reads one byte per weight — half of bf16.
+ * weight: [V, d] (limits as flashspec_lm_head_create), either
+ *   - bf16, fp16 or fp32, quantised here, row by row: amax_v = max_k |w_vk|,
+ *     s_v = amax_v / 448 (e4m3) or amax_v / 127 (int8) — 1 where that is 0 —
+ *     and q_vk = w_vk / s_v rounded to nearest, ties to even (e4m3 saturating
+ *     at ±448, int8 clamped to ±127); scales must be NULL. A weight in device
+ *     memory is quantised through a host copy; or
+ *   - codes already in `stored` (any int8 value; no e4m3 NaN code), with
+ *     scales: [V, 1] fp32, finite and ≥ 0, in the weight's memory.
+ * flags: COPY, or BORROW for codes in device memory (the scales are copied).
+ * On the CUDA backend, bf16 hidden rows take the tensor cores (the weight-
+ * streaming scan at ≤ 16 rows; cuBLAS over exact bf16 copies of the codes,
+ * a few thousand vocabulary rows at a time, beyond) and other hidden dtypes
+ * the fp32 CUDA-core scan; all compute the l_v above. A quantised head is
+ * unsharded.
+ * Errors: those of flashspec_lm_head_create, plus DTYPE_MISMATCH (stored not
+ * 8-bit; weight neither 16/32-bit nor `stored`; scales not fp32),
+ * INVALID_ARGUMENT (scales given for a weight to quantise, or missing for
+ * codes; scales not [V, 1]), NON_FINITE (a NaN e4m3 code, a non-finite or
+ * negative scale), DEVICE_MISMATCH (scales in other memory than weight). */
+FLASHSPEC_API flashspec_status flashspec_lm_head_create_quantized(flashspec_context* ctx,
+                                                                  const flashspec_tensor* weight,
+                                                                  const flashspec_tensor* scales,
+                                                                  flashspec_dtype stored,
+                                                                  flashspec_lm_head_flags flags,
+                                                                  flashspec_lm_head** out);
+/* [thread-safe] The head's stored dtype (bf16/fp16/fp32, or E4M3/I8 for a
+ * quantised head); FLASHSPEC_DTYPE_F32 for NULL. */
+FLASHSPEC_API flashspec_dtype flashspec_lm_head_dtype(const flashspec_lm_head* head);
 /* [thread-safe while no call uses the head] NULL is a no-op. */
 FLASHSPEC_API void flashspec_lm_head_destroy(flashspec_lm_head* head);
 /* [thread-safe] V and d; 0 for NULL. */
@@ -1730,6 +1770,11 @@ typedef struct flashspec_api {
   /* Appended: the fused top-k draft. */
   flashspec_status (*draft_top_k)(flashspec_context*, const flashspec_lm_head*, const flashspec_tensor*,
                                   const flashspec_draft_params*, int32_t, int32_t*, float*);
+  /* Appended: 8-bit LM heads. */
+  flashspec_status (*lm_head_create_quantized)(flashspec_context*, const flashspec_tensor*,
+                                               const flashspec_tensor*, flashspec_dtype, flashspec_lm_head_flags,
+                                               flashspec_lm_head**);
+  flashspec_dtype (*lm_head_dtype)(const flashspec_lm_head*);
 } flashspec_api;
 
 /* [thread-safe] The table for abi_version, or NULL if this library cannot

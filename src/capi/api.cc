@@ -1,15 +1,19 @@
 // The exported functions of flashspec.h: validation, then one backend call,
 // inside guarded() so that no exception crosses the C boundary.
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "capi/guard.h"
 #include "capi/handles.h"
 #include "capi/params.h"
 #include "capi/validate.h"
 #include "flashspec.h"
+#include "util/dtype.h"
 #include "util/philox.h"
+#include "util/quantize.h"
 
 using namespace flashspec;
 
@@ -146,16 +150,22 @@ int flashspec_cuda_device_count(void) {
 namespace {
 // Validates and uploads an LM head holding global tokens [vocab_begin,
 // vocab_begin + weight->rows) of vocab_size (unsharded: 0 and rows).
-void create_head(flashspec_context& ctx, const flashspec_tensor* weight, int32_t raw_flags,
-                 int64_t vocab_begin, int64_t vocab_size, bool shard, flashspec_lm_head** out) {
-  require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
-  validate_tensor(weight, "weight");
+// The checks every head's weight and flags pass (8-bit codes only where
+// `codes_allowed`).
+void validate_head_weight(const flashspec_tensor* weight, int32_t raw_flags, bool codes_allowed) {
+  validate_tensor(weight, "weight", codes_allowed);
   require(weight->rows <= FLASHSPEC_MAX_VOCAB, FLASHSPEC_ERR_OUT_OF_RANGE, "weight",
           "rows (vocabulary) " + std::to_string(weight->rows) + " exceed FLASHSPEC_MAX_VOCAB");
   require(weight->cols <= FLASHSPEC_MAX_HIDDEN, FLASHSPEC_ERR_OUT_OF_RANGE, "weight",
           "cols (hidden size) " + std::to_string(weight->cols) + " exceed FLASHSPEC_MAX_HIDDEN");
   require(raw_flags == FLASHSPEC_LM_HEAD_COPY || raw_flags == FLASHSPEC_LM_HEAD_BORROW,
           FLASHSPEC_ERR_INVALID_ARGUMENT, "flags", "unknown value " + std::to_string(raw_flags));
+}
+
+void create_head(flashspec_context& ctx, const flashspec_tensor* weight, int32_t raw_flags,
+                 int64_t vocab_begin, int64_t vocab_size, bool shard, flashspec_lm_head** out) {
+  require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
+  validate_head_weight(weight, raw_flags, false);
   if (shard) {
     require(vocab_size >= 1 && vocab_size <= FLASHSPEC_MAX_VOCAB, FLASHSPEC_ERR_OUT_OF_RANGE, "vocab_size",
             "must be in [1, FLASHSPEC_MAX_VOCAB], got " + std::to_string(vocab_size));
@@ -166,9 +176,94 @@ void create_head(flashspec_context& ctx, const flashspec_tensor* weight, int32_t
   }
   auto head = std::make_unique<flashspec_lm_head>();
   const flashspec_lm_head_flags flags = flashspec_lm_head_flags(raw_flags);
-  head->storage = naming_fields(lm_head_names(), [&] { return ctx.backend->create_lm_head(*weight, flags); });
+  head->storage =
+      naming_fields(lm_head_names(), [&] { return ctx.backend->create_lm_head(*weight, flags, nullptr); });
   head->storage->vocab_begin = vocab_begin;
   head->storage->vocab_size = vocab_size;
+  *out = head.release();
+}
+
+// Rows of a tensor, copied into host memory as contiguous rows of cols
+// elements (through the backend for device memory, which validation has
+// matched to a CUDA context).
+std::vector<unsigned char> host_rows(flashspec_context& ctx, const flashspec_tensor& t) {
+  const size_t element = dtype_size(t.dtype);
+  const size_t row_bytes = size_t(t.cols) * element, stride_bytes = size_t(t.row_stride) * element;
+  const size_t span = size_t(t.rows - 1) * stride_bytes + row_bytes;
+  std::vector<unsigned char> staged;
+  const unsigned char* src = static_cast<const unsigned char*>(t.data);
+  if (t.memory == FLASHSPEC_MEMORY_CUDA) {
+    staged.resize(span);
+    ctx.backend->copy_out(staged.data(), t.data, span);
+    src = staged.data();
+  }
+  std::vector<unsigned char> rows(size_t(t.rows) * row_bytes);
+  for (int64_t r = 0; r < t.rows; ++r)
+    std::memcpy(rows.data() + size_t(r) * row_bytes, src + size_t(r) * stride_bytes, row_bytes);
+  return rows;
+}
+
+void require_backend_memory(const flashspec_context& ctx, const flashspec_tensor& t, const char* argument) {
+  require(t.memory == FLASHSPEC_MEMORY_HOST || ctx.backend->kind() == FLASHSPEC_BACKEND_CUDA,
+          FLASHSPEC_ERR_DEVICE_MISMATCH, argument, "is in device memory, which the CPU backend cannot read");
+}
+
+void create_quantized_head(flashspec_context& ctx, const flashspec_tensor* weight, const flashspec_tensor* scales,
+                           int32_t raw_stored, int32_t raw_flags, flashspec_lm_head** out) {
+  require(out != nullptr, FLASHSPEC_ERR_NULL_POINTER, "out", "is NULL");
+  require(raw_stored == FLASHSPEC_DTYPE_E4M3 || raw_stored == FLASHSPEC_DTYPE_I8, FLASHSPEC_ERR_DTYPE_MISMATCH,
+          "stored", "must be FLASHSPEC_DTYPE_E4M3 or FLASHSPEC_DTYPE_I8, got " + std::to_string(raw_stored));
+  const flashspec_dtype stored = flashspec_dtype(raw_stored);
+  validate_head_weight(weight, raw_flags, true);
+  require_backend_memory(ctx, *weight, "weight");
+  const flashspec_lm_head_flags flags = flashspec_lm_head_flags(raw_flags);
+  const int64_t vocab = weight->rows, d = weight->cols;
+  std::vector<float> row_scales(static_cast<size_t>(vocab));
+  std::vector<unsigned char> codes;
+  flashspec_tensor upload = *weight;
+  if (dtype_is_8bit(weight->dtype)) {
+    require(weight->dtype == stored, FLASHSPEC_ERR_DTYPE_MISMATCH, "weight",
+            "holds codes of the other 8-bit dtype than `stored`");
+    require(scales != nullptr, FLASHSPEC_ERR_INVALID_ARGUMENT, "scales",
+            "is NULL: pre-quantised codes need their rows' scales");
+    validate_tensor(scales, "scales");
+    require(scales->dtype == FLASHSPEC_DTYPE_F32, FLASHSPEC_ERR_DTYPE_MISMATCH, "scales", "must be fp32");
+    require(scales->rows == vocab && scales->cols == 1, FLASHSPEC_ERR_INVALID_ARGUMENT, "scales",
+            "must be [V, 1] = [" + std::to_string(vocab) + ", 1], got [" + std::to_string(scales->rows) + ", " +
+                std::to_string(scales->cols) + "]");
+    require(scales->memory == weight->memory, FLASHSPEC_ERR_DEVICE_MISMATCH, "scales",
+            "must be in the same memory as weight");
+    const std::vector<unsigned char> raw = host_rows(ctx, *scales);
+    std::memcpy(row_scales.data(), raw.data(), raw.size());
+    for (int64_t v = 0; v < vocab; ++v)
+      require(std::isfinite(row_scales[size_t(v)]) && row_scales[size_t(v)] >= 0.0f, FLASHSPEC_ERR_NON_FINITE,
+              "scales", "row " + std::to_string(v) + " is " + std::to_string(row_scales[size_t(v)]) +
+                            " (scales must be finite and >= 0)");
+  } else {
+    require(scales == nullptr, FLASHSPEC_ERR_INVALID_ARGUMENT, "scales",
+            "must be NULL: a bf16/fp16/fp32 weight is quantised here, which computes the scales");
+    require(flags == FLASHSPEC_LM_HEAD_COPY, FLASHSPEC_ERR_INVALID_ARGUMENT, "flags",
+            "BORROW keeps the caller's codes; a weight quantised here is always copied");
+    const std::vector<unsigned char> rows = host_rows(ctx, *weight);
+    const size_t row_bytes = size_t(d) * dtype_size(weight->dtype);
+    std::vector<float> row(static_cast<size_t>(d));
+    codes.resize(size_t(vocab) * size_t(d));
+    for (int64_t v = 0; v < vocab; ++v) {
+      const void* src = rows.data() + size_t(v) * row_bytes;
+      for (int64_t k = 0; k < d; ++k) {
+        row[size_t(k)] = load_as_float(src, weight->dtype, k);
+        require(std::isfinite(row[size_t(k)]), FLASHSPEC_ERR_NON_FINITE, "weight",
+                "row " + std::to_string(v) + ", column " + std::to_string(k) + " is not finite");
+      }
+      row_scales[size_t(v)] = quantize_row(row.data(), d, stored, codes.data() + size_t(v) * size_t(d));
+    }
+    upload = flashspec_tensor_make(codes.data(), stored, FLASHSPEC_MEMORY_HOST, vocab, d);
+  }
+  auto head = std::make_unique<flashspec_lm_head>();
+  head->storage = naming_fields(lm_head_names(),
+                                [&] { return ctx.backend->create_lm_head(upload, flags, row_scales.data()); });
+  head->storage->vocab_begin = 0;
+  head->storage->vocab_size = vocab;
   *out = head.release();
 }
 
@@ -178,6 +273,17 @@ flashspec_status flashspec_lm_head_create(flashspec_context* ctx, const flashspe
                                           flashspec_lm_head_flags flags, flashspec_lm_head** out) {
   if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
   return guarded(ctx, [&] { create_head(*ctx, weight, raw_enum(flags), 0, weight ? weight->rows : 0, false, out); });
+}
+
+flashspec_status flashspec_lm_head_create_quantized(flashspec_context* ctx, const flashspec_tensor* weight,
+                                                    const flashspec_tensor* scales, flashspec_dtype stored,
+                                                    flashspec_lm_head_flags flags, flashspec_lm_head** out) {
+  if (!ctx) return guarded(nullptr, [] { fail(FLASHSPEC_ERR_NULL_POINTER, "ctx: is NULL"); });
+  return guarded(ctx, [&] { create_quantized_head(*ctx, weight, scales, raw_enum(stored), raw_enum(flags), out); });
+}
+
+flashspec_dtype flashspec_lm_head_dtype(const flashspec_lm_head* head) {
+  return head ? head->storage->dtype : FLASHSPEC_DTYPE_F32;
 }
 
 flashspec_status flashspec_lm_head_create_shard(flashspec_context* ctx, const flashspec_tensor* weight,

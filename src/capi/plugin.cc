@@ -83,6 +83,8 @@ const flashspec_api* flashspec_get_api(unsigned abi_version) {
       flashspec_suffix_drafter_propose_tree,
       flashspec_engine_params_init_sized,
       flashspec_draft_top_k,
+      flashspec_lm_head_create_quantized,
+      flashspec_lm_head_dtype,
   };
   return abi_version == FLASHSPEC_ABI_VERSION ? &table : nullptr;
 }

@@ -459,12 +459,17 @@ void validate_temperature(float t, const char* argument) {
   require(t >= 0.0f, FLASHSPEC_ERR_INVALID_ARGUMENT, argument, "must be >= 0, got " + std::to_string(t));
 }
 
-void validate_tensor(const flashspec_tensor* t, const char* argument) {
+void validate_tensor(const flashspec_tensor* t, const char* argument, bool codes_allowed) {
   require(t != nullptr, FLASHSPEC_ERR_NULL_POINTER, argument, "is NULL");
   require(t->data != nullptr, FLASHSPEC_ERR_NULL_POINTER, argument, "data is NULL");
   const int32_t dtype = raw_enum(t->dtype);
-  require(dtype == FLASHSPEC_DTYPE_F32 || dtype == FLASHSPEC_DTYPE_BF16 || dtype == FLASHSPEC_DTYPE_F16,
-          FLASHSPEC_ERR_DTYPE_MISMATCH, argument, "unknown dtype " + str(dtype) + " (bf16, fp16 or fp32)");
+  const bool codes = dtype == FLASHSPEC_DTYPE_E4M3 || dtype == FLASHSPEC_DTYPE_I8;
+  require(dtype == FLASHSPEC_DTYPE_F32 || dtype == FLASHSPEC_DTYPE_BF16 || dtype == FLASHSPEC_DTYPE_F16 ||
+              (codes && codes_allowed),
+          FLASHSPEC_ERR_DTYPE_MISMATCH, argument,
+          (codes ? "8-bit dtype " + str(dtype) + " is for LM heads (flashspec_lm_head_create_quantized) only"
+                 : "unknown dtype " + str(dtype)) +
+              (codes_allowed ? " (bf16, fp16, fp32, e4m3 or int8)" : " (bf16, fp16 or fp32)"));
   require(reinterpret_cast<uintptr_t>(t->data) % dtype_size(t->dtype) == 0, FLASHSPEC_ERR_UNSUPPORTED, argument,
           "data is not aligned to its element size (" + str(int64_t(dtype_size(t->dtype))) + " bytes)");
   require(known_memory(t->memory), FLASHSPEC_ERR_INVALID_ARGUMENT, argument,

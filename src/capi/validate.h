@@ -18,7 +18,9 @@ const LmHeadStorage& validate_head(const flashspec_context& ctx, const flashspec
 
 // A view that can be read: data non-NULL, known dtype and memory, sizes
 // positive, row_stride ≥ cols, byte size without overflow.
-void validate_tensor(const flashspec_tensor* t, const char* argument);
+// The view's own rules (flashspec.h: flashspec_tensor); 8-bit dtypes only
+// where codes_allowed (an LM head's weight).
+void validate_tensor(const flashspec_tensor* t, const char* argument, bool codes_allowed = false);
 
 void validate_temperature(float t, const char* argument);
 

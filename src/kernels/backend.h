@@ -25,6 +25,10 @@ class LmHeadStorage {
   int64_t hidden = 0;
   int64_t row_stride = 0;
   const void* data = nullptr;  // in the backend's memory
+  // An 8-bit head (dtype E4M3 or I8): one fp32 scale per row, in the
+  // backend's memory; a logit is scales[v] · (codes of row v · h). NULL for
+  // 16/32-bit heads.
+  const float* scales = nullptr;
   // A vocabulary shard holds global tokens [vocab_begin, vocab_begin +
   // vocab) of vocab_size; an unsharded head has vocab_begin 0 and
   // vocab_size == vocab.
@@ -48,8 +52,11 @@ class Backend {
   virtual ~Backend() = default;
   virtual flashspec_backend kind() const = 0;
   virtual int device() const = 0;
+  // weight: bf16/fp16/fp32, or 8-bit codes with host_scales (host memory,
+  // weight.rows entries, finite and ≥ 0); host_scales is NULL otherwise.
   virtual std::unique_ptr<LmHeadStorage> create_lm_head(const flashspec_tensor& weight,
-                                                        flashspec_lm_head_flags flags) = 0;
+                                                        flashspec_lm_head_flags flags,
+                                                        const float* host_scales) = 0;
   virtual std::unique_ptr<SummaryStore> create_summaries(int32_t max_rows, int32_t max_requests) = 0;
   // The calls below take arguments whose shapes fit: head and summaries of
   // this backend, hidden rows of the head's hidden size, at most the

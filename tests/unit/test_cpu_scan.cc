@@ -31,7 +31,7 @@ struct Weights {
   cpu::WeightRows rows(int64_t d, int64_t first = 0) const {
     const void* base = dtype == FLASHSPEC_DTYPE_F32 ? static_cast<const void*>(f32.data() + first * d)
                                                     : static_cast<const void*>(half.data() + first * d);
-    return cpu::WeightRows{base, dtype, d};
+    return cpu::WeightRows{base, dtype, d, nullptr};
   }
 };
 
@@ -47,7 +47,7 @@ Weights make_weights(flashspec_dtype dtype, int64_t count, int64_t d, Rng& rng) 
 
 TEST(CpuScan, Avx2KernelGivesThePortableKernelsBits) {
   std::vector<float> probe(1);
-  if (!cpu::tile_logits_avx2(cpu::WeightRows{probe.data(), FLASHSPEC_DTYPE_F32, 1}, 1, probe.data(), 1, 1,
+  if (!cpu::tile_logits_avx2(cpu::WeightRows{probe.data(), FLASHSPEC_DTYPE_F32, 1, nullptr}, 1, probe.data(), 1, 1,
                              probe.data()))
     GTEST_SKIP() << "this CPU lacks AVX2, FMA or F16C: tile_logits runs the portable kernel only";
   Rng rng(5);

@@ -36,6 +36,7 @@ constexpr int64_t kTileTokens = 512;
 class CpuLmHead final : public LmHeadStorage {
  public:
   std::vector<unsigned char> storage;
+  std::vector<float> row_scales;  // 8-bit heads
 };
 
 class CpuSummaries final : public SummaryStore {
@@ -432,8 +433,8 @@ class CpuBackend final : public Backend {
   flashspec_backend kind() const override { return FLASHSPEC_BACKEND_CPU; }
   int device() const override { return -1; }
 
-  std::unique_ptr<LmHeadStorage> create_lm_head(const flashspec_tensor& weight,
-                                                flashspec_lm_head_flags flags) override {
+  std::unique_ptr<LmHeadStorage> create_lm_head(const flashspec_tensor& weight, flashspec_lm_head_flags flags,
+                                                const float* host_scales) override {
     require(weight.memory == FLASHSPEC_MEMORY_HOST, FLASHSPEC_ERR_DEVICE_MISMATCH, Field::kWeight,
             "the CPU backend reads host memory only");
     require(flags == FLASHSPEC_LM_HEAD_COPY, FLASHSPEC_ERR_DEVICE_MISMATCH, Field::kFlags,
@@ -453,6 +454,10 @@ class CpuBackend final : public Backend {
       for (int64_t c = 0; c < weight.cols; ++c)
         if (!std::isfinite(check[size_t(c)])) fail(FLASHSPEC_ERR_NON_FINITE, Field::kWeight, non_finite_at(r, c));
       std::memcpy(head->storage.data() + size_t(r) * row_bytes, src, row_bytes);
+    }
+    if (host_scales) {
+      head->row_scales.assign(host_scales, host_scales + weight.rows);
+      head->scales = head->row_scales.data();
     }
     head->backend = FLASHSPEC_BACKEND_CPU;
     head->dtype = weight.dtype;
@@ -785,14 +790,14 @@ class CpuBackend final : public Backend {
     const int64_t tiles = (head.vocab + kTileTokens - 1) / kTileTokens;
     std::vector<Partial> partials(size_t(tiles * rows));
     const size_t element = dtype_size(head.dtype);
-    const cpu::WeightRows weights{head.data, head.dtype, head.row_stride};
+    const cpu::WeightRows weights{head.data, head.dtype, head.row_stride, head.scales};
     pool_.parallel_for(tiles, [&](int64_t tile) {
       const int64_t begin = tile * kTileTokens;
       const int64_t count = std::min(kTileTokens, head.vocab - begin);
       std::vector<float> logits(size_t(rows * count));
       const cpu::WeightRows tile_weights{
           static_cast<const unsigned char*>(weights.data) + size_t(begin * head.row_stride) * element, head.dtype,
-          head.row_stride};
+          head.row_stride, head.scales ? head.scales + begin : nullptr};
       cpu::tile_logits(tile_weights, count, hidden.data(), rows, d, logits.data());
       for (int64_t r = 0; r < rows; ++r) {
         const float* row_logits = logits.data() + r * count;

@@ -39,11 +39,26 @@ void convert_row(const void* row, flashspec_dtype dtype, int64_t n, float* out) 
     case FLASHSPEC_DTYPE_BF16:
       for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(static_cast<const uint16_t*>(row)[i]);
       break;
+    case FLASHSPEC_DTYPE_E4M3:
+      for (int64_t i = 0; i < n; ++i) out[i] = e4m3_to_float(static_cast<const uint8_t*>(row)[i]);
+      break;
+    case FLASHSPEC_DTYPE_I8:
+      for (int64_t i = 0; i < n; ++i) out[i] = i8_to_float(static_cast<const uint8_t*>(row)[i]);
+      break;
     default:
       for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_float(static_cast<const uint16_t*>(row)[i]);
       break;
   }
 }
+
+namespace {
+// An 8-bit head's logits are the codes' dot products times their row's scale.
+void apply_row_scales(const WeightRows& w, int64_t count, int64_t rows, float* logits) {
+  if (!w.scales) return;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < count; ++k) logits[r * count + k] *= w.scales[k];
+}
+}  // namespace
 
 // The definition of a logit (cpu_scan.h), one weight row at a time. std::fma
 // rounds once, as the vector kernel's FMA does.
@@ -62,6 +77,7 @@ void tile_logits_portable(const WeightRows& w, int64_t count, const float* hidde
       logits[r * count + k] = sum_lanes(lane);
     }
   }
+  apply_row_scales(w, count, rows, logits);
 }
 
 namespace {
@@ -102,11 +118,27 @@ namespace {
 
 #define FS_AVX2 __attribute__((target("avx2,fma,f16c")))
 
+// The 256 e4m3 values, for a gather (util/dtype.h's e4m3_to_float).
+const std::array<float, 256>& e4m3_values() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[size_t(c)] = e4m3_to_float(uint8_t(c));
+    return t;
+  }();
+  return table;
+}
+
 // Eight weights from element i of a row, as fp32 (exact conversions).
 template <flashspec_dtype D>
 FS_AVX2 inline __m256 load_weights(const unsigned char* row, int64_t i) {
   if constexpr (D == FLASHSPEC_DTYPE_F32) {
     return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i);
+  } else if constexpr (D == FLASHSPEC_DTYPE_I8) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + i));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+  } else if constexpr (D == FLASHSPEC_DTYPE_E4M3) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + i));
+    return _mm256_i32gather_ps(e4m3_values().data(), _mm256_cvtepu8_epi32(bytes), 4);
   } else {
     const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row) + i));
     if constexpr (D == FLASHSPEC_DTYPE_BF16)
@@ -119,6 +151,8 @@ FS_AVX2 inline __m256 load_weights(const unsigned char* row, int64_t i) {
 template <flashspec_dtype D>
 FS_AVX2 inline float weight_at(const unsigned char* row, int64_t i) {
   if constexpr (D == FLASHSPEC_DTYPE_F32) return reinterpret_cast<const float*>(row)[i];
+  else if constexpr (D == FLASHSPEC_DTYPE_E4M3) return e4m3_to_float(row[i]);
+  else if constexpr (D == FLASHSPEC_DTYPE_I8) return i8_to_float(row[i]);
   else if constexpr (D == FLASHSPEC_DTYPE_BF16) return bf16_to_float(reinterpret_cast<const uint16_t*>(row)[i]);
   else return fp16_to_float(reinterpret_cast<const uint16_t*>(row)[i]);
 }
@@ -150,13 +184,14 @@ FS_AVX2 void block_avx2(const WeightRows& w, int64_t k0, int64_t count, const fl
   const int64_t body = d - d % kLanes;
   // The next block's weight rows, a cache line at a time, while this block
   // computes: the hardware prefetcher is slow to follow NW short streams.
-  constexpr int64_t kLineElements = 64 / int64_t(D == FLASHSPEC_DTYPE_F32 ? 4 : 2);
+  constexpr int64_t kElementBytes = D == FLASHSPEC_DTYPE_F32 ? 4 : (D == FLASHSPEC_DTYPE_E4M3 || D == FLASHSPEC_DTYPE_I8) ? 1 : 2;
+  constexpr int64_t kLineElements = 64 / kElementBytes;
   const unsigned char* next[NW];
   for (int a = 0; a < NW; ++a) next[a] = prefetch_next ? weight_row(w, k0 + NW + a) : nullptr;
   for (int64_t i = 0; i < body; i += kLanes) {
     if (prefetch_next && i % kLineElements == 0)
       for (int a = 0; a < NW; ++a)
-        _mm_prefetch(reinterpret_cast<const char*>(next[a] + i * (D == FLASHSPEC_DTYPE_F32 ? 4 : 2)), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(next[a] + i * kElementBytes), _MM_HINT_T1);
     __m256 h[NH];
 #pragma GCC unroll 4
     for (int b = 0; b < NH; ++b) h[b] = _mm256_loadu_ps(hr[b] + i);
@@ -363,8 +398,11 @@ bool tile_logits_avx2(const WeightRows& w, int64_t count, const float* hidden, i
   switch (w.dtype) {
     case FLASHSPEC_DTYPE_F32: tile_avx2<FLASHSPEC_DTYPE_F32>(w, count, hidden, rows, d, logits); break;
     case FLASHSPEC_DTYPE_BF16: tile_avx2<FLASHSPEC_DTYPE_BF16>(w, count, hidden, rows, d, logits); break;
+    case FLASHSPEC_DTYPE_E4M3: tile_avx2<FLASHSPEC_DTYPE_E4M3>(w, count, hidden, rows, d, logits); break;
+    case FLASHSPEC_DTYPE_I8: tile_avx2<FLASHSPEC_DTYPE_I8>(w, count, hidden, rows, d, logits); break;
     default: tile_avx2<FLASHSPEC_DTYPE_F16>(w, count, hidden, rows, d, logits); break;
   }
+  apply_row_scales(w, count, rows, logits);
   return true;
 }
 

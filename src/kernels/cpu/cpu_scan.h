@@ -14,7 +14,8 @@
 namespace flashspec {
 namespace cpu {
 
-// Converts n values of a row in `dtype` (f32, bf16 or f16) to fp32, exactly.
+// Converts n values of a row in `dtype` (f32, bf16, f16, or 8-bit codes
+// before their scale) to fp32, exactly.
 void convert_row(const void* row, flashspec_dtype dtype, int64_t n, float* out);
 
 // Rows [0, count) of an LM head (or of a tile of it) in its own dtype;
@@ -23,10 +24,12 @@ struct WeightRows {
   const void* data;
   flashspec_dtype dtype;
   int64_t row_stride;
+  const float* scales;  // 8-bit codes: the rows' scales (row k: scales[k]); else NULL
 };
 
-// logits[r · count + k] = W[k] · hidden[r] for r < rows, k < count; hidden is
-// [rows, d] fp32, contiguous. Every logit is the same function of its two
+// logits[r · count + k] = W[k] · hidden[r] for r < rows, k < count (8-bit
+// codes: scales[k] · (codes of W[k] · hidden[r]), the scale applied to the
+// finished sum); hidden is [rows, d] fp32, contiguous. Every logit is the same function of its two
 // vectors, whatever count, rows or the kernel: lane j of eight accumulates
 // w_i·h_i for i ≡ j (mod 8) with fused multiply-adds in increasing i, and
 // the lanes are summed ((0+1)+(2+3))+((4+5)+(6+7)). So a token's logit does
