@@ -927,8 +927,8 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
   // (events order the buffers' reuse; the whole pass stays capturable).
   const bool pipelined = p.side != nullptr;
   const int32_t chunk = p.chunk;
-  const gemm_scan::Product product{p.cublas, p.w,      p.ldw,   p.w_dtype, p.w_scale, p.dequantized,
-                                   p.d,      p.hidden, p.k_pad, p.rows};
+  const gemm_scan::Product product{p.cublas, p.w,      p.ldw,    p.w_dtype, p.w_scale, p.dequantized,
+                                   p.d,      p.d_load, p.hidden, p.k_pad,   p.rows};
   cudaStream_t fold_stream = pipelined ? p.side : stream;
   int group = 0, from = 0, index = 0;
   for (int32_t v0 = 0; v0 < p.vocab; v0 += chunk, ++index) {

@@ -86,6 +86,7 @@ struct Pass {
   uint16_t* dequantized;          // 8-bit codes: gemm_scan's conversion workspace
   int32_t vocab;
   int32_t d;
+  int32_t d_load;                 // columns read from each row of W
   const void* hidden;             // staged hidden rows [rows, k_pad]
   int32_t k_pad;
   int32_t rows;

@@ -399,7 +399,7 @@ class CudaBackend final : public Backend {
   // bf16 copies of an 8-bit head's codes, gemm_scan::kDequantTokens rows at
   // a time, for the cuBLAS scans (more than kStreamMaxRows rows, controls).
   void reserve_dequantized(int64_t d) {
-    const size_t need = size_t(gemm_scan::kDequantTokens) * size_t(round_up(d, 8)) * 2;
+    const size_t need = size_t(gemm_scan::kDequantTokens) * size_t(round_up(d, 16)) * 2;
     if (dequantized_.bytes() >= need) return;
     check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     dequantized_.allocate(need, "cudaMalloc (dequantised LM-head rows)");
@@ -443,6 +443,7 @@ class CudaBackend final : public Backend {
     p.dequantized = dequantized_for(head);
     p.vocab = int32_t(head.vocab);
     p.d = int32_t(head.hidden);
+    p.d_load = head.d_load;
     p.hidden = staging_.as<void>();
     p.k_pad = head.staged_columns();
     p.rows = rows;
@@ -494,7 +495,7 @@ class CudaBackend final : public Backend {
   // and for a head created on another context, which found none reserved
   // here (the cuBLAS scans then refuse it).
   uint16_t* dequantized_for(const CudaLmHead& head) const {
-    const size_t need = size_t(gemm_scan::kDequantTokens) * size_t(round_up(head.hidden, 8)) * 2;
+    const size_t need = size_t(gemm_scan::kDequantTokens) * size_t(head.d_load) * 2;
     return head.codes() && dequantized_.bytes() >= need ? dequantized_.as<uint16_t>() : nullptr;
   }
 

@@ -8,6 +8,7 @@
 // Philox block serves four Gumbel draws, and writes one Partial per (row,
 // slice of the chunk); slices are numbered in token order, so the combine
 // folds them exactly like the other scans' groups.
+#include "codes.cuh"
 #include "launch.cuh"
 #include "scan_gemm.h"
 #include "tuning.h"
@@ -89,15 +90,26 @@ const char* cublas_name(cublasStatus_t s) {
   }
 }
 
-// 8-bit codes of `count` rows → bf16 rows of ld_out (exact: every e4m3 and
-// int8 value is a bf16 value); columns d .. ld_out stay as they are, never
-// read by the product.
-__global__ void dequantize_kernel(const uint8_t* codes, int64_t ldw, flashspec_dtype dtype, int32_t count,
-                                  int32_t d, uint16_t* out, int32_t ld_out) {
-  const int32_t row = blockIdx.x;
-  const uint8_t* src = codes + int64_t(row) * ldw;
-  uint16_t* dst = out + int64_t(row) * ld_out;
-  for (int32_t k = threadIdx.x; k < d; k += blockDim.x) dst[k] = float_to_bf16(load_as_float(src, dtype, k));
+// 8-bit codes of `count` rows → bf16 rows of `columns` elements (a multiple
+// of 16; the head's rows are 16-byte aligned and zero-padded to it): each
+// thread converts one 16-byte vector of codes into two of bf16, exactly.
+template <flashspec_dtype kW>
+__global__ void dequantize_kernel(const uint8_t* codes, int64_t ldw, int32_t count, int32_t columns,
+                                  uint16_t* out) {
+  const int32_t vectors = columns / 16;
+  const int64_t total = int64_t(count) * vectors;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / vectors, vector = i % vectors;
+    const uint4 in = __ldg(reinterpret_cast<const uint4*>(codes + row * ldw) + vector);
+    uint4 lo, hi;
+    codes_to_bf16x2<kW>(in.x, lo.x, lo.y);
+    codes_to_bf16x2<kW>(in.y, lo.z, lo.w);
+    codes_to_bf16x2<kW>(in.z, hi.x, hi.y);
+    codes_to_bf16x2<kW>(in.w, hi.z, hi.w);
+    uint4* dst = reinterpret_cast<uint4*>(out + row * columns) + 2 * vector;
+    dst[0] = lo;
+    dst[1] = hi;
+  }
 }
 
 // Row i of the chunk (token v0 + i) times its scale, in every hidden row.
@@ -130,13 +142,17 @@ Status logits_chunk(const Product& g, int32_t v0, int32_t count, float* logits, 
     const void* w = static_cast<const unsigned char*>(g.w) + int64_t(v0 + done) * g.ldw * element;
     int ldw = int(g.ldw);
     if (codes) {
-      const int32_t ld_out = (g.d + 7) / 8 * 8;
-      dequantize_kernel<<<unsigned(n), 256, 0, stream>>>(static_cast<const uint8_t*>(w), g.ldw, g.w_dtype, n, g.d,
-                                                         g.dequantized, ld_out);
+      const int64_t vectors = int64_t(n) * (g.d_load / 16);
+      const unsigned blocks = unsigned(std::min<int64_t>((vectors + 255) / 256, 4096));
+      const uint8_t* src = static_cast<const uint8_t*>(w);
+      if (g.w_dtype == FLASHSPEC_DTYPE_E4M3)
+        dequantize_kernel<FLASHSPEC_DTYPE_E4M3><<<blocks, 256, 0, stream>>>(src, g.ldw, n, g.d_load, g.dequantized);
+      else
+        dequantize_kernel<FLASHSPEC_DTYPE_I8><<<blocks, 256, 0, stream>>>(src, g.ldw, n, g.d_load, g.dequantized);
       const cudaError_t e = cudaGetLastError();
       if (e != cudaSuccess) return Status{e, "conversion of 8-bit codes"};
       w = g.dequantized;
-      ldw = ld_out;
+      ldw = g.d_load;
     }
     const cublasStatus_t s = cublasGemmEx(g.handle, CUBLAS_OP_T, CUBLAS_OP_N, n, g.rows, g.d, &alpha, w, type, ldw,
                                           g.h, type, g.k_pad, &beta, logits + done, CUDA_R_32F, ld,
@@ -163,7 +179,7 @@ int groups_for(int32_t vocab, int32_t chunk) {
 
 Status scan(const Request& r, cudaStream_t stream) {
   const ScanParams& p = r.p;
-  const Product product{r.handle, p.w,  p.ldw,   p.w_dtype, p.w_scale, r.dequantized, r.d,
+  const Product product{r.handle, p.w,       p.ldw, p.w_dtype, p.w_scale, r.dequantized, r.d, p.d_load,
                         static_cast<const unsigned char*>(p.h) + int64_t(p.row_base) * p.k_pad * 2,
                         p.k_pad,  p.rows};
   int group = 0;

@@ -28,7 +28,7 @@ struct Request {
   cublasHandle_t handle;  // bound to the stream, with its workspace set
   float* workspace;       // [rows, chunk] fp32
   int32_t chunk;          // tokens per chunk, a multiple of tuning::kGemmSliceTokens
-  uint16_t* dequantized;  // 8-bit heads: [kDequantTokens, round_up(d, 8)] bf16; else unused
+  uint16_t* dequantized;  // 8-bit heads: [kDequantTokens, p.d_load] bf16; else unused
 };
 
 // What failed, if anything: a CUDA error, or (cuda == cudaSuccess) a cuBLAS
@@ -45,8 +45,9 @@ struct Product {
   int64_t ldw;
   flashspec_dtype w_dtype;
   const float* w_scale;   // 8-bit codes: [vocab] row scales
-  uint16_t* dequantized;  // 8-bit codes: [kDequantTokens, round_up(d, 8)] bf16 workspace
+  uint16_t* dequantized;  // 8-bit codes: [kDequantTokens, d_load] bf16 workspace
   int32_t d;
+  int32_t d_load;         // 8-bit codes: columns of a row converted (a multiple of 16, zeros past d)
   const void* h;          // staged hidden rows [rows, k_pad]: W's dtype, bf16 for codes
   int32_t k_pad;
   int32_t rows;

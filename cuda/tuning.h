@@ -27,7 +27,9 @@ struct StreamShape {
 // With ≤ 8 rows two CTAs per SM and 4-chunk bursts (up to 8 KB per warp in
 // flight) were fastest on an H200; with 9–16 rows the second row group's
 // registers leave room for one CTA per SM, and 8-chunk bursts keep as many
-// bytes in flight.
+// bytes in flight. 8-bit codes take the same shapes (a 64-byte chunk then
+// holds 64 elements): 4-chunk bursts at 9–16 rows were no better on an H100
+// (e4m3 −6% to +1%, int8 +2% to +6%; bench/RESULTS.md).
 constexpr StreamShape kStreamShapes[] = {
     {8, 1, 4, 2},
     {16, 2, 8, 1},

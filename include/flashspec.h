@@ -296,11 +296,16 @@ FLASHSPEC_API flashspec_status flashspec_lm_head_create(flashspec_context* ctx,
  *   - codes already in `stored` (any int8 value; no e4m3 NaN code), with
  *     scales: [V, 1] fp32, finite and ≥ 0, in the weight's memory.
  * flags: COPY, or BORROW for codes in device memory (the scales are copied).
- * On the CUDA backend, bf16 hidden rows take the tensor cores (the weight-
- * streaming scan at ≤ 16 rows; cuBLAS over exact bf16 copies of the codes,
- * a few thousand vocabulary rows at a time, beyond) and other hidden dtypes
- * the fp32 CUDA-core scan; all compute the l_v above. A quantised head is
- * unsharded.
+ * On the CUDA backend, bf16 hidden rows take the tensor cores and other
+ * hidden dtypes the fp32 CUDA-core scan (as do stochastic drafts); all
+ * compute the l_v above. Up to 16 rows the weight-streaming scan reads the
+ * codes once, at about half the time of a bf16 head; beyond, cuBLAS runs
+ * over exact bf16 copies of the codes, 4096 vocabulary rows at a time, which
+ * costs more than a bf16 head (about 2.7–3.1× its cuBLAS GEMM at 64 rows on
+ * an H100): an 8-bit head pays at ≤ 16 rows. The copies' workspace
+ * (4096 × d × 2 bytes) is reserved on the context that creates the head; a
+ * many-row call on another context fails with WORKSPACE_EXCEEDED. A
+ * quantised head is unsharded.
  * Errors: those of flashspec_lm_head_create, plus DTYPE_MISMATCH (stored not
  * 8-bit; weight neither 16/32-bit nor `stored`; scales not fp32),
  * INVALID_ARGUMENT (scales given for a weight to quantise, or missing for

@@ -19,6 +19,7 @@
 #include "../common/rng.h"
 #include "flashspec.h"
 #include "util/philox.h"
+#include "util/quantize.h"
 
 namespace fstest {
 
@@ -89,6 +90,37 @@ inline double exact_logit(const Matrix& w, const Matrix& h, int64_t r, int64_t i
   double acc = 0.0;
   for (int64_t c = 0; c < w.cols; ++c) acc += w.at(i, c) * h.at(r, c);
   return acc;
+}
+
+// stored: FLASHSPEC_DTYPE_E4M3 or FLASHSPEC_DTYPE_I8 quantises W into an
+// 8-bit head on both backends (flashspec_lm_head_create_quantized); F32:
+// W as it is.
+constexpr flashspec_dtype kUnquantised = FLASHSPEC_DTYPE_F32;
+
+// The W an 8-bit head holds (the rule of util/quantize.h), as fp32 values
+// s_v · q_vk, for the float64 reference; W itself when unquantised.
+inline Matrix dequantised(const Matrix& w, flashspec_dtype stored) {
+  Matrix out(FLASHSPEC_DTYPE_F32, w.rows, w.cols);
+  std::vector<float> row(size_t(w.cols));
+  std::vector<uint8_t> codes(size_t(w.cols));
+  for (int64_t v = 0; v < w.rows; ++v) {
+    for (int64_t k = 0; k < w.cols; ++k) row[size_t(k)] = float(w.at(v, k));
+    const float scale = stored == kUnquantised ? 1.0f : flashspec::quantize_row(row.data(), w.cols, stored, codes.data());
+    for (int64_t k = 0; k < w.cols; ++k)
+      out.set(v, k, stored == kUnquantised ? double(row[size_t(k)])
+                                           : double(scale) * flashspec::load_as_float(codes.data(), stored, k));
+  }
+  return out;
+}
+
+inline HeadPtr make_case_head(flashspec_context* ctx, const flashspec_tensor& w, flashspec_lm_head_flags flags,
+                       flashspec_dtype stored) {
+  if (stored == kUnquantised) return make_head(ctx, w, flags);
+  flashspec_lm_head* head = nullptr;
+  EXPECT_EQ(flashspec_lm_head_create_quantized(ctx, &w, nullptr, stored, flags, &head), FLASHSPEC_OK)
+      << flashspec_context_last_error(ctx);
+  EXPECT_EQ(flashspec_lm_head_dtype(head), stored);
+  return HeadPtr(head);
 }
 
 // Near-tie threshold on scores of unit scale: fp32 accumulation over d terms

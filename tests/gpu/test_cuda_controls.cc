@@ -34,6 +34,7 @@ struct ControlsCase {
   bool bias, mask, typical, tree;
   int top_n;              // top raw logprobs (0: none; logprobs always asked for)
   double w_scale = 3.0;   // larger: more peaked rows
+  flashspec_dtype stored = kUnquantised;  // E4M3/I8: an 8-bit head quantised from W
 };
 
 // The per-request controls of a case, host side, and their device copies.
@@ -133,6 +134,7 @@ Outcome run_controls_parity(const ControlsCase& c) {
   Rng rng(4242 + c.vocab + c.requests * 7 + c.top_k * 3 + int(c.top_p * 100) + int(c.min_p * 1000) +
           (c.bias ? 11 : 0) + (c.mask ? 13 : 0) + (c.tree ? 17 : 0));
   Matrix w = random_matrix(c.dtype, c.vocab, c.d, rng, c.w_scale / std::sqrt(double(c.d)));
+  const Matrix reference = dequantised(w, c.stored);
   std::vector<int32_t> offsets(1, 0), tokens, parents;
   std::vector<float> temps;
   std::vector<uint64_t> seeds, ids, steps;
@@ -154,7 +156,7 @@ Outcome run_controls_parity(const ControlsCase& c) {
       int32_t best = 0;
       double best_logit = -1e300;
       for (int i = 0; i < c.vocab; ++i) {
-        const double l = exact_logit(w, h, row, i);
+        const double l = exact_logit(reference, h, row, i);
         if (l > best_logit) best_logit = l, best = i;
       }
       tokens.push_back(rng.below(3) == 0 ? rng.below(c.vocab) : best);
@@ -169,8 +171,8 @@ Outcome run_controls_parity(const ControlsCase& c) {
   EXPECT_TRUE(cpu && gpu);
   if (!cpu || !gpu) return out;
   flashspec_tensor wv = w.view();
-  auto cpu_head = make_head(cpu.get(), wv);
-  auto gpu_head = make_head(gpu.get(), wv);
+  auto cpu_head = make_case_head(cpu.get(), wv, FLASHSPEC_LM_HEAD_COPY, c.stored);
+  auto gpu_head = make_case_head(gpu.get(), wv, FLASHSPEC_LM_HEAD_COPY, c.stored);
   flashspec_tensor hv = h.view();
   flashspec_verify_batch hb;
   flashspec_verify_batch_init(&hb);
@@ -266,7 +268,7 @@ Outcome run_controls_parity(const ControlsCase& c) {
         const int32_t token = gpu_emit[slot];
         if (!c.tree) {
           std::vector<double> l(static_cast<size_t>(c.vocab));
-          for (int i = 0; i < c.vocab; ++i) l[size_t(i)] = exact_logit(w, h, int64_t(slot), i);
+          for (int i = 0; i < c.vocab; ++i) l[size_t(i)] = exact_logit(reference, h, int64_t(slot), i);
           raw_ref = raw_log_softmax(l);
           EXPECT_NEAR(gpu_raw[slot], raw_ref[size_t(token)], 1e-4) << "request " << r << " slot " << s;
           // The controlled logprob against the float64 controls.
@@ -386,6 +388,19 @@ TEST_F(Gpu, EveryControlTogetherMatchesCpu) {
 TEST_F(Gpu, TreesWithControlsMatchCpu) {
   run_controls_parity({kBf16, 2503, 96, 5, 5, 0.8f, 40, 0.95f, 0.05f, true, true, false, true, 4});
   run_controls_parity({kBf16, 2503, 96, 20, 5, 0.8f, 40, 0.95f, 0.05f, true, false, false, true, 0});
+}
+
+// 8-bit heads: the controlled pass's cuBLAS chunks over bf16 copies of the
+// codes, each logit times its row's scale.
+TEST_F(Gpu, QuantisedHeadsWithControlsMatchCpu) {
+  for (flashspec_dtype stored : {FLASHSPEC_DTYPE_E4M3, FLASHSPEC_DTYPE_I8}) {
+    ControlsCase c{kBf16, 9001, 96, 6, 3, 0.8f, 40, 0.95f, 0.05f, true, true, false, false, 5};
+    c.stored = stored;
+    run_controls_parity(c);
+    c.requests = 30;
+    c.vocab = 70001;
+    run_controls_parity(c);
+  }
 }
 
 // Logprobs alone, in fp32 (cuBLAS in full fp32 on the device).

@@ -26,6 +26,7 @@ struct DraftCase {
   int vocab, d, rows;
   float temperature;
   bool borrow_unaligned;
+  flashspec_dtype stored = kUnquantised;
 };
 
 void run_draft_parity(const DraftCase& c) {
@@ -33,13 +34,15 @@ void run_draft_parity(const DraftCase& c) {
   const int64_t stride = c.borrow_unaligned ? c.d + 3 : 0;
   Matrix w = random_matrix(c.w, c.vocab, c.d, rng, 3.0 / std::sqrt(double(c.d)), stride);
   Matrix h = random_matrix(c.h, c.rows, c.d, rng, 1.0);
+  const Matrix reference = dequantised(w, c.stored);
   auto cpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CPU).seed(77));
   auto gpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(77));
   ASSERT_TRUE(cpu && gpu);
   flashspec_tensor wv = w.view();
-  auto cpu_head = make_head(cpu.get(), wv, FLASHSPEC_LM_HEAD_COPY);
+  auto cpu_head = make_case_head(cpu.get(), wv, FLASHSPEC_LM_HEAD_COPY, c.stored);
   DevMatrix wd(w);
-  auto gpu_head = make_head(gpu.get(), wd.view(), c.borrow_unaligned ? FLASHSPEC_LM_HEAD_BORROW : FLASHSPEC_LM_HEAD_COPY);
+  auto gpu_head = make_case_head(gpu.get(), wd.view(),
+                                 c.borrow_unaligned ? FLASHSPEC_LM_HEAD_BORROW : FLASHSPEC_LM_HEAD_COPY, c.stored);
   ASSERT_TRUE(cpu_head && gpu_head);
 
   std::vector<float> temps(size_t(c.rows));
@@ -94,7 +97,7 @@ void run_draft_parity(const DraftCase& c) {
     flashspec::RngRowKey key = flashspec::make_row_key(77, ids[size_t(r)], steps[size_t(r)], positions[size_t(r)],
                                                        FLASHSPEC_RNG_DRAFT_NOISE);
     auto score = [&](int32_t tok) {
-      double l = exact_logit(w, h, r, tok);
+      double l = exact_logit(reference, h, r, tok);
       return t == 0.0f ? l : l * double(1.0f / t) + flashspec::gumbel_from_bits(flashspec::row_word(key, tok));
     };
     const double gap = std::fabs(score(a) - score(b));
@@ -102,8 +105,9 @@ void run_draft_parity(const DraftCase& c) {
                              << " are not a near-tie (exact score gap " << gap << ")";
     ++near_ties;
   }
-  std::printf("[ parity ] draft V=%d d=%d rows=%d T=%.2f: %d near-tie(s)\n", c.vocab, c.d, c.rows, c.temperature,
-              near_ties);
+  std::printf("[ parity ] draft %s V=%d d=%d rows=%d T=%.2f: %d near-tie(s)\n",
+              c.stored == FLASHSPEC_DTYPE_E4M3 ? "e4m3" : c.stored == FLASHSPEC_DTYPE_I8 ? "int8" : "", c.vocab, c.d,
+              c.rows, c.temperature, near_ties);
   EXPECT_LE(near_ties, std::max(1, c.rows / 50));
 }
 
@@ -113,11 +117,13 @@ struct VerifyCase {
   bool stochastic;
   float temperature;  // every third request uses 0
   bool tree = false;  // drafts form trees (draft_parents)
+  flashspec_dtype stored = kUnquantised;
 };
 
 void run_verify_parity(const VerifyCase& c) {
   Rng rng(5000 + c.vocab + c.d + c.requests * 31 + (c.stochastic ? 17 : 0));
   Matrix w = random_matrix(c.w, c.vocab, c.d, rng, 3.0 / std::sqrt(double(c.d)));
+  const Matrix reference = dequantised(w, c.stored);
   std::vector<int32_t> offsets(1, 0), tokens, parents;
   std::vector<float> temps, dtemps;
   std::vector<uint64_t> seeds, ids, steps;
@@ -145,7 +151,7 @@ void run_verify_parity(const VerifyCase& c) {
       std::vector<double> logits(size_t(c.vocab));
       int32_t best = 0;
       for (int i = 0; i < c.vocab; ++i) {
-        logits[size_t(i)] = exact_logit(w, h, row, i);
+        logits[size_t(i)] = exact_logit(reference, h, row, i);
         if (logits[size_t(i)] > logits[size_t(best)]) best = i;
         if (c.stochastic) q.set(k, i, float(logits[size_t(i)] + 0.7 * rng.normal()));
       }
@@ -170,8 +176,8 @@ void run_verify_parity(const VerifyCase& c) {
   auto gpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(99));
   ASSERT_TRUE(cpu && gpu);
   flashspec_tensor wv = w.view();
-  auto cpu_head = make_head(cpu.get(), wv, FLASHSPEC_LM_HEAD_COPY);
-  auto gpu_head = make_head(gpu.get(), wv, FLASHSPEC_LM_HEAD_COPY);
+  auto cpu_head = make_case_head(cpu.get(), wv, FLASHSPEC_LM_HEAD_COPY, c.stored);
+  auto gpu_head = make_case_head(gpu.get(), wv, FLASHSPEC_LM_HEAD_COPY, c.stored);
   ASSERT_TRUE(cpu_head && gpu_head);
 
   flashspec_tensor hv = h.view(), qv = q.view();
@@ -273,8 +279,9 @@ void run_verify_parity(const VerifyCase& c) {
                                 << gpu_acc[size_t(r)] << ") without a near-tie (margin " << margin << ")";
     ++near_ties;
   }
-  std::printf("[ parity ] verify V=%d d=%d requests=%d rows=%d %s: %d accepted, %d rejections, %d near-tie(s)\n",
-              c.vocab, c.d, c.requests, rows, c.tree ? "tree" : c.stochastic ? "stochastic" : "greedy-draft",
+  std::printf("[ parity ] verify %s V=%d d=%d requests=%d rows=%d %s: %d accepted, %d rejections, %d near-tie(s)\n",
+              c.stored == FLASHSPEC_DTYPE_E4M3 ? "e4m3" : c.stored == FLASHSPEC_DTYPE_I8 ? "int8" : "", c.vocab, c.d,
+              c.requests, rows, c.tree ? "tree" : c.stochastic ? "stochastic" : "greedy-draft",
               accepted_total, rejections, near_ties);
   EXPECT_LE(near_ties, std::max(1, c.requests / 50));
   EXPECT_GT(accepted_total, 0);
@@ -337,6 +344,34 @@ TEST_F(Gpu, VerifyParityStochasticDrafts) {
   run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2503, 96, 5, 3, true, 1.0f});
   run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 1201, 64, 30, 4, true, 0.9f});     // 128-row tiles
   run_verify_parity({FLASHSPEC_DTYPE_F32, FLASHSPEC_DTYPE_F32, 1201, 40, 6, 3, true, 1.2f});        // CUDA cores
+}
+
+// 8-bit heads (e4m3 and int8 codes, one scale per row), quantised on each
+// backend from the same W: the weight-streaming scan (≤ 16 rows, bf16
+// hidden), cuBLAS over bf16 copies of the codes (more rows, several chunks),
+// the CUDA-core scan (fp32 hidden rows; stochastic drafts), and a device-
+// memory weight quantised through the host.
+TEST_F(Gpu, QuantisedHeadsDraftParity) {
+  for (flashspec_dtype stored : {FLASHSPEC_DTYPE_E4M3, FLASHSPEC_DTYPE_I8}) {
+    for (int rows : {1, 5, 9, 16})
+      for (float t : {0.0f, 1.0f})
+        run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 3001, 200, rows, t, false, stored});
+    run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2003, 4096, 3, 1.0f, false, stored});
+    run_draft_parity({FLASHSPEC_DTYPE_F32, FLASHSPEC_DTYPE_BF16, 70001, 72, 24, 1.0f, false, stored});
+    run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 70001, 64, 130, 0.0f, false, stored});
+    run_draft_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F32, 2003, 96, 20, 0.8f, false, stored});  // CUDA cores
+    run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 128256, 128, 2, 1.0f, false, stored});
+  }
+}
+
+TEST_F(Gpu, QuantisedHeadsVerifyParity) {
+  for (flashspec_dtype stored : {FLASHSPEC_DTYPE_E4M3, FLASHSPEC_DTYPE_I8}) {
+    run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2503, 128, 4, 3, false, 1.0f, false, stored});
+    run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 9001, 136, 40, 4, false, 0.9f, false, stored});
+    run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2503, 128, 5, 2, false, 0.5f, true, stored});
+    run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2503, 96, 5, 3, true, 1.0f, false, stored});
+    run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F32, 1500, 72, 10, 3, false, 1.0f, false, stored});
+  }
 }
 
 }  // namespace
