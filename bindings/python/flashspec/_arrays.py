@@ -32,9 +32,13 @@ _DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
 _DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT = 0, 1, 2, 4
 
 # Element types the C API takes, by name.
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint64": 8, "int64": 8, "uint8": 1}
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint64": 8, "int64": 8, "uint8": 1,
+             "int8": 1}
 _TENSOR_DTYPES = {"float32": _capi.FLASHSPEC_DTYPE_F32, "bfloat16": _capi.FLASHSPEC_DTYPE_BF16,
                   "float16": _capi.FLASHSPEC_DTYPE_F16}
+# The 8-bit codes of a quantised LM head (code_tensor): uint8 arrays hold
+# e4m3 bit patterns, int8 arrays int8 codes.
+_CODE_DTYPES = {"uint8": _capi.FLASHSPEC_DTYPE_E4M3, "int8": _capi.FLASHSPEC_DTYPE_I8}
 
 
 class View:
@@ -84,7 +88,7 @@ def _typestr_name(typestr, descr_name=None):
         return "bfloat16"
     kind, size = typestr[1], int(typestr[2:])
     return {("f", 4): "float32", ("f", 2): "float16", ("i", 4): "int32", ("u", 8): "uint64",
-            ("i", 8): "int64", ("u", 1): "uint8"}.get((kind, size), typestr)
+            ("i", 8): "int64", ("u", 1): "uint8", ("i", 1): "int8"}.get((kind, size), typestr)
 
 
 def _byte_strides_to_elements(strides, shape, itemsize, what):
@@ -123,7 +127,7 @@ _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 _DL_DTYPES = {(_DL_FLOAT, 32): "float32", (_DL_FLOAT, 16): "float16", (_DL_BFLOAT, 16): "bfloat16",
               (_DL_INT, 32): "int32", (_DL_UINT, 64): "uint64", (_DL_INT, 64): "int64",
-              (_DL_UINT, 8): "uint8"}
+              (_DL_UINT, 8): "uint8", (_DL_INT, 8): "int8"}
 
 
 def _from_dlpack(obj, what, stream):
@@ -146,7 +150,7 @@ def _from_dlpack(obj, what, stream):
     if dtype is None or t.dtype.lanes != 1:
         raise TypeError(f"{what}: unsupported DLPack dtype (code {t.dtype.code}, bits {t.dtype.bits}); "
                         "tensors are float32, bfloat16 or float16, index arrays int32, int64 or uint64, "
-                        "shard records uint8")
+                        "shard records and e4m3 codes uint8, int8 codes int8")
     shape = [t.shape[i] for i in range(t.ndim)]
     strides = [t.strides[i] for i in range(t.ndim)] if t.strides else _c_strides(shape)
     address = (t.data or 0) + t.byte_offset
@@ -356,11 +360,54 @@ def tensor(obj, what, *, stream=0):
     return v.reshaped(v.shape, (row_stride, 1))
 
 
+def code_tensor(obj, what, *, stream=0):
+    """A 2-D row-major view of a quantised head's weight: 8-bit codes (uint8:
+    e4m3 bit patterns, int8: int8 codes; an ml_dtypes float8_e4m3fn array is
+    read as its bit patterns) or, for any other dtype, a weight the library
+    quantises (as tensor(): host arrays of other dtypes become float32)."""
+    if isinstance(obj, np.ndarray) and obj.dtype.name == "float8_e4m3fn":
+        obj = obj.view(np.uint8)
+    v = view(obj, what, stream=stream)
+    if v.dtype not in _CODE_DTYPES:
+        return tensor(v, what, stream=stream)
+    if len(v.shape) == 1:
+        v = v.reshaped((1, v.shape[0]), (v.shape[0], 1))
+    if len(v.shape) != 2:
+        raise ValueError(f"{what}: expected a 2-D array, got shape {v.shape}")
+    rows, cols = v.shape
+    if rows == 0 or cols == 0:
+        return v.reshaped(v.shape, (cols, 1))
+    row_stride = v.strides[0] if rows > 1 else max(cols, v.strides[0])
+    if (cols > 1 and v.strides[1] != 1) or row_stride < cols:
+        if v.memory == CUDA:
+            raise ValueError(f"{what}: device tensors need unit column stride and row stride >= columns")
+        return code_tensor(np.ascontiguousarray(v.source), what)
+    return v.reshaped(v.shape, (row_stride, 1))
+
+
+def scale_tensor(obj, what, *, stream=0):
+    """A float32 tensor view of per-row scales: [V] becomes the column
+    [V, 1]; a 2-D array is passed with its own shape (the library wants
+    [V, 1] and checks V). Host inputs of another dtype are converted and
+    strided 1-D ones copied; device scales must be float32."""
+    v = view(obj, what, stream=stream, dtype="float32")
+    if len(v.shape) == 2:
+        return tensor(v, what, stream=stream)
+    if len(v.shape) != 1:
+        raise ValueError(f"{what}: expected shape [V] or [V, 1], got {v.shape}")
+    if not v.is_contiguous():
+        if v.memory == CUDA:
+            raise ValueError(f"{what}: device arrays must be contiguous")
+        v = view(np.ascontiguousarray(v.source, dtype=np.float32), what)
+    return v.reshaped((v.shape[0], 1), (1, 1))
+
+
 def c_tensor(v):
-    """The flashspec_tensor of a 2-D View from tensor()."""
+    """The flashspec_tensor of a 2-D View from tensor(), code_tensor() or
+    scale_tensor()."""
     t = _capi.flashspec_tensor()
     t.data = v.address
-    t.dtype = _TENSOR_DTYPES[v.dtype]
+    t.dtype = _TENSOR_DTYPES[v.dtype] if v.dtype in _TENSOR_DTYPES else _CODE_DTYPES[v.dtype]
     t.memory = v.memory
     t.rows, t.cols = v.shape
     t.row_stride = v.strides[0]

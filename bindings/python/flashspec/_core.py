@@ -30,6 +30,27 @@ _BACKENDS = {"auto": _capi.FLASHSPEC_BACKEND_AUTO, "cpu": _capi.FLASHSPEC_BACKEN
              "cuda": _capi.FLASHSPEC_BACKEND_CUDA}
 _BACKEND_NAMES = {v: k for k, v in _BACKENDS.items()}
 
+# An LM head's stored dtype, by name (LMHead.dtype; the ``stored`` argument
+# of Context.lm_head_quantized also takes these values or their names).
+_DTYPES = {"float32": _capi.FLASHSPEC_DTYPE_F32, "bfloat16": _capi.FLASHSPEC_DTYPE_BF16,
+           "float16": _capi.FLASHSPEC_DTYPE_F16, "e4m3": _capi.FLASHSPEC_DTYPE_E4M3,
+           "int8": _capi.FLASHSPEC_DTYPE_I8}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+def _stored_dtype(stored):
+    """The flashspec_dtype of a ``stored`` argument: a name of _DTYPES or a
+    FLASHSPEC_DTYPE_* value (passed to the library as is, which refuses any
+    but E4M3 and I8 with DtypeMismatchError)."""
+    if isinstance(stored, str):
+        if stored not in _DTYPES:
+            raise ValueError(f"stored must be one of {sorted(_DTYPES)} or a FLASHSPEC_DTYPE_* value, "
+                             f"not {stored!r}")
+        return _DTYPES[stored]
+    if isinstance(stored, bool) or not isinstance(stored, int):
+        raise TypeError(f"stored must be a dtype name or a FLASHSPEC_DTYPE_* value, not {type(stored).__name__}")
+    return stored
+
 
 def stream_handle(stream):
     """The cudaStream_t of ``stream`` as an integer: an int, a torch.cuda.Stream
@@ -156,6 +177,27 @@ class Context(_Handle):
         weight rows) of a vocabulary of vocab_size tokens. A shard head
         serves only the shard calls (verify_shard, draft_shard)."""
         return LMHead(self, weight, borrow=borrow, vocab_begin=vocab_begin, global_vocab_size=vocab_size)
+
+    def lm_head_quantized(self, weight, stored, *, scales=None, borrow=False):
+        """Upload an 8-bit LM head (flashspec_lm_head_create_quantized):
+        vocabulary row v is stored as codes q_v and one float32 scale s_v,
+        and the head is the dequantised W = diag(s) · Q.
+
+        stored: "e4m3" or "int8" (or capi.FLASHSPEC_DTYPE_E4M3 / _I8).
+        weight: [V, d] float32, bfloat16 or float16 (host arrays of other
+        float dtypes become float32), quantised by the library row by row
+        (s_v = amax_v / 448 for e4m3, amax_v / 127 for int8; codes rounded
+        to nearest, ties to even); scales must then be None. Or codes
+        already quantised: uint8 e4m3 bit patterns (or an ml_dtypes
+        float8_e4m3fn array) for "e4m3", int8 for "int8", with ``scales``
+        the [V] or [V, 1] float32 scales (finite, >= 0) in the same memory.
+        Device arrays (torch, cupy) work as for lm_head; borrow=True keeps
+        device codes by pointer (CUDA backend) and this object keeps them
+        alive. Errors are the library's: DtypeMismatchError (stored not
+        8-bit, codes of the other dtype), InvalidArgumentError (scales
+        given for a weight to quantise, missing for codes, or not V of
+        them), NonFiniteError (a negative or non-finite scale)."""
+        return LMHead(self, weight, borrow=borrow, stored=stored, scales=scales)
 
     def summaries(self, max_rows, max_requests):
         """Reserve summaries for verify/finalize."""
@@ -418,17 +460,32 @@ class LMHead(_Handle):
     """An uploaded LM head (immutable). borrow=True keeps a device W by
     pointer (CUDA backend); the array is then kept alive by this object.
     With vocab_begin and global_vocab_size (both or neither), W holds the
-    vocabulary slice [vocab_begin, vocab_begin + W rows) of a sharded head."""
+    vocabulary slice [vocab_begin, vocab_begin + W rows) of a sharded head.
+    With stored ("e4m3" or "int8"), an 8-bit head: see
+    Context.lm_head_quantized."""
 
     _destroy = staticmethod(_capi.flashspec_lm_head_destroy)
 
-    def __init__(self, context, weight, *, borrow=False, vocab_begin=None, global_vocab_size=None):
+    def __init__(self, context, weight, *, borrow=False, vocab_begin=None, global_vocab_size=None,
+                 stored=None, scales=None):
         if (vocab_begin is None) != (global_vocab_size is None):
             raise ValueError("vocab_begin and global_vocab_size: give both (a shard head) or neither")
-        wv = _arrays.tensor(weight, "weight", stream=context.stream)
+        if stored is None and scales is not None:
+            raise ValueError("scales are for an 8-bit head: pass stored too")
+        if stored is not None and vocab_begin is not None:
+            raise ValueError("an 8-bit head is unsharded: pass stored or vocab_begin, not both")
+        if stored is None:
+            wv, sv = _arrays.tensor(weight, "weight", stream=context.stream), None
+        else:
+            stored = _stored_dtype(stored)
+            wv = _arrays.code_tensor(weight, "weight", stream=context.stream)
+            sv = None if scales is None else _arrays.scale_tensor(scales, "scales", stream=context.stream)
         flags = _capi.FLASHSPEC_LM_HEAD_BORROW if borrow else _capi.FLASHSPEC_LM_HEAD_COPY
         with context._lock:
-            if vocab_begin is None:
+            if stored is not None:
+                status, raw = _capi.flashspec_lm_head_create_quantized(
+                    context.raw, _arrays.c_tensor(wv), None if sv is None else _arrays.c_tensor(sv), stored, flags)
+            elif vocab_begin is None:
                 status, raw = _capi.flashspec_lm_head_create(context.raw, _arrays.c_tensor(wv), flags)
             else:
                 status, raw = _capi.flashspec_lm_head_create_shard(context.raw, _arrays.c_tensor(wv), flags,
@@ -449,6 +506,12 @@ class LMHead(_Handle):
     @property
     def hidden_size(self):
         return _capi.flashspec_lm_head_hidden_size(self.raw)
+
+    @property
+    def dtype(self):
+        """The stored dtype: "float32", "bfloat16" or "float16" (as given to
+        lm_head), or "e4m3" / "int8" for an 8-bit head."""
+        return _DTYPE_NAMES[_capi.flashspec_lm_head_dtype(self.raw)]
 
     @property
     def vocab_begin(self):
