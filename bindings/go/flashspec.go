@@ -276,6 +276,91 @@ func (c *Context) NewLMHead(w []float32, vocab, hidden int) (*LMHead, error) {
 	})
 }
 
+// Dtype is a flashspec_dtype: the element type an LM head stores.
+type Dtype int
+
+// Dtypes. DtypeE4M3 and DtypeI8 are the 8-bit codes of a quantised head
+// (NewLMHeadQuantized, NewLMHeadE4M3Codes, NewLMHeadInt8Codes).
+var (
+	DtypeF32  = Dtype(capi.FLASHSPEC_DTYPE_F32)
+	DtypeBF16 = Dtype(capi.FLASHSPEC_DTYPE_BF16)
+	DtypeF16  = Dtype(capi.FLASHSPEC_DTYPE_F16)
+	DtypeE4M3 = Dtype(capi.FLASHSPEC_DTYPE_E4M3) // fp8 e4m3 ("e4m3fn") bit patterns
+	DtypeI8   = Dtype(capi.FLASHSPEC_DTYPE_I8)   // two's-complement int8
+)
+
+// String is the dtype's name ("f32", "bf16", "f16", "e4m3", "i8").
+func (d Dtype) String() string {
+	switch d {
+	case DtypeF32:
+		return "f32"
+	case DtypeBF16:
+		return "bf16"
+	case DtypeF16:
+		return "f16"
+	case DtypeE4M3:
+		return "e4m3"
+	case DtypeI8:
+		return "i8"
+	}
+	return fmt.Sprintf("Dtype(%d)", int(d))
+}
+
+// NewLMHeadQuantized uploads W, row-major [vocab, hidden] float32, as an
+// 8-bit head (flashspec_lm_head_create_quantized): the library quantises
+// each vocabulary row v to codes q_v of stored (DtypeE4M3 or DtypeI8) and
+// one scale s_v = amax_v / 448 (e4m3) or amax_v / 127 (int8), rounding to
+// nearest, ties to even; the head is then the dequantised W = diag(s)·Q.
+// Another stored is the library's ErrDtypeMismatch.
+func (c *Context) NewLMHeadQuantized(w []float32, vocab, hidden int, stored Dtype) (*LMHead, error) {
+	return uploadQuantized(c, w, DtypeF32, nil, vocab, hidden, stored)
+}
+
+// NewLMHeadE4M3Codes uploads a head already quantised to e4m3: codes are
+// the row-major [vocab, hidden] e4m3 bit patterns (no NaN pattern 0x7f or
+// 0xff) and scales the vocab per-row scales (finite, >= 0); row v's weights
+// are scales[v] times the codes' values. nil scales are the library's
+// ErrInvalidArgument, as are scales of another length (the library is
+// given len(scales) rows, so it never reads past the slice); a negative or
+// non-finite scale, or a NaN code, is its ErrNonFinite.
+func (c *Context) NewLMHeadE4M3Codes(codes []uint8, scales []float32, vocab, hidden int) (*LMHead, error) {
+	return uploadQuantized(c, codes, DtypeE4M3, scales, vocab, hidden, DtypeE4M3)
+}
+
+// NewLMHeadInt8Codes uploads a head already quantised to int8: codes are
+// the row-major [vocab, hidden] int8 codes (any value) and scales the vocab
+// per-row scales; row v's weights are scales[v] * codes. Errors as
+// NewLMHeadE4M3Codes.
+func (c *Context) NewLMHeadInt8Codes(codes []int8, scales []float32, vocab, hidden int) (*LMHead, error) {
+	return uploadQuantized(c, codes, DtypeI8, scales, vocab, hidden, DtypeI8)
+}
+
+// uploadQuantized checks w against [rows, hidden] and passes it, of dtype
+// given, with scales (nil: NULL) to flashspec_lm_head_create_quantized.
+func uploadQuantized[T float32 | uint8 | int8](c *Context, w []T, given Dtype, scales []float32, rows, hidden int, stored Dtype) (*LMHead, error) {
+	if rows < 0 || hidden < 0 || (hidden != 0 && len(w)/hidden != rows) || len(w) != rows*hidden {
+		return nil, &Error{Status: ErrOutOfRange, Message: fmt.Sprintf("weight: %d values for [%d, %d]", len(w), rows, hidden)}
+	}
+	var a arena
+	defer a.free()
+	t := capi.Flashspec_tensor_make(in(&a, w), capi.Enum_SS_flashspec_dtype(given), capi.FLASHSPEC_MEMORY_HOST, int64(rows), int64(hidden))
+	defer capi.DeleteFlashspec_tensor(t)
+	var s capi.Flashspec_tensor = capi.SwigcptrFlashspec_tensor(0)
+	if scales != nil {
+		st := capi.Flashspec_tensor_make(in(&a, scales), capi.FLASHSPEC_DTYPE_F32, capi.FLASHSPEC_MEMORY_HOST, int64(len(scales)), 1)
+		defer capi.DeleteFlashspec_tensor(st)
+		s = st
+	}
+	slot := out[uintptr](&a, 1)
+	err := c.call(func(raw capi.Struct_SS_flashspec_context) capi.Enum_SS_flashspec_status {
+		return capi.Flashspec_lm_head_create_quantized(raw, t, s, capi.Enum_SS_flashspec_dtype(stored), capi.FLASHSPEC_LM_HEAD_COPY, uintptr(slot))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &LMHead{raw: capi.SwigcptrStruct_SS_flashspec_lm_head(readHandle(slot)), vocab: rows, hidden: hidden}, nil
+}
+
 // uploadLMHead checks w against [rows, hidden], then creates a head from it
 // with create (whole or shard); the head's vocab is rows until the caller
 // says otherwise.
@@ -314,6 +399,10 @@ func (h *LMHead) VocabSize() int { return int(capi.Flashspec_lm_head_vocab_size(
 
 // HiddenSize is d.
 func (h *LMHead) HiddenSize() int { return int(capi.Flashspec_lm_head_hidden_size(h.raw)) }
+
+// Dtype is the head's stored dtype: DtypeF32 for NewLMHead, DtypeE4M3 or
+// DtypeI8 for an 8-bit head.
+func (h *LMHead) Dtype() Dtype { return Dtype(capi.Flashspec_lm_head_dtype(h.raw)) }
 
 func (h *LMHead) handle() (capi.Struct_SS_flashspec_lm_head, error) {
 	if h == nil || h.raw == nil {

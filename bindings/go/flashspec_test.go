@@ -225,7 +225,7 @@ func TestReadmeSnippetIsFromTheExample(t *testing.T) {
 		t.Fatal(err)
 	}
 	var examples string
-	for _, name := range []string{"example_test.go", "example_engine_test.go", "example_batch_engine_test.go", "example_controls_test.go", "example_shards_test.go", "example_sparse_test.go", "example_suffix_test.go"} {
+	for _, name := range []string{"example_test.go", "example_engine_test.go", "example_batch_engine_test.go", "example_controls_test.go", "example_shards_test.go", "example_sparse_test.go", "example_suffix_test.go", "example_quantized_test.go"} {
 		example, err := os.ReadFile(name)
 		if err != nil {
 			t.Fatal(err)
