@@ -51,6 +51,11 @@ pub type flashspec_dtype = c_uint;
 pub const FLASHSPEC_DTYPE_F32: flashspec_dtype = 0;
 pub const FLASHSPEC_DTYPE_BF16: flashspec_dtype = 1;
 pub const FLASHSPEC_DTYPE_F16: flashspec_dtype = 2;
+/// 8-bit LM-head codes, for `flashspec_lm_head_create_quantized` only:
+/// fp8 e4m3 ("e4m3fn") bit patterns.
+pub const FLASHSPEC_DTYPE_E4M3: flashspec_dtype = 3;
+/// 8-bit LM-head codes: two's-complement int8.
+pub const FLASHSPEC_DTYPE_I8: flashspec_dtype = 4;
 pub type flashspec_memory = c_uint;
 pub const FLASHSPEC_MEMORY_HOST: flashspec_memory = 0;
 pub const FLASHSPEC_MEMORY_CUDA: flashspec_memory = 1;
@@ -511,6 +516,9 @@ pub struct flashspec_api {
     pub suffix_drafter_propose_tree: Option<unsafe extern "C" fn(*mut flashspec_drafter, *const i32, i32, i32, *mut i32, *mut i32, *mut i32) -> flashspec_status>,
     pub engine_params_init_sized: Option<unsafe extern "C" fn(*mut flashspec_engine_params, usize)>,
     pub draft_top_k: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_lm_head, *const flashspec_tensor, *const flashspec_draft_params, i32, *mut i32, *mut f32) -> flashspec_status>,
+    /* Appended: 8-bit LM heads. */
+    pub lm_head_create_quantized: Option<unsafe extern "C" fn(*mut flashspec_context, *const flashspec_tensor, *const flashspec_tensor, flashspec_dtype, flashspec_lm_head_flags, *mut *mut flashspec_lm_head) -> flashspec_status>,
+    pub lm_head_dtype: Option<unsafe extern "C" fn(*const flashspec_lm_head) -> flashspec_dtype>,
 }
 
 // ---- functions --------------------------------------------------------------
@@ -530,6 +538,8 @@ extern "C" {
     pub fn flashspec_context_synchronize(ctx: *mut flashspec_context) -> flashspec_status;
     pub fn flashspec_cuda_device_count() -> c_int;
     pub fn flashspec_lm_head_create(ctx: *mut flashspec_context, weight: *const flashspec_tensor, flags: flashspec_lm_head_flags, out: *mut *mut flashspec_lm_head) -> flashspec_status;
+    pub fn flashspec_lm_head_create_quantized(ctx: *mut flashspec_context, weight: *const flashspec_tensor, scales: *const flashspec_tensor, stored: flashspec_dtype, flags: flashspec_lm_head_flags, out: *mut *mut flashspec_lm_head) -> flashspec_status;
+    pub fn flashspec_lm_head_dtype(head: *const flashspec_lm_head) -> flashspec_dtype;
     pub fn flashspec_lm_head_destroy(head: *mut flashspec_lm_head);
     pub fn flashspec_lm_head_vocab_size(head: *const flashspec_lm_head) -> i64;
     pub fn flashspec_lm_head_hidden_size(head: *const flashspec_lm_head) -> i64;
