@@ -156,6 +156,48 @@ impl Backend {
     }
 }
 
+/// The element type an LM head stores ([`LmHead::dtype`]); `E4m3` and `I8`
+/// are the 8-bit codes of [`Context::lm_head_quantized`] and
+/// [`Context::lm_head_codes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    F32,
+    Bf16,
+    F16,
+    /// fp8 e4m3 ("e4m3fn"): bias 7, 3 mantissa bits, no Inf, largest ±448.
+    E4m3,
+    /// Two's-complement int8.
+    I8,
+}
+
+impl Dtype {
+    /// The `flashspec_dtype` value.
+    pub fn raw(self) -> sys::flashspec_dtype {
+        match self {
+            Dtype::F32 => sys::FLASHSPEC_DTYPE_F32,
+            Dtype::Bf16 => sys::FLASHSPEC_DTYPE_BF16,
+            Dtype::F16 => sys::FLASHSPEC_DTYPE_F16,
+            Dtype::E4m3 => sys::FLASHSPEC_DTYPE_E4M3,
+            Dtype::I8 => sys::FLASHSPEC_DTYPE_I8,
+        }
+    }
+
+    /// The dtype of a `flashspec_dtype` value, `None` for an unknown one.
+    pub fn from_raw(raw: sys::flashspec_dtype) -> Option<Dtype> {
+        [Dtype::F32, Dtype::Bf16, Dtype::F16, Dtype::E4m3, Dtype::I8].into_iter().find(|d| d.raw() == raw)
+    }
+}
+
+/// Codes of an already quantised LM head, row-major `[vocab, hidden]`
+/// ([`Context::lm_head_codes`]); the variant is the stored dtype.
+#[derive(Debug, Clone, Copy)]
+pub enum Codes<'a> {
+    /// e4m3 bit patterns (0x7f and 0xff, NaN, are refused).
+    E4m3(&'a [u8]),
+    /// int8 codes (any value).
+    I8(&'a [i8]),
+}
+
 /// Context parameters; `Default` gives the library's defaults.
 #[derive(Debug, Clone)]
 pub struct ContextOptions {
@@ -258,6 +300,48 @@ impl Context {
         let t = host_tensor(weight, vocab, hidden);
         let mut raw = ptr::null_mut();
         let status = unsafe { sys::flashspec_lm_head_create(self.raw, &t, sys::FLASHSPEC_LM_HEAD_COPY, &mut raw) };
+        self.finish(status)?;
+        Ok(LmHead { raw, vocab, hidden, _context: PhantomData })
+    }
+
+    /// Upload W, row-major `[vocab, hidden]` f32, as an 8-bit LM head
+    /// (`flashspec_lm_head_create_quantized`): the library quantises each
+    /// vocabulary row v to codes q_v of `stored` ([`Dtype::E4m3`] or
+    /// [`Dtype::I8`]) and one scale s_v = amax_v / 448 (e4m3) or amax_v /
+    /// 127 (int8), rounding to nearest, ties to even; the head is the
+    /// dequantised W = diag(s) · Q. Another `stored` is the library's
+    /// `FLASHSPEC_ERR_DTYPE_MISMATCH`.
+    pub fn lm_head_quantized(&self, weight: &[f32], vocab: usize, hidden: usize, stored: Dtype) -> Result<LmHead<'_>> {
+        self.create_quantized(weight, sys::FLASHSPEC_DTYPE_F32, &[], vocab, hidden, stored)
+    }
+
+    /// Upload an LM head already quantised: `codes` (`[vocab, hidden]`,
+    /// row-major; their variant is the stored dtype) and `scales`, one
+    /// finite, non-negative scale per vocabulary row: row v's weights are
+    /// `scales[v]` times its codes' values. The library checks `scales`:
+    /// empty (passed as NULL, missing) or not `vocab` long is its
+    /// `FLASHSPEC_ERR_INVALID_ARGUMENT` (it is given `scales.len()` rows, so
+    /// it never reads past the slice), a negative or non-finite scale or an
+    /// e4m3 NaN code its `FLASHSPEC_ERR_NON_FINITE`.
+    pub fn lm_head_codes(&self, codes: Codes<'_>, scales: &[f32], vocab: usize, hidden: usize) -> Result<LmHead<'_>> {
+        match codes {
+            Codes::E4m3(c) => self.create_quantized(c, sys::FLASHSPEC_DTYPE_E4M3, scales, vocab, hidden, Dtype::E4m3),
+            Codes::I8(c) => self.create_quantized(c, sys::FLASHSPEC_DTYPE_I8, scales, vocab, hidden, Dtype::I8),
+        }
+    }
+
+    /// `flashspec_lm_head_create_quantized` of `weight` (elements of
+    /// `dtype`, checked against `[vocab, hidden]`) with `scales` (empty:
+    /// NULL) as a `[scales.len(), 1]` column.
+    fn create_quantized<T>(&self, weight: &[T], dtype: sys::flashspec_dtype, scales: &[f32], vocab: usize, hidden: usize, stored: Dtype) -> Result<LmHead<'_>> {
+        if weight.len() != vocab.saturating_mul(hidden) {
+            return Err(out_of_range(format!("weight: {} values for [{vocab}, {hidden}]", weight.len())));
+        }
+        let t = sys::flashspec_tensor { data: weight.as_ptr().cast(), dtype, memory: sys::FLASHSPEC_MEMORY_HOST, rows: vocab as i64, cols: hidden as i64, row_stride: hidden as i64 };
+        let s = host_tensor(scales, scales.len(), 1);
+        let scales_ptr: *const sys::flashspec_tensor = if scales.is_empty() { ptr::null() } else { &s };
+        let mut raw = ptr::null_mut();
+        let status = unsafe { sys::flashspec_lm_head_create_quantized(self.raw, &t, scales_ptr, stored.raw(), sys::FLASHSPEC_LM_HEAD_COPY, &mut raw) };
         self.finish(status)?;
         Ok(LmHead { raw, vocab, hidden, _context: PhantomData })
     }
@@ -491,6 +575,12 @@ impl LmHead<'_> {
     /// d.
     pub fn hidden_size(&self) -> usize {
         unsafe { sys::flashspec_lm_head_hidden_size(self.raw) as usize }
+    }
+    /// The stored dtype: [`Dtype::F32`] for [`Context::lm_head`], `E4m3` or
+    /// `I8` for an 8-bit head.
+    pub fn dtype(&self) -> Dtype {
+        let raw = unsafe { sys::flashspec_lm_head_dtype(self.raw) };
+        Dtype::from_raw(raw).unwrap_or_else(|| panic!("flashspec_lm_head_dtype returned the unknown dtype {raw}"))
     }
     /// The global id of the head's first token (0 unless a shard).
     pub fn vocab_begin(&self) -> usize {
