@@ -155,11 +155,10 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
   if (tc && rows <= tuning::kStreamMaxRows) {
     const int shape = tuning::stream_shape_for(rows);
     const int max_blocks = std::min(max_groups, limits.sm_count * limits.stream_blocks_per_sm[shape][head.dtype]);
-    const int tiles_per_warp = scan::stream_tiles_per_warp(p.vocab, max_blocks);
-    const int blocks = scan::stream_blocks(p.vocab, tiles_per_warp);
+    const int blocks = scan::stream_blocks(p.vocab, max_blocks);
     p.groups = blocks;
     p.row_blocks = 1;
-    check_cuda(scan::launch_stream(scan::stream_kernel(shape, head.dtype), p, tail, tiles_per_warp, blocks, stream),
+    check_cuda(scan::launch_stream(scan::stream_kernel(shape, head.dtype), p, tail, blocks, stream),
                "scan (weight stream)");
     return ScanOutcome{blocks, true};
   }

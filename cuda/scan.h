@@ -19,15 +19,15 @@ namespace scan {
 // point-mass drafts: warps stream their own 16-token tiles into tensor-core
 // fragments. One kernel per tuning::kStreamShapes entry and W dtype.
 const void* stream_kernel(int shape, flashspec_dtype w_dtype);
-// Tiles per warp so that max_blocks CTAs cover the vocabulary, and the CTAs
-// then needed: every warp but the last gets the same number of tiles.
-int stream_tiles_per_warp(int32_t vocab, int max_blocks);
-int stream_blocks(int32_t vocab, int tiles_per_warp);
+// CTAs for the vocabulary: max_blocks (every resident slot), or fewer where
+// the vocabulary has fewer 16-token tiles than that many CTAs have warps. The
+// tiles are shared out evenly over the grid's warps.
+int stream_blocks(int32_t vocab, int max_blocks);
 // The last CTA to finish (counted in tail.done_counter, which it resets to
 // 0) folds every CTA's partial in CTA order and writes the verify summaries
 // or the draft outputs named by `tail`.
-cudaError_t launch_stream(const void* kernel, const ScanParams& params, const StreamTail& tail, int tiles_per_warp,
-                          int blocks, cudaStream_t stream);
+cudaError_t launch_stream(const void* kernel, const ScanParams& params, const StreamTail& tail, int blocks,
+                          cudaStream_t stream);
 
 // Tiled tensor-core scan, W and hidden both bf16 or both fp16, 16-byte-aligned
 // weight rows, d_load % 8 == 0. One kernel per tuning::kMmaShapes entry.

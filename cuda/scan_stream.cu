@@ -27,6 +27,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "launch.cuh"
@@ -146,7 +147,7 @@ struct Burst {
 // length, CTAs per SM); kW: W's dtype (bf16, fp16, e4m3, int8).
 template <flashspec_dtype kW, int kShape>
 __global__ void __launch_bounds__(kThreads, tuning::kStreamShapes[kShape].min_blocks)
-    stream_scan_kernel(const ScanParams p, const StreamTail tail, int tiles_per_warp) {
+    stream_scan_kernel(const ScanParams p, const StreamTail tail) {
   constexpr bool kCodes = is_codes(kW);
   constexpr bool kBf16 = kW != FLASHSPEC_DTYPE_F16;  // the mma's input type
   constexpr int kChunk = kCodes ? 64 : 32;           // elements per 64-byte chunk of a row
@@ -176,8 +177,13 @@ __global__ void __launch_bounds__(kThreads, tuning::kStreamShapes[kShape].min_bl
   __syncthreads();
 
   const int total_tiles = (p.vocab + 15) / 16;
-  const int first_tile = (blockIdx.x * kWarps + warp) * tiles_per_warp;
-  const int tiles = max(0, min(first_tile + tiles_per_warp, total_tiles) - first_tile);
+  // Warp w of the grid's W takes tiles [w·T/W, (w+1)·T/W): runs differ by
+  // at most one tile, so every SM streams the same share of W whatever the
+  // vocabulary (whole runs of ⌈T/W⌉ tiles left a tenth of the SMs half
+  // loaded at V = 151936).
+  const int64_t grid_warps = int64_t(gridDim.x) * kWarps, warp_index = int64_t(blockIdx.x) * kWarps + warp;
+  const int first_tile = int(warp_index * total_tiles / grid_warps);
+  const int tiles = int((warp_index + 1) * total_tiles / grid_warps) - first_tile;
   const int chunks = p.k_pad / kChunk;
   const int bursts = (chunks + kUnroll - 1) / kUnroll;
   const int steps = tiles * bursts;
@@ -331,23 +337,16 @@ const void* stream_kernel(int shape, flashspec_dtype w_dtype) {
   }
 }
 
-int stream_tiles_per_warp(int32_t vocab, int max_blocks) {
+int stream_blocks(int32_t vocab, int max_blocks) {
   const int64_t tiles = (int64_t(vocab) + 15) / 16;
-  const int64_t warps = int64_t(max_blocks) * kWarps;
-  return int((tiles + warps - 1) / warps);
+  return int(std::max<int64_t>(1, std::min<int64_t>(max_blocks, (tiles + kWarps - 1) / kWarps)));
 }
 
-int stream_blocks(int32_t vocab, int tiles_per_warp) {
-  const int64_t tiles = (int64_t(vocab) + 15) / 16;
-  const int64_t per_block = int64_t(tiles_per_warp) * kWarps;
-  return int((tiles + per_block - 1) / per_block);
-}
-
-cudaError_t launch_stream(const void* kernel, const ScanParams& params, const StreamTail& tail, int tiles_per_warp,
-                          int blocks, cudaStream_t stream) {
+cudaError_t launch_stream(const void* kernel, const ScanParams& params, const StreamTail& tail, int blocks,
+                          cudaStream_t stream) {
   ScanParams p = params;
   StreamTail t = tail;
-  void* args[] = {&p, &t, &tiles_per_warp};
+  void* args[] = {&p, &t};
   return launch_dependent(kernel, dim3(blocks), dim3(kThreads), 0, stream, args);
 }
 
