@@ -191,8 +191,8 @@ class CudaBackend final : public Backend {
     DeviceScope scope(device_);
     const auto& head = static_cast<const CudaLmHead&>(head_base);
     guard([&] {
-      check_cuda(prepare::draft_plans(args, head.vocab, plans_.as<RowPlan>(), stream_), "draft plans");
       const bool tc = stage(head, *args.hidden);
+      check_cuda(prepare::draft_plans(args, head.vocab, plans_.as<RowPlan>(), stream_, true), "draft plans");
       if (args.controls.present) {
         controls::Outputs out = {};
         out.tokens_out = args.tokens_out;
@@ -221,8 +221,8 @@ class CudaBackend final : public Backend {
       DraftArgs at_one = args;
       at_one.temperature = 1.0f;
       at_one.temperatures = nullptr;
-      check_cuda(prepare::draft_plans(at_one, head.vocab, plans_.as<RowPlan>(), stream_), "draft plans");
       const bool tc = stage(head, *args.hidden);
+      check_cuda(prepare::draft_plans(at_one, head.vocab, plans_.as<RowPlan>(), stream_, true), "draft plans");
       controls::Outputs out = {};
       out.topk = k;
       out.topk_tokens = tokens;
@@ -236,10 +236,10 @@ class CudaBackend final : public Backend {
     const auto& head = static_cast<const CudaLmHead&>(head_base);
     auto& store = static_cast<CudaSummaries&>(store_base);
     guard([&] {
-      check_cuda(prepare::verify_plans(args, int32_t(head.vocab), nullptr, plans_.as<RowPlan>(),
-                                       store.batch_status.as<int32_t>(), stream_),
-                 "verify plans");
       const bool tc = stage(head, *args.target_hidden, args.draft_logits != nullptr);
+      check_cuda(prepare::verify_plans(args, int32_t(head.vocab), nullptr, plans_.as<RowPlan>(),
+                                       store.batch_status.as<int32_t>(), stream_, true),
+                 "verify plans");
       store.top_n = args.top_logprobs;
       if (args.controls.present || args.logprobs || args.top_logprobs > 0) {
         controls::Outputs out = {};

@@ -25,7 +25,19 @@ struct VerifyPlanArgs {
 
 // One block: the offsets must be checked as a whole before any row is
 // mapped to its request.
+// Plans read only the caller's arrays, never what the kernel before them
+// wrote, so after the staging kernel they run beside it (programmatic
+// dependent launch): they wait for it only before they exit, and the scan
+// that waits for them then finds both done.
+__device__ void verify_plans_body(const VerifyPlanArgs& a);
+
 __global__ void __launch_bounds__(kPlanThreads) verify_plans_kernel(const VerifyPlanArgs a) {
+  pdl_trigger();
+  verify_plans_body(a);
+  pdl_wait();
+}
+
+__device__ void verify_plans_body(const VerifyPlanArgs& a) {
   const bool stochastic = a.batch.draft_logits != nullptr;
   __shared__ int bad_batch;
   if (threadIdx.x == 0) bad_batch = 0;
@@ -77,9 +89,16 @@ struct DraftPlanArgs {
   RowPlan* plans;
 };
 
+__device__ void draft_plan_row(const DraftPlanArgs& a, int r);
+
 __global__ void draft_plans_kernel(const DraftPlanArgs a) {
+  pdl_trigger();
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= a.draft.rows) return;
+  if (r < a.draft.rows) draft_plan_row(a, r);
+  pdl_wait();  // as verify_plans_kernel
+}
+
+__device__ void draft_plan_row(const DraftPlanArgs& a, int r) {
   const DraftRowView v = draft_row_view(a.draft, r);
   if (!valid_temperature(v.temperature))
     a.plans[r] = inert_plan(FLASHSPEC_ERR_INVALID_ARGUMENT);
@@ -130,16 +149,22 @@ __global__ void non_finite_kernel(const void* data, flashspec_dtype dtype, int64
 }  // namespace
 
 cudaError_t verify_plans(const VerifyArgs& args, int32_t vocab, const int32_t* device_vocab, RowPlan* plans,
-                         int32_t* batch_status, cudaStream_t stream) {
+                         int32_t* batch_status, cudaStream_t stream, bool after_staging) {
   VerifyPlanArgs a{args, vocab, device_vocab, plans, batch_status};
-  verify_plans_kernel<<<1, kPlanThreads, 0, stream>>>(a);
-  return cudaGetLastError();
+  void* params[] = {&a};
+  const void* kernel = reinterpret_cast<const void*>(&verify_plans_kernel);
+  return after_staging ? launch_dependent(kernel, dim3(1), dim3(kPlanThreads), 0, stream, params)
+                       : launch(kernel, dim3(1), dim3(kPlanThreads), 0, false, stream, params);
 }
 
-cudaError_t draft_plans(const DraftArgs& args, int64_t vocab, RowPlan* plans, cudaStream_t stream) {
+cudaError_t draft_plans(const DraftArgs& args, int64_t vocab, RowPlan* plans, cudaStream_t stream,
+                        bool after_staging) {
   DraftPlanArgs a{args, vocab, plans};
-  draft_plans_kernel<<<(args.rows + 127) / 128, 128, 0, stream>>>(a);
-  return cudaGetLastError();
+  void* params[] = {&a};
+  const void* kernel = reinterpret_cast<const void*>(&draft_plans_kernel);
+  const dim3 grid(unsigned((args.rows + 127) / 128));
+  return after_staging ? launch_dependent(kernel, grid, dim3(128), 0, stream, params)
+                       : launch(kernel, grid, dim3(128), 0, false, stream, params);
 }
 
 cudaError_t stage_hidden(const flashspec_tensor& hidden, int32_t k_pad, bool as_float, void* out, int32_t* bad,

@@ -19,12 +19,16 @@ namespace prepare {
 // temperatures, uniforms and control values land in each plan's status and, for offsets that
 // do not describe the batch, in *batch_status. Token ids are checked against
 // *device_vocab when given (device memory), else against vocab.
+// after_staging: the launch comes right after stage_hidden's and overlaps it
+// (the kernel before it on the stream must be that staging kernel, which
+// itself waited for all earlier work); else a plain launch.
 cudaError_t verify_plans(const VerifyArgs& args, int32_t vocab, const int32_t* device_vocab, RowPlan* plans,
-                         int32_t* batch_status, cudaStream_t stream);
+                         int32_t* batch_status, cudaStream_t stream, bool after_staging = false);
 
 // Row plans of a draft call; invalid temperatures, positions or control
-// values (checked against `vocab`) land in status.
-cudaError_t draft_plans(const DraftArgs& args, int64_t vocab, RowPlan* plans, cudaStream_t stream);
+// values (checked against `vocab`) land in status. after_staging: as above.
+cudaError_t draft_plans(const DraftArgs& args, int64_t vocab, RowPlan* plans, cudaStream_t stream,
+                        bool after_staging = false);
 
 // Copies hidden rows into `out` ([rows, k_pad], zero beyond d): as raw 16-bit
 // values when as_float is false (the tensor-core path, same dtype as W), as
