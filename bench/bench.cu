@@ -18,7 +18,6 @@
 //
 // Usage: flashspec_bench [--quick] [--only V d rows] [--reps N] [--json FILE]
 // (the JSON file is written only when --json names it)
-#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -66,18 +65,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "no CUDA device: nothing to measure\n");
     return 1;
   }
-  cudaDeviceProp prop;
-  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const BenchDevice device;
+  const cudaDeviceProp& prop = device.prop;
+  cudaStream_t stream = device.stream;
   Timer timer{stream, reps};
-  cublasHandle_t blas;
-  CUBLAS_OK(cublasCreate(&blas));
-  CUBLAS_OK(cublasSetStream(blas, stream));
-  void* blas_ws = nullptr;
-  const size_t blas_ws_bytes = 64u << 20;
-  CUDA_OK(cudaMalloc(&blas_ws, blas_ws_bytes));
-  CUBLAS_OK(cublasSetWorkspace(blas, blas_ws, blas_ws_bytes));
 
   std::vector<int> vocabs = quick ? std::vector<int>{32000, 128256} : std::vector<int>{32000, 128256, 151936, 262144};
   std::vector<int> hiddens = quick ? std::vector<int>{4096} : std::vector<int>{2048, 4096, 8192};
@@ -140,23 +131,12 @@ int main(int argc, char** argv) {
       CUDA_OK(cudaStreamSynchronize(stream));
 
       for (int rows : row_counts) {
-        // Batch layout: rows % 4 == 0 → rows/4 requests of 3 drafts; else one
-        // request of rows − 1 drafts.
-        const int n = rows % 4 == 0 ? 3 : rows - 1;
-        const int requests = rows / (n + 1);
-        std::vector<int32_t> offsets(size_t(requests) + 1), tokens(size_t(std::max(1, requests * n)));
-        for (int r = 0; r <= requests; ++r) offsets[size_t(r)] = r * n;
-        for (size_t k = 0; k < tokens.size(); ++k) tokens[k] = int32_t((k * 2654435761u) % uint32_t(vocab));
-        int32_t *d_off, *d_tok, *d_acc, *d_emit, *d_out;
+        const BenchBatch batch(rows, vocab);
+        const int n = batch.drafts_per_request, requests = batch.requests;
+        int32_t* d_out;
         float* d_scores;
-        CUDA_OK(cudaMalloc(&d_off, offsets.size() * 4));
-        CUDA_OK(cudaMalloc(&d_tok, tokens.size() * 4));
-        CUDA_OK(cudaMalloc(&d_acc, size_t(requests) * 4));
-        CUDA_OK(cudaMalloc(&d_emit, size_t(rows) * 4));
         CUDA_OK(cudaMalloc(&d_out, size_t(rows) * 4));
         CUDA_OK(cudaMalloc(&d_scores, size_t(rows) * 4));
-        CUDA_OK(cudaMemcpy(d_off, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
-        CUDA_OK(cudaMemcpy(d_tok, tokens.data(), tokens.size() * 4, cudaMemcpyHostToDevice));
         flashspec_tensor hv = flashspec_tensor_make(hidden, FLASHSPEC_DTYPE_BF16, FLASHSPEC_MEMORY_CUDA, rows, d);
         // The tree: one request, rows − 1 nodes, siblings' tokens distinct.
         const int nodes = rows - 1;
@@ -174,54 +154,34 @@ int main(int argc, char** argv) {
         CUDA_OK(cudaMemcpy(d_parents, parents.data(), parents.size() * 4, cudaMemcpyHostToDevice));
 
         std::vector<cudaGraphExec_t> gemm, standard, verify, draft_g, draft_s, tree;
-        const float one = 1.0f, zero = 0.0f;
         for (int b = 0; b < buffers; ++b) {
-          auto run_gemm = [&] {
-            CUBLAS_OK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, vocab, rows, d, &one, weights[size_t(b)],
-                                   CUDA_R_16BF, d, hidden, CUDA_R_16BF, d, &zero, logits, CUDA_R_32F, vocab,
-                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-          };
+          auto run_gemm = [&] { device.gemm(weights[size_t(b)], hidden, logits, vocab, rows, d); };
           gemm.push_back(timer.capture(run_gemm));
           standard.push_back(timer.capture([&] {
             run_gemm();
             softmax_kernel<<<rows, kRowThreads, 0, stream>>>(logits, probs, vocab, 1.0f);
-            accept_kernel<<<(requests + 127) / 128, 128, 0, stream>>>(probs, d_tok, requests, n, vocab, d_acc);
-            if (n > 0) sample_kernel<<<requests * n, kRowThreads, 0, stream>>>(probs, d_tok, n, vocab, 0, d_out);
-            sample_kernel<<<requests, kRowThreads, 0, stream>>>(probs, d_tok, n, vocab, 1, d_out + requests * n);
+            accept_kernel<<<(requests + 127) / 128, 128, 0, stream>>>(probs, batch.tokens, requests, n, vocab,
+                                                                      batch.accepted);
+            if (n > 0)
+              sample_kernel<<<requests * n, kRowThreads, 0, stream>>>(probs, batch.tokens, n, vocab, 0, d_out);
+            sample_kernel<<<requests, kRowThreads, 0, stream>>>(probs, batch.tokens, n, vocab, 1,
+                                                                d_out + requests * n);
           }));
           verify.push_back(timer.capture([&] {
-            flashspec_verify_batch batch;
-            flashspec_verify_batch_init(&batch);
-            batch.memory = FLASHSPEC_MEMORY_CUDA;
-            batch.num_requests = requests;
-            batch.draft_offsets = d_off;
-            batch.draft_tokens = d_tok;
-            batch.target_hidden = &hv;
-            batch.max_draft_len = std::max(1, n);
-            flashspec_verify_result res;
-            flashspec_verify_result_init(&res);
-            res.memory = FLASHSPEC_MEMORY_CUDA;
-            res.accepted_counts = d_acc;
-            res.emitted_tokens = d_emit;
-            FS_OK(ctx, flashspec_verify_and_finalize(ctx, heads[size_t(b)], &batch, &res));
+            const flashspec_verify_batch chains = batch.batch(&hv);
+            flashspec_verify_result res = batch.result();
+            FS_OK(ctx, flashspec_verify_and_finalize(ctx, heads[size_t(b)], &chains, &res));
           }));
           if (nodes > 0)
             tree.push_back(timer.capture([&] {
-              flashspec_verify_batch batch;
-              flashspec_verify_batch_init(&batch);
-              batch.memory = FLASHSPEC_MEMORY_CUDA;
-              batch.num_requests = 1;
-              batch.draft_offsets = d_tree_off;
-              batch.draft_tokens = d_tree_tok;
-              batch.draft_parents = d_parents;
-              batch.target_hidden = &hv;
-              batch.max_draft_len = nodes;
-              flashspec_verify_result res;
-              flashspec_verify_result_init(&res);
-              res.memory = FLASHSPEC_MEMORY_CUDA;
-              res.accepted_counts = d_acc;
-              res.emitted_tokens = d_emit;
-              FS_OK(ctx, flashspec_verify_and_finalize(ctx, heads[size_t(b)], &batch, &res));
+              flashspec_verify_batch one_tree = batch.batch(&hv);
+              one_tree.num_requests = 1;
+              one_tree.draft_offsets = d_tree_off;
+              one_tree.draft_tokens = d_tree_tok;
+              one_tree.draft_parents = d_parents;
+              one_tree.max_draft_len = nodes;
+              flashspec_verify_result res = batch.result();
+              FS_OK(ctx, flashspec_verify_and_finalize(ctx, heads[size_t(b)], &one_tree, &res));
             }));
           for (int sampled = 0; sampled < 2; ++sampled) {
             auto& list = sampled ? draft_s : draft_g;
@@ -256,9 +216,8 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
         for (auto* list : {&gemm, &standard, &verify, &draft_g, &draft_s, &tree})
           for (auto g : *list) cudaGraphExecDestroy(g);
-        for (void* p : {static_cast<void*>(d_off), static_cast<void*>(d_tok), static_cast<void*>(d_acc),
-                        static_cast<void*>(d_emit), static_cast<void*>(d_out), static_cast<void*>(d_scores),
-                        static_cast<void*>(d_tree_off), static_cast<void*>(d_tree_tok), static_cast<void*>(d_parents)})
+        for (void* p : {static_cast<void*>(d_out), static_cast<void*>(d_scores), static_cast<void*>(d_tree_off),
+                        static_cast<void*>(d_tree_tok), static_cast<void*>(d_parents)})
           cudaFree(p);
       }
       for (auto* h : heads) flashspec_lm_head_destroy(h);
@@ -294,8 +253,6 @@ int main(int argc, char** argv) {
     std::fclose(f);
   }
   flashspec_context_destroy(ctx);
-  cublasDestroy(blas);
-  cudaFree(blas_ws);
   cudaFree(sink);
   return 0;
 }

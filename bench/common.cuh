@@ -263,4 +263,92 @@ struct Timer {
   }
 };
 
+
+// What every benchmark times with: the device's properties, a non-blocking
+// stream, and a cuBLAS handle on it with a fixed workspace (so CUDA graphs
+// capture its GEMMs). Construct it only where flashspec_cuda_device_count()
+// found a device.
+struct BenchDevice {
+  cudaDeviceProp prop{};
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  void* blas_workspace = nullptr;
+  static constexpr size_t kBlasWorkspaceBytes = size_t(64) << 20;
+
+  BenchDevice() {
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CUBLAS_OK(cublasCreate(&blas));
+    CUBLAS_OK(cublasSetStream(blas, stream));
+    CUDA_OK(cudaMalloc(&blas_workspace, kBlasWorkspaceBytes));
+    CUBLAS_OK(cublasSetWorkspace(blas, blas_workspace, kBlasWorkspaceBytes));
+  }
+  BenchDevice(const BenchDevice&) = delete;
+  BenchDevice& operator=(const BenchDevice&) = delete;
+  ~BenchDevice() {
+    cublasDestroy(blas);
+    cudaFree(blas_workspace);
+    cudaStreamDestroy(stream);
+  }
+  // The yardstick: logits [rows, vocab] = hidden [rows, d] · Wᵀ, bf16 in,
+  // fp32 out and compute, W [vocab, d].
+  void gemm(const __nv_bfloat16* w, const __nv_bfloat16* hidden, float* logits, int vocab, int rows, int d) const {
+    const float one = 1.0f, zero = 0.0f;
+    CUBLAS_OK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, vocab, rows, d, &one, w, CUDA_R_16BF, d, hidden,
+                           CUDA_R_16BF, d, &zero, logits, CUDA_R_32F, vocab, CUBLAS_COMPUTE_32F,
+                           CUBLAS_GEMM_DEFAULT));
+  }
+};
+
+// The verify batch of `rows` rows the benchmarks time: rows % 4 == 0 →
+// rows/4 requests of 3 drafts; else one request of rows − 1 drafts; draft
+// tokens spread over the vocabulary. Device copies of the offsets and
+// tokens, and room for the accepted counts and emitted tokens.
+struct BenchBatch {
+  int rows, drafts_per_request, requests;
+  int32_t *offsets = nullptr, *tokens = nullptr, *accepted = nullptr, *emitted = nullptr;
+
+  BenchBatch(int rows_, int vocab) : rows(rows_) {
+    drafts_per_request = rows % 4 == 0 ? 3 : rows - 1;
+    requests = rows / (drafts_per_request + 1);
+    std::vector<int32_t> host_offsets(size_t(requests) + 1), host_tokens(size_t(std::max(1, requests * drafts_per_request)));
+    for (int r = 0; r <= requests; ++r) host_offsets[size_t(r)] = r * drafts_per_request;
+    for (size_t k = 0; k < host_tokens.size(); ++k) host_tokens[k] = int32_t((k * 2654435761u) % uint32_t(vocab));
+    CUDA_OK(cudaMalloc(&offsets, host_offsets.size() * 4));
+    CUDA_OK(cudaMalloc(&tokens, host_tokens.size() * 4));
+    CUDA_OK(cudaMalloc(&accepted, size_t(requests) * 4));
+    CUDA_OK(cudaMalloc(&emitted, size_t(rows) * 4));
+    CUDA_OK(cudaMemcpy(offsets, host_offsets.data(), host_offsets.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(tokens, host_tokens.data(), host_tokens.size() * 4, cudaMemcpyHostToDevice));
+  }
+  BenchBatch(const BenchBatch&) = delete;
+  BenchBatch& operator=(const BenchBatch&) = delete;
+  ~BenchBatch() {
+    for (void* p : {static_cast<void*>(offsets), static_cast<void*>(tokens), static_cast<void*>(accepted),
+                    static_cast<void*>(emitted)})
+      cudaFree(p);
+  }
+  // The batch over `hidden` ([rows, d] in device memory) at the default
+  // temperature, and the result of its accepted counts and emitted tokens.
+  flashspec_verify_batch batch(const flashspec_tensor* hidden) const {
+    flashspec_verify_batch b;
+    flashspec_verify_batch_init(&b);
+    b.memory = FLASHSPEC_MEMORY_CUDA;
+    b.num_requests = requests;
+    b.draft_offsets = offsets;
+    b.draft_tokens = tokens;
+    b.target_hidden = hidden;
+    b.max_draft_len = std::max(1, drafts_per_request);
+    return b;
+  }
+  flashspec_verify_result result() const {
+    flashspec_verify_result r;
+    flashspec_verify_result_init(&r);
+    r.memory = FLASHSPEC_MEMORY_CUDA;
+    r.accepted_counts = accepted;
+    r.emitted_tokens = emitted;
+    return r;
+  }
+};
+
 }  // namespace

@@ -15,7 +15,6 @@
 // rotating over weight buffers so the L2 holds no W.
 //
 // Usage: flashspec_controls_bench [--quick] [--only V d rows] [--reps N] [--json FILE]
-#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -79,18 +78,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "no CUDA device: nothing to measure\n");
     return 1;
   }
-  cudaDeviceProp prop;
-  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const BenchDevice device;
+  const cudaDeviceProp& prop = device.prop;
+  cudaStream_t stream = device.stream;
   Timer timer{stream, args.reps};
-  cublasHandle_t blas;
-  CUBLAS_OK(cublasCreate(&blas));
-  CUBLAS_OK(cublasSetStream(blas, stream));
-  void* blas_ws = nullptr;
-  const size_t blas_ws_bytes = 64u << 20;
-  CUDA_OK(cudaMalloc(&blas_ws, blas_ws_bytes));
-  CUBLAS_OK(cublasSetWorkspace(blas, blas_ws, blas_ws_bytes));
 
   std::vector<int> vocabs = args.quick ? std::vector<int>{128256} : std::vector<int>{128256, 151936, 262144};
   std::vector<int> hiddens = args.quick ? std::vector<int>{4096} : std::vector<int>{4096, 8192};
@@ -136,66 +127,39 @@ int main(int argc, char** argv) {
       CUDA_OK(cudaStreamSynchronize(stream));
 
       for (int rows : row_counts) {
-        // As bench.cu: rows % 4 == 0 → rows/4 requests of 3 drafts; else one
-        // request of rows − 1 drafts.
-        const int n = rows % 4 == 0 ? 3 : rows - 1;
-        const int requests = rows / (n + 1);
-        std::vector<int32_t> offsets(size_t(requests) + 1), tokens(size_t(std::max(1, requests * n)));
-        for (int r = 0; r <= requests; ++r) offsets[size_t(r)] = r * n;
-        for (size_t k = 0; k < tokens.size(); ++k) tokens[k] = int32_t((k * 2654435761u) % uint32_t(vocab));
+        const BenchBatch batch(rows, vocab);
+        const int requests = batch.requests;
         std::vector<float> temps(size_t(requests), 0.8f);
-        int32_t *d_off, *d_tok, *d_acc, *d_emit, *d_top;
+        int32_t* d_top;
         float *d_temps, *d_lp, *d_raw, *d_toplp;
-        CUDA_OK(cudaMalloc(&d_off, offsets.size() * 4));
-        CUDA_OK(cudaMalloc(&d_tok, tokens.size() * 4));
-        CUDA_OK(cudaMalloc(&d_acc, size_t(requests) * 4));
-        CUDA_OK(cudaMalloc(&d_emit, size_t(rows) * 4));
         CUDA_OK(cudaMalloc(&d_temps, size_t(requests) * 4));
         CUDA_OK(cudaMalloc(&d_lp, size_t(rows) * 4));
         CUDA_OK(cudaMalloc(&d_raw, size_t(rows) * 4));
         CUDA_OK(cudaMalloc(&d_top, size_t(rows) * 5 * 4));
         CUDA_OK(cudaMalloc(&d_toplp, size_t(rows) * 5 * 4));
-        CUDA_OK(cudaMemcpy(d_off, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
-        CUDA_OK(cudaMemcpy(d_tok, tokens.data(), tokens.size() * 4, cudaMemcpyHostToDevice));
         CUDA_OK(cudaMemcpy(d_temps, temps.data(), temps.size() * 4, cudaMemcpyHostToDevice));
         flashspec_tensor hv = flashspec_tensor_make(hidden, FLASHSPEC_DTYPE_BF16, FLASHSPEC_MEMORY_CUDA, rows, d);
         const Controls chain(requests, 40, 0.95f, 0.05f), nucleus(requests, 0, 0.9f, 0.0f);
 
         auto verify = [&](flashspec_lm_head* head, const flashspec_sampling_controls* controls, bool logprobs) {
-          flashspec_verify_batch batch;
-          flashspec_verify_batch_init(&batch);
-          batch.memory = FLASHSPEC_MEMORY_CUDA;
-          batch.num_requests = requests;
-          batch.draft_offsets = d_off;
-          batch.draft_tokens = d_tok;
-          batch.target_hidden = &hv;
-          batch.max_draft_len = std::max(1, n);
-          batch.temperatures = d_temps;
-          batch.controls = controls;
-          batch.logprobs = logprobs ? 1 : 0;
-          batch.top_logprobs = logprobs ? 5 : 0;
-          flashspec_verify_result res;
-          flashspec_verify_result_init(&res);
-          res.memory = FLASHSPEC_MEMORY_CUDA;
-          res.accepted_counts = d_acc;
-          res.emitted_tokens = d_emit;
+          flashspec_verify_batch b = batch.batch(&hv);
+          b.temperatures = d_temps;
+          b.controls = controls;
+          b.logprobs = logprobs ? 1 : 0;
+          b.top_logprobs = logprobs ? 5 : 0;
+          flashspec_verify_result res = batch.result();
           if (logprobs) {
             res.logprobs = d_lp;
             res.raw_logprobs = d_raw;
             res.top_tokens = d_top;
             res.top_logprobs = d_toplp;
           }
-          FS_OK(ctx, flashspec_verify_and_finalize(ctx, head, &batch, &res));
+          FS_OK(ctx, flashspec_verify_and_finalize(ctx, head, &b, &res));
         };
         std::vector<cudaGraphExec_t> gemm, plain, with_chain, with_logprobs, with_top_p;
-        const float one = 1.0f, zero = 0.0f;
         for (int b = 0; b < buffers; ++b) {
           flashspec_lm_head* head = heads[size_t(b)];
-          gemm.push_back(timer.capture([&] {
-            CUBLAS_OK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, vocab, rows, d, &one, weights[size_t(b)],
-                                   CUDA_R_16BF, d, hidden, CUDA_R_16BF, d, &zero, logits, CUDA_R_32F, vocab,
-                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-          }));
+          gemm.push_back(timer.capture([&] { device.gemm(weights[size_t(b)], hidden, logits, vocab, rows, d); }));
           plain.push_back(timer.capture([&] { verify(head, nullptr, false); }));
           with_chain.push_back(timer.capture([&] { verify(head, &chain.view, false); }));
           with_logprobs.push_back(timer.capture([&] { verify(head, &chain.view, true); }));
@@ -206,7 +170,7 @@ int main(int argc, char** argv) {
         // Rows refused because top-p alone kept more than the candidate list.
         verify(heads[0], &nucleus.view, false);
         std::vector<int32_t> accepted(static_cast<size_t>(requests));
-        CUDA_OK(cudaMemcpyAsync(accepted.data(), d_acc, accepted.size() * 4, cudaMemcpyDeviceToHost, stream));
+        CUDA_OK(cudaMemcpyAsync(accepted.data(), batch.accepted, accepted.size() * 4, cudaMemcpyDeviceToHost, stream));
         CUDA_OK(cudaStreamSynchronize(stream));
         int refused = 0;
         for (int32_t a : accepted) refused += a < 0;
@@ -220,9 +184,8 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
         for (auto* list : {&gemm, &plain, &with_chain, &with_logprobs, &with_top_p})
           for (auto g : *list) cudaGraphExecDestroy(g);
-        for (void* p : {static_cast<void*>(d_off), static_cast<void*>(d_tok), static_cast<void*>(d_acc),
-                        static_cast<void*>(d_emit), static_cast<void*>(d_temps), static_cast<void*>(d_lp),
-                        static_cast<void*>(d_raw), static_cast<void*>(d_top), static_cast<void*>(d_toplp)})
+        for (void* p : {static_cast<void*>(d_temps), static_cast<void*>(d_lp), static_cast<void*>(d_raw),
+                        static_cast<void*>(d_top), static_cast<void*>(d_toplp)})
           cudaFree(p);
       }
       for (auto* h : heads) flashspec_lm_head_destroy(h);
@@ -252,7 +215,5 @@ int main(int argc, char** argv) {
     std::fclose(f);
   }
   flashspec_context_destroy(ctx);
-  cublasDestroy(blas);
-  cudaFree(blas_ws);
   return 0;
 }

@@ -12,7 +12,6 @@
 // no W.
 //
 // Usage: flashspec_quantized_bench [--quick] [--only V d rows] [--reps N] [--json FILE]
-#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -60,18 +59,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "no CUDA device: nothing to measure\n");
     return 1;
   }
-  cudaDeviceProp prop;
-  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const BenchDevice device;
+  const cudaDeviceProp& prop = device.prop;
+  cudaStream_t stream = device.stream;
   Timer timer{stream, args.reps};
-  cublasHandle_t blas;
-  CUBLAS_OK(cublasCreate(&blas));
-  CUBLAS_OK(cublasSetStream(blas, stream));
-  void* blas_ws = nullptr;
-  const size_t blas_ws_bytes = 64u << 20;
-  CUDA_OK(cudaMalloc(&blas_ws, blas_ws_bytes));
-  CUBLAS_OK(cublasSetWorkspace(blas, blas_ws, blas_ws_bytes));
 
   std::vector<int> vocabs = args.quick ? std::vector<int>{128256} : std::vector<int>{32000, 128256, 151936, 262144};
   std::vector<int> hiddens = args.quick ? std::vector<int>{4096} : std::vector<int>{2048, 4096, 8192};
@@ -141,48 +132,20 @@ int main(int argc, char** argv) {
       CUDA_OK(cudaStreamSynchronize(stream));
 
       for (int rows : row_counts) {
-        // Batch layout as flashspec_bench: rows % 4 == 0 → rows/4 requests of
-        // 3 drafts; else one request of rows − 1 drafts.
-        const int n = rows % 4 == 0 ? 3 : rows - 1;
-        const int requests = rows / (n + 1);
-        std::vector<int32_t> offsets(size_t(requests) + 1), tokens(size_t(std::max(1, requests * n)));
-        for (int r = 0; r <= requests; ++r) offsets[size_t(r)] = r * n;
-        for (size_t k = 0; k < tokens.size(); ++k) tokens[k] = int32_t((k * 2654435761u) % uint32_t(vocab));
-        int32_t *d_off, *d_tok, *d_acc, *d_emit, *d_out;
+        const BenchBatch batch(rows, vocab);
+        int32_t* d_out;
         float* d_scores;
-        CUDA_OK(cudaMalloc(&d_off, offsets.size() * 4));
-        CUDA_OK(cudaMalloc(&d_tok, tokens.size() * 4));
-        CUDA_OK(cudaMalloc(&d_acc, size_t(requests) * 4));
-        CUDA_OK(cudaMalloc(&d_emit, size_t(rows) * 4));
         CUDA_OK(cudaMalloc(&d_out, size_t(rows) * 4));
         CUDA_OK(cudaMalloc(&d_scores, size_t(rows) * 4));
-        CUDA_OK(cudaMemcpy(d_off, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
-        CUDA_OK(cudaMemcpy(d_tok, tokens.data(), tokens.size() * 4, cudaMemcpyHostToDevice));
         flashspec_tensor hv = flashspec_tensor_make(hidden, FLASHSPEC_DTYPE_BF16, FLASHSPEC_MEMORY_CUDA, rows, d);
         auto verify_on = [&](flashspec_lm_head* head) {
-          flashspec_verify_batch batch;
-          flashspec_verify_batch_init(&batch);
-          batch.memory = FLASHSPEC_MEMORY_CUDA;
-          batch.num_requests = requests;
-          batch.draft_offsets = d_off;
-          batch.draft_tokens = d_tok;
-          batch.target_hidden = &hv;
-          batch.max_draft_len = std::max(1, n);
-          flashspec_verify_result res;
-          flashspec_verify_result_init(&res);
-          res.memory = FLASHSPEC_MEMORY_CUDA;
-          res.accepted_counts = d_acc;
-          res.emitted_tokens = d_emit;
-          FS_OK(ctx, flashspec_verify_and_finalize(ctx, head, &batch, &res));
+          const flashspec_verify_batch b = batch.batch(&hv);
+          flashspec_verify_result res = batch.result();
+          FS_OK(ctx, flashspec_verify_and_finalize(ctx, head, &b, &res));
         };
         std::vector<cudaGraphExec_t> gemm, verify, e4m3, int8, e4m3_greedy;
-        const float one = 1.0f, zero = 0.0f;
         for (int b = 0; b < buffers; ++b) {
-          gemm.push_back(timer.capture([&] {
-            CUBLAS_OK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, vocab, rows, d, &one, bf16_weights[size_t(b)],
-                                   CUDA_R_16BF, d, hidden, CUDA_R_16BF, d, &zero, logits, CUDA_R_32F, vocab,
-                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-          }));
+          gemm.push_back(timer.capture([&] { device.gemm(bf16_weights[size_t(b)], hidden, logits, vocab, rows, d); }));
           verify.push_back(timer.capture([&] { verify_on(bf16_heads[size_t(b)]); }));
           e4m3.push_back(timer.capture([&] { verify_on(e4m3_heads[size_t(b)]); }));
           int8.push_back(timer.capture([&] { verify_on(int8_heads[size_t(b)]); }));
@@ -205,9 +168,8 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
         for (auto* list : {&gemm, &verify, &e4m3, &int8, &e4m3_greedy})
           for (auto g : *list) cudaGraphExecDestroy(g);
-        for (void* p : {static_cast<void*>(d_off), static_cast<void*>(d_tok), static_cast<void*>(d_acc),
-                        static_cast<void*>(d_emit), static_cast<void*>(d_out), static_cast<void*>(d_scores)})
-          cudaFree(p);
+        cudaFree(d_out);
+        cudaFree(d_scores);
       }
       for (auto* list : {&bf16_heads, &e4m3_heads, &int8_heads})
         for (auto* h : *list) flashspec_lm_head_destroy(h);
@@ -239,7 +201,5 @@ int main(int argc, char** argv) {
     std::fclose(f);
   }
   flashspec_context_destroy(ctx);
-  cublasDestroy(blas);
-  cudaFree(blas_ws);
   return 0;
 }
