@@ -74,12 +74,42 @@ __device__ void verify_plans_body(const VerifyPlanArgs& a) {
     if (a.batch.draft_parents && !valid_tree(a.batch.draft_parents + v.first_draft, v.num_drafts))
       status = FLASHSPEC_ERR_OUT_OF_RANGE;
     if (status == FLASHSPEC_OK) status = control_values_status(a.batch.controls, r, vocab);
-    for (int32_t j = 0; j <= v.num_drafts; ++j) {
+    // The request's status waits in its first row's plan: every plan of the
+    // request ends with this status, so it reads the same before and after
+    // that row's plan is written below.
+    a.plans[v.first_row] = inert_plan(status);
+  }
+  __syncthreads();
+
+  // One thread per row (a tree of 255 nodes is 256 rows of one request):
+  // in rounds of blockDim rows, each thread reads its request's status,
+  // then, after a barrier, writes its row's plan.
+  const int32_t rows = a.batch.total_drafts + a.batch.num_requests;
+  for (int32_t base = 0; base < rows; base += blockDim.x) {
+    const int32_t row = base + int32_t(threadIdx.x);
+    int32_t r = 0, status = FLASHSPEC_OK;
+    if (row < rows) {
+      // The request whose rows [offsets[r] + r, offsets[r + 1] + r + 1) hold
+      // this row: offsets[r] + r increases strictly with r.
+      int32_t lo = 0, hi = a.batch.num_requests - 1;
+      while (lo < hi) {
+        const int32_t mid = (lo + hi + 1) / 2;
+        if (a.batch.draft_offsets[mid] + mid <= row) lo = mid;
+        else hi = mid - 1;
+      }
+      r = lo;
+      status = a.plans[a.batch.draft_offsets[r] + r].status;
+    }
+    __syncthreads();
+    if (row < rows) {
+      const RequestView v = request_view(a.batch, r);
+      const int32_t j = row - v.first_row;
       // Under typical acceptance a rejecting row samples p itself (row_plan.h).
       const bool typical = j < v.num_drafts && a.batch.controls.present &&
-                           typical_acceptance(row_controls(a.batch.controls, r, v.first_row + j));
-      a.plans[v.first_row + j] = status == FLASHSPEC_OK ? batch_row_plan(a.batch, v, j, typical) : inert_plan(status);
+                           typical_acceptance(row_controls(a.batch.controls, r, row));
+      a.plans[row] = status == FLASHSPEC_OK ? batch_row_plan(a.batch, v, j, typical) : inert_plan(status);
     }
+    __syncthreads();
   }
 }
 
