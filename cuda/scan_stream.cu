@@ -146,20 +146,20 @@ struct Burst {
 // kShape: the entry of tuning::kStreamShapes (rows, 8-row groups, burst
 // length, CTAs per SM); kW: W's dtype (bf16, fp16, e4m3, int8).
 template <flashspec_dtype kW, int kShape>
-__global__ void __launch_bounds__(kThreads, tuning::kStreamShapes[kShape].min_blocks)
+__global__ void __launch_bounds__(kThreads, tuning::stream_shape(is_codes(kW), kShape).min_blocks)
     stream_scan_kernel(const ScanParams p, const StreamTail tail) {
   constexpr bool kCodes = is_codes(kW);
   constexpr bool kBf16 = kW != FLASHSPEC_DTYPE_F16;  // the mma's input type
   constexpr int kChunk = kCodes ? 64 : 32;           // elements per 64-byte chunk of a row
   constexpr int kLaneElements = kChunk / 4;          // a lane's 16 bytes of a chunk
-  constexpr int kNT = tuning::kStreamShapes[kShape].row_groups;
+  constexpr int kNT = tuning::stream_shape(kCodes, kShape).row_groups;
   __shared__ RowPlan plans[kMaxRows];
   // The lanes' running partials live here rather than in registers, which
   // the double-buffered loads need: [warp][nt][j][lane].
   __shared__ Partial running[kWarps][kNT][2][32];
   __shared__ Partial merged[kWarps][kMaxRows];
 
-  constexpr int kUnroll = tuning::kStreamShapes[kShape].unroll;
+  constexpr int kUnroll = tuning::stream_shape(kCodes, kShape).unroll;
   using Burst = flashspec::cuda::scan::Burst<kUnroll>;
   pdl_wait();     // plans and staged hidden rows come from the kernels before
   pdl_trigger();  // what follows may launch now; it waits for this grid to finish

@@ -27,14 +27,27 @@ struct StreamShape {
 // With ≤ 8 rows two CTAs per SM and 4-chunk bursts (up to 8 KB per warp in
 // flight) were fastest on an H200; with 9–16 rows the second row group's
 // registers leave room for one CTA per SM, and 8-chunk bursts keep as many
-// bytes in flight. 8-bit codes take the same shapes (a 64-byte chunk then
-// holds 64 elements): 4-chunk bursts at 9–16 rows were no better on an H100
-// (e4m3 −6% to +1%, int8 +2% to +6%; bench/RESULTS.md).
+// bytes in flight. 8-bit codes have their own table below (a 64-byte chunk
+// then holds 64 elements).
 constexpr StreamShape kStreamShapes[] = {
     {8, 1, 4, 2},
     {16, 2, 8, 1},
 };
 constexpr int kStreamShapeCount = int(sizeof(kStreamShapes) / sizeof(kStreamShapes[0]));
+// 8-bit codes: the same rows per shape (stream_shape_for serves both). At
+// 9–16 rows the codes' conversion makes one CTA per SM (8 warps) too few to
+// keep the loads coming (Nsight Compute: DRAM at 47 %); 4-chunk bursts fit
+// two CTAs per SM (128 registers): e4m3 verify ÷ bf16 GEMM 0.76 → 0.67 at
+// V = 128256, d = 4096, 16 rows, 0.66 → 0.56 at 262144 × 8192 (H100; 2-chunk
+// bursts gave 0.69 and 0.56; bench/RESULTS.md).
+constexpr StreamShape kStreamCodeShapes[] = {
+    {8, 1, 4, 2},
+    {16, 2, 4, 2},
+};
+static_assert(sizeof(kStreamCodeShapes) == sizeof(kStreamShapes), "one 8-bit shape per 16-bit shape");
+constexpr StreamShape stream_shape(bool codes, int shape) {
+  return codes ? kStreamCodeShapes[shape] : kStreamShapes[shape];
+}
 constexpr int kStreamMaxRows = kStreamShapes[kStreamShapeCount - 1].max_rows;
 constexpr int kStreamThreads = 256;
 
