@@ -4,6 +4,7 @@
 // through the same statistics to show that the tests can tell.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -31,6 +32,17 @@ inline const char* bug_name(Bug bug) {
 }
 
 using Distribution = std::vector<double>;
+
+// p_i ∝ exp(logits_i / T), in float64.
+inline Distribution softmax(const std::vector<double>& logits, double temperature) {
+  Distribution p(logits.size());
+  double m = -INFINITY;
+  for (double l : logits) m = std::max(m, l / temperature);
+  double sum = 0.0;
+  for (size_t i = 0; i < p.size(); ++i) sum += (p[i] = std::exp(logits[i] / temperature - m));
+  for (double& x : p) x /= sum;
+  return p;
+}
 
 inline int sample(const Distribution& p, std::mt19937_64& rng) {
   double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);

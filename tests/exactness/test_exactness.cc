@@ -60,31 +60,13 @@ struct Model {
   }
 };
 
-Distribution softmax(const std::vector<double>& logits, double temperature) {
-  Distribution p(logits.size());
-  double m = -INFINITY;
-  for (double l : logits) m = std::max(m, l / temperature);
-  double sum = 0.0;
-  for (size_t i = 0; i < p.size(); ++i) sum += (p[i] = std::exp(logits[i] / temperature - m));
-  for (double& x : p) x /= sum;
-  return p;
-}
-
-std::vector<float> random_hidden(std::mt19937_64& rng, double logit_scale) {
-  // Logits then have standard deviation about logit_scale.
-  std::normal_distribution<float> normal(0.0f, float(logit_scale / std::sqrt(double(kHidden))));
-  std::vector<float> h(kHidden);
-  for (float& x : h) x = normal(rng);
-  return h;
-}
-
 // A target row like an LM's near a confident prediction: one token (random)
 // holds about half the mass, the rest is a noisy tail. Logits scale with T,
 // so every temperature sees the same shape of l/T; a library that ignored T
 // would be far off. Without a dominant token, chains of accepted drafts (and
 // so the bonus position) would almost never be reached on 1000 tokens.
 std::vector<float> confident_row(const Model& model, double temperature, std::mt19937_64& rng) {
-  std::vector<float> h = random_hidden(rng, 1.5 * temperature);
+  std::vector<float> h = fstest::random_hidden(rng, 1.5 * temperature, kHidden);
   int top = int(std::uniform_int_distribution<int>(0, model.vocab - 1)(rng));
   const float* w = model.weight.data() + size_t(top) * kHidden;
   double norm2 = 0.0;
@@ -146,13 +128,13 @@ TEST_P(PerPositionTest, EveryPositionMatchesTheTarget) {
   for (int j = 0; j <= max_drafts; ++j) {
     target_rows.push_back(confident_row(model, c.temperature, rng));
     std::vector<double> l = model.logits(target_rows.back().data());
-    p.push_back(softmax(l, c.temperature));
+    p.push_back(fstest::softmax(l, c.temperature));
     if (j < max_drafts) {
       std::vector<float> z(static_cast<size_t>(c.vocab));
       std::vector<double> zd(static_cast<size_t>(c.vocab));
       for (int i = 0; i < c.vocab; ++i) zd[size_t(i)] = double(z[size_t(i)] = float(l[size_t(i)] + noise(rng)));
       draft_logit_rows.push_back(z);
-      q.push_back(softmax(zd, draft_temperature));
+      q.push_back(fstest::softmax(zd, draft_temperature));
     }
   }
 
@@ -256,12 +238,12 @@ TEST_P(JointTest, FirstTwoTokensMatchTheTarget) {
   Model model(V, rng);
   upload(model);
 
-  std::vector<float> start_row = random_hidden(rng, 2.5);
+  std::vector<float> start_row = fstest::random_hidden(rng, 2.5, kHidden);
   std::vector<std::vector<float>> context_rows(static_cast<size_t>(V));
-  for (auto& row : context_rows) row = random_hidden(rng, 2.5);
-  Distribution p_start = softmax(model.logits(start_row.data()), c.temperature);
+  for (auto& row : context_rows) row = fstest::random_hidden(rng, 2.5, kHidden);
+  Distribution p_start = fstest::softmax(model.logits(start_row.data()), c.temperature);
   std::vector<Distribution> p_after(static_cast<size_t>(V));
-  for (int a = 0; a < V; ++a) p_after[size_t(a)] = softmax(model.logits(context_rows[size_t(a)].data()), c.temperature);
+  for (int a = 0; a < V; ++a) p_after[size_t(a)] = fstest::softmax(model.logits(context_rows[size_t(a)].data()), c.temperature);
 
   // Draft model: its own logits per context (index V is the start).
   std::normal_distribution<double> noise(0.0, 1.5);
@@ -272,7 +254,7 @@ TEST_P(JointTest, FirstTwoTokensMatchTheTarget) {
     std::vector<double> zd(static_cast<size_t>(V));
     draft_z[size_t(a)].resize(size_t(V));
     for (int i = 0; i < V; ++i) zd[size_t(i)] = double(draft_z[size_t(a)][size_t(i)] = float(0.7 * l[size_t(i)] + noise(rng)));
-    q_after[size_t(a)] = softmax(zd, draft_temperature);
+    q_after[size_t(a)] = fstest::softmax(zd, draft_temperature);
   }
   // Greedy drafts come from a deterministic drafter: the argmax of its logits.
   auto greedy_draft = [&](int context) {

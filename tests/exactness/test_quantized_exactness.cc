@@ -115,28 +115,11 @@ struct Model {
   }
 };
 
-Distribution softmax(const std::vector<double>& logits, double temperature) {
-  Distribution p(logits.size());
-  double m = -INFINITY;
-  for (double l : logits) m = std::max(m, l / temperature);
-  double sum = 0.0;
-  for (size_t i = 0; i < p.size(); ++i) sum += (p[i] = std::exp(logits[i] / temperature - m));
-  for (double& x : p) x /= sum;
-  return p;
-}
-
-std::vector<float> random_hidden(std::mt19937_64& rng, double logit_scale) {
-  std::normal_distribution<float> normal(0.0f, float(logit_scale / std::sqrt(double(kHidden))));
-  std::vector<float> h(kHidden);
-  for (float& x : h) x = normal(rng);
-  return h;
-}
-
 // As test_exactness.cc's confident_row, on the dequantised weights: one
 // random token holds about half the mass, so chains of accepted drafts and
 // the bonus position are reached.
 std::vector<float> confident_row(const Model& model, double temperature, std::mt19937_64& rng) {
-  std::vector<float> h = random_hidden(rng, 1.5 * temperature);
+  std::vector<float> h = fstest::random_hidden(rng, 1.5 * temperature, kHidden);
   const int top = int(std::uniform_int_distribution<int>(0, model.vocab - 1)(rng));
   const std::vector<double> w = model.dequantised_row(top);
   double norm2 = 0.0;
@@ -221,12 +204,12 @@ TEST_P(QuantizedPerPositionTest, EveryPositionMatchesTheDequantisedTarget) {
       std::vector<double> zd(static_cast<size_t>(V));
       for (int i = 0; i < V; ++i) zd[size_t(i)] = double(z[size_t(i)] = float(l[size_t(i)] + noise(rng)));
       draft_logit_rows.push_back(z);
-      q.push_back(softmax(zd, draft_temperature));
+      q.push_back(fstest::softmax(zd, draft_temperature));
     }
   }
   auto target = [&](Reference reference) {
     std::vector<Distribution> p;
-    for (const auto& row : target_rows) p.push_back(softmax(model.logits(row.data(), reference), c.temperature));
+    for (const auto& row : target_rows) p.push_back(fstest::softmax(model.logits(row.data(), reference), c.temperature));
     return p;
   };
 
@@ -317,14 +300,14 @@ TEST_P(QuantizedJointTest, FirstTwoTokensMatchTheDequantisedTarget) {
   Model model(V, c.stored, c.mode, rng);
   ASSERT_NO_FATAL_FAILURE(upload(model));
 
-  const std::vector<float> start_row = random_hidden(rng, 2.5);
+  const std::vector<float> start_row = fstest::random_hidden(rng, 2.5, kHidden);
   std::vector<std::vector<float>> context_rows(static_cast<size_t>(V));
-  for (auto& row : context_rows) row = random_hidden(rng, 2.5);
+  for (auto& row : context_rows) row = fstest::random_hidden(rng, 2.5, kHidden);
   auto joint_of = [&](Reference reference) {
-    const Distribution p_start = softmax(model.logits(start_row.data(), reference), c.temperature);
+    const Distribution p_start = fstest::softmax(model.logits(start_row.data(), reference), c.temperature);
     Distribution joint(size_t(V) * size_t(V));
     for (int a = 0; a < V; ++a) {
-      const Distribution p_after = softmax(model.logits(context_rows[size_t(a)].data(), reference), c.temperature);
+      const Distribution p_after = fstest::softmax(model.logits(context_rows[size_t(a)].data(), reference), c.temperature);
       for (int b = 0; b < V; ++b) joint[size_t(a * V + b)] = p_start[size_t(a)] * p_after[size_t(b)];
     }
     return joint;
@@ -339,7 +322,7 @@ TEST_P(QuantizedJointTest, FirstTwoTokensMatchTheDequantisedTarget) {
     std::vector<double> zd(static_cast<size_t>(V));
     draft_z[size_t(a)].resize(size_t(V));
     for (int i = 0; i < V; ++i) zd[size_t(i)] = double(draft_z[size_t(a)][size_t(i)] = float(0.7 * l[size_t(i)] + noise(rng)));
-    q_after[size_t(a)] = softmax(zd, draft_temperature);
+    q_after[size_t(a)] = fstest::softmax(zd, draft_temperature);
   }
   auto greedy_draft = [&](int context) {
     const auto& z = draft_z[size_t(context)];

@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include "../common/context.h"
@@ -21,6 +23,15 @@
   } while (0)
 
 namespace fstest {
+
+// A hidden row of `hidden` normal entries whose logits against unit-scale
+// weights have a standard deviation of about logit_scale.
+inline std::vector<float> random_hidden(std::mt19937_64& rng, double logit_scale, int hidden) {
+  std::normal_distribution<float> normal(0.0f, float(logit_scale / std::sqrt(double(hidden))));
+  std::vector<float> h(static_cast<size_t>(hidden));
+  for (float& x : h) x = normal(rng);
+  return h;
+}
 
 class VerifyFixture : public ::testing::Test {
  protected:
