@@ -3,6 +3,7 @@
 // into its summary or draft outputs.
 #include "combine.h"
 #include "launch.cuh"
+#include "stochastic_phase.cuh"
 #include "tuning.h"
 #include "util/dtype.h"
 
@@ -12,8 +13,8 @@ namespace {
 
 constexpr int kWarpsPerBlock = tuning::kCombineWarpsPerBlock;
 
-// A row's combined partial and status; for stochastic drafts also q's
-// log-sum-exp.
+// A row's combined partial and status; for a chain row's stochastic draft
+// also q's log-sum-exp (dense q).
 struct CombinedRow {
   int32_t status;
   Partial all;
@@ -26,12 +27,16 @@ __device__ CombinedRow combine_row(const combine::Sources& s, int row, int lane)
   res.all = warp_combine(s.partials + row, s.groups, s.partial_stride, lane);
   res.status = row_status(plan, res.all, s.hidden_bad[row]);
   res.q_lse = 0.0f;
-  if (s.q_logits && plan.q_row >= 0) {
-    float qm, qs;
-    int q_bad;
-    warp_combine_q(s.q_partials + row, s.groups, s.partial_stride, lane, qm, qs, q_bad);
-    res.q_lse = lse_value(qm, qs);
-    if (res.status == FLASHSPEC_OK && q_bad) res.status = FLASHSPEC_ERR_NON_FINITE;
+  if (s.stochastic && s.drafts.q_logits) {
+    // Every dense q the row tries must be finite (the CPU backend's rule).
+    const RowDrafts rd = s.drafts.row_drafts[row];
+    for (int i = 0; i < rd.count; ++i) {
+      float qm, qs;
+      int q_bad;
+      warp_combine_q(s.q_partials + s.drafts.tried[rd.begin + i], s.groups, s.partial_stride, lane, qm, qs, q_bad);
+      if (i == 0) res.q_lse = lse_value(qm, qs);
+      if (res.status == FLASHSPEC_OK && q_bad) res.status = FLASHSPEC_ERR_NON_FINITE;
+    }
   }
   return res;
 }
@@ -45,13 +50,21 @@ __global__ void combine_verify_kernel(const combine::Sources s, const int32_t* b
   const RowPlan& plan = s.plans[row];
   const CombinedRow res = combine_row(s, row, lane);
   RowSummary summary = verify_summary(plan, res.all, *batch_status != FLASHSPEC_OK ? *batch_status : res.status);
-  if (summary.status == FLASHSPEC_OK && s.q_logits && plan.q_row >= 0) {
-    const void* qrow = static_cast<const unsigned char*>(s.q_logits) +
-                       int64_t(plan.q_row) * s.q_ld * int64_t(dtype_size(s.q_dtype));
+  if (summary.status == FLASHSPEC_OK && s.stochastic && lane == 0) {
     Residual residual = empty_residual();
-    if ((plan.flags & kPlanKeep) && lane == 0)
+    if (plan.flags & kPlanKeep)
       for (int k = 0; k < s.groups; ++k) merge_residual(residual, s.residuals[int64_t(k) * s.partial_stride + row]);
-    stochastic_summary(summary, plan, load_as_float(qrow, s.q_dtype, plan.tracked), res.q_lse, residual);
+    // A chain row's draft (q_row), judged in finalize by Algorithm 1.
+    const float log_q = plan.q_row >= 0 ? drafted_log_q(s.drafts, plan.q_row, plan.tracked, plan.inv_td, res.q_lse)
+                                        : 0.0f;
+    stochastic_summary(summary, plan, log_q, residual);
+    // A tree node's own draft as its parent's row judged it (T > 0).
+    const int32_t own = s.drafts.row_drafts[row].own;
+    if (own >= 0 && !(plan.flags & kPlanGreedy)) {
+      const DraftVerdict v = s.drafts.verdicts[own];
+      summary.node_log_ratio = v.log_ratio;
+      summary.node_logp = v.logp;
+    }
   }
   if (lane == 0) out[row] = summary;
 }

@@ -12,6 +12,7 @@
 #include "sampling/row_plan.h"
 #include "sampling/row_summary.h"
 #include "sampling/shard_record.h"
+#include "scan_params.h"
 #include "warp_fold.cuh"
 
 namespace flashspec {
@@ -27,9 +28,8 @@ struct Sources {
   int32_t partial_stride;
   int32_t groups;
   int32_t rows;
-  const void* q_logits;  // NULL: no stochastic drafts
-  flashspec_dtype q_dtype;
-  int64_t q_ld;
+  bool stochastic;           // the rows verify stochastic drafts: then
+  StochasticDrafts drafts;   // their q and what the scan judged
 };
 
 cudaError_t verify_rows(const Sources& src, const int32_t* batch_status, RowSummary* out, cudaStream_t stream);

@@ -45,6 +45,7 @@ class CudaBackend final : public Backend {
             "device " + std::to_string(device_) + " does not exist (" + std::to_string(count) + " devices)");
     DeviceScope scope(device_);
     limits_ = configure_scans(device_);
+    check_cuda(finalize::configure(), "cudaFuncSetAttribute (finalize)");
 
     const size_t partials = size_t(tuning::kMaxGroups) * size_t(max_rows_);
     plans_.allocate(size_t(max_rows_) * sizeof(RowPlan), "cudaMalloc (row plans)");
@@ -52,6 +53,10 @@ class CudaBackend final : public Backend {
     partials_.allocate(partials * sizeof(Partial), "cudaMalloc (partials)");
     q_partials_.allocate(partials * sizeof(QPartial), "cudaMalloc (q partials)");
     residuals_.allocate(partials * sizeof(Residual), "cudaMalloc (residuals)");
+    level_partials_.allocate(2 * partials * sizeof(QPartial), "cudaMalloc (residual chain partials)");
+    row_drafts_.allocate(size_t(max_rows_) * sizeof(RowDrafts), "cudaMalloc (tried drafts)");
+    tried_.allocate(size_t(max_rows_) * sizeof(int32_t), "cudaMalloc (tried drafts)");
+    verdicts_.allocate(size_t(max_rows_) * sizeof(DraftVerdict), "cudaMalloc (draft verdicts)");
     flag_.allocate(sizeof(int32_t), "cudaMalloc (flag)");
     done_counter_.allocate(sizeof(int32_t), "cudaMalloc (scan counter)");
     shard_summaries_.allocate(size_t(max_rows_) * sizeof(RowSummary), "cudaMalloc (shard summaries)");
@@ -95,7 +100,8 @@ class CudaBackend final : public Backend {
     for (cudaEvent_t e : {chunk_ready_[0], chunk_ready_[1], chunk_freed_[0], chunk_freed_[1], side_joined_})
       if (e) cudaEventDestroy(e);
     if (side_stream_) cudaStreamDestroy(side_stream_);
-    for (DeviceBuffer* b : {&plans_, &hidden_bad_, &partials_, &q_partials_, &residuals_, &flag_, &done_counter_,
+    for (DeviceBuffer* b : {&plans_, &hidden_bad_, &partials_, &q_partials_, &residuals_, &level_partials_,
+                            &row_drafts_, &tried_, &verdicts_, &flag_, &done_counter_,
                             &staging_, &chunk_logits_, &cublas_workspace_, &shard_summaries_, &shard_status_,
                             &controls_storage_})
       b->reset();
@@ -236,9 +242,11 @@ class CudaBackend final : public Backend {
     const auto& head = static_cast<const CudaLmHead&>(head_base);
     auto& store = static_cast<CudaSummaries&>(store_base);
     guard([&] {
-      const bool tc = stage(head, *args.target_hidden, args.draft_logits != nullptr);
+      const bool stochastic = has_draft_distribution(args);
+      const bool tc = stage(head, *args.target_hidden, stochastic);
       check_cuda(prepare::verify_plans(args, int32_t(head.vocab), nullptr, plans_.as<RowPlan>(),
-                                       store.batch_status.as<int32_t>(), stream_, true),
+                                       store.batch_status.as<int32_t>(), stream_, true,
+                                       stochastic ? row_drafts_.as<RowDrafts>() : nullptr, tried_.as<int32_t>()),
                  "verify plans");
       store.top_n = args.top_logprobs;
       if (args.controls.present || args.logprobs || args.top_logprobs > 0) {
@@ -253,10 +261,11 @@ class CudaBackend final : public Backend {
       StreamTail tail = stream_tail();
       tail.batch_status = store.batch_status.as<int32_t>();
       tail.summaries = store.rows.as<RowSummary>();
-      const ScanOutcome scan =
-          run_scan(limits_, workspace(head), head, tc, args.total_rows, args.draft_logits, tail, stream_);
+      const StochasticDrafts drafts = stochastic_drafts(args);
+      const StochasticDrafts* q = stochastic ? &drafts : nullptr;
+      const ScanOutcome scan = run_scan(limits_, workspace(head), head, tc, args.total_rows, q, tail, stream_);
       if (!scan.combined)
-        check_cuda(combine::verify_rows(sources(args.total_rows, scan.groups, args.draft_logits),
+        check_cuda(combine::verify_rows(sources(args.total_rows, scan.groups, q),
                                         store.batch_status.as<int32_t>(), store.rows.as<RowSummary>(), stream_),
                    "verify combine");
     });
@@ -506,7 +515,27 @@ class CudaBackend final : public Backend {
     return tail;
   }
 
-  combine::Sources sources(int rows, int groups, const flashspec_tensor* q) const {
+  // A verify batch's stochastic drafts as the scans and the combine read
+  // them, with this context's lists and verdicts.
+  StochasticDrafts stochastic_drafts(const VerifyArgs& args) const {
+    StochasticDrafts d = {};
+    if (args.draft_logits) {
+      d.q_logits = args.draft_logits->data;
+      d.q_dtype = args.draft_logits->dtype;
+      d.q_ld = args.draft_logits->row_stride;
+    }
+    d.support_offsets = args.support_offsets;
+    d.support_tokens = args.support_tokens;
+    d.support_probs = args.support_probs;
+    d.draft_tokens = args.draft_tokens;
+    d.row_drafts = row_drafts_.as<RowDrafts>();
+    d.tried = tried_.as<int32_t>();
+    d.verdicts = verdicts_.as<DraftVerdict>();
+    d.level_partials = level_partials_.as<QPartial>();
+    return d;
+  }
+
+  combine::Sources sources(int rows, int groups, const StochasticDrafts* q) const {
     combine::Sources s = {};
     s.plans = plans_.as<RowPlan>();
     s.partials = partials_.as<Partial>();
@@ -516,9 +545,8 @@ class CudaBackend final : public Backend {
     s.partial_stride = max_rows_;
     s.groups = groups;
     s.rows = rows;
-    s.q_logits = q ? q->data : nullptr;
-    s.q_dtype = q ? q->dtype : FLASHSPEC_DTYPE_F32;
-    s.q_ld = q ? q->row_stride : 0;
+    s.stochastic = q != nullptr;
+    if (q) s.drafts = *q;
     return s;
   }
 
@@ -533,6 +561,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer done_counter_;  // CTAs of a weight-streaming scan that have finished
   int last_error_ = 0;
   DeviceBuffer plans_, hidden_bad_, partials_, q_partials_, residuals_, flag_, staging_;
+  DeviceBuffer level_partials_, row_drafts_, tried_, verdicts_;  // stochastic drafts' residual chains
   DeviceBuffer shard_summaries_, shard_status_;  // finalize of gathered shard records
   DeviceBuffer controls_storage_;                // calls with sampling controls or logprobs
   controls::Workspace controls_ = {};

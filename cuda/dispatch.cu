@@ -142,14 +142,12 @@ int32_t gemm_chunk_tokens(int32_t max_rows) {
 }
 
 ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const CudaLmHead& head, bool tc, int rows,
-                     const flashspec_tensor* q, const StreamTail& tail, cudaStream_t stream) {
+                     const StochasticDrafts* drafts, const StreamTail& tail, cudaStream_t stream) {
   ScanParams p = base_params(ws, head, rows);
   const int max_groups = int(std::min<int64_t>(tuning::kMaxGroups, (head.vocab + 7) / 8));
-  if (q) {
+  if (drafts) {
     p.stochastic = 1;
-    p.q_logits = q->data;
-    p.q_dtype = q->dtype;
-    p.q_ld = q->row_stride;
+    p.drafts = *drafts;
     return ScanOutcome{scan_stochastic(limits, head, tc, rows, p, max_groups, stream), false};
   }
   if (tc && rows <= tuning::kStreamMaxRows) {

@@ -60,9 +60,9 @@ struct ScanOutcome {
 
 // Runs the scan that serves `rows` rows of `head` (tensor_cores: the hidden
 // rows are staged in W's 16-bit dtype, bf16 for 8-bit codes), stochastic
-// when `q` is given.
+// when `drafts` is given.
 ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& workspace, const CudaLmHead& head,
-                     bool tensor_cores, int rows, const flashspec_tensor* q, const StreamTail& tail,
+                     bool tensor_cores, int rows, const StochasticDrafts* drafts, const StreamTail& tail,
                      cudaStream_t stream);
 
 }  // namespace cuda

@@ -1,8 +1,8 @@
 // The Algorithm 1 finalize on the device: one thread per request runs the
 // shared finalize_request, reading the request through the shared
-// request_view. A tree's walk reads its nodes' parents and tokens once per
-// level, so one warp per tree request first stages them in shared memory
-// and its first lane walks there.
+// request_view. A tree's walk reads its nodes' parents, tokens and row
+// summaries level by level, so one block per tree request first stages them
+// in shared memory and its first thread walks there.
 #include "finalize.h"
 #include "launch.cuh"
 #include "sampling/algorithm1.h"
@@ -55,16 +55,43 @@ __global__ void finalize_kernel(const FinalizeArgs a) {
   int32_t accepted;
   if constexpr (kTree) {
     __shared__ int32_t tokens[FLASHSPEC_MAX_DRAFT_LEN], parents[FLASHSPEC_MAX_DRAFT_LEN];
+    extern __shared__ RowSummary staged_rows[];  // [max_draft_len + 1]
     for (int32_t k = threadIdx.x; k < v.num_drafts; k += blockDim.x) {  // ≤ max_draft_len (plans)
       tokens[k] = a.batch.draft_tokens[v.first_draft + k];
       parents[k] = a.batch.draft_parents[v.first_draft + k];
     }
+    // The walk reads every row's status, then a row's summary per level:
+    // one lane doing that from global memory waits on each read in turn.
+    static_assert(sizeof(RowSummary) % sizeof(uint32_t) == 0, "summaries are copied word by word");
+    constexpr int kWords = int(sizeof(RowSummary) / sizeof(uint32_t));
+    const uint32_t* src = reinterpret_cast<const uint32_t*>(a.rows + v.first_row);
+    uint32_t* dst = reinterpret_cast<uint32_t*>(staged_rows);
+    // Loads first, then stores, so a thread's loads are in flight together.
+    const int32_t words = (v.num_drafts + 1) * kWords;
+    for (int32_t base = threadIdx.x; base < words; base += 4 * blockDim.x) {
+      uint32_t word[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int32_t w = base + i * int32_t(blockDim.x);
+        word[i] = w < words ? src[w] : 0u;
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int32_t w = base + i * int32_t(blockDim.x);
+        if (w < words) dst[w] = word[i];
+      }
+    }
     __syncthreads();
     if (!lead) return;
-    RequestView staged = v;  // its drafts now start at 0
+    RequestView staged = v;  // its drafts and rows now start at 0
     staged.first_draft = 0;
-    accepted = finalize_tree_request(staged, tokens, parents, a.rows, a.result.emitted_tokens + v.first_row,
-                                     accepted_nodes, at(a.result.logprobs), at(a.result.raw_logprobs), drawing_rows);
+    staged.first_row = 0;
+    // The caller's uniforms are indexed from the request's first draft, as
+    // the staged nodes are.
+    const float* uniforms = a.batch.accept_uniforms ? a.batch.accept_uniforms + v.first_draft : nullptr;
+    accepted = finalize_tree_request(staged, tokens, parents, staged_rows, a.result.emitted_tokens + v.first_row,
+                                     accepted_nodes, at(a.result.logprobs), at(a.result.raw_logprobs), drawing_rows,
+                                     has_draft_distribution(a.batch), uniforms);
   } else {
     accepted = finalize_request(v, a.batch.draft_tokens, a.rows, a.batch.accept_uniforms,
                                 a.result.emitted_tokens + v.first_row);
@@ -94,13 +121,23 @@ __global__ void finalize_kernel(const FinalizeArgs a) {
 
 namespace finalize {
 
+cudaError_t configure() {
+  const size_t most = size_t(FLASHSPEC_MAX_DRAFT_LEN + 1) * sizeof(RowSummary);
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(&finalize_kernel<true>),
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(most));
+}
+
 cudaError_t requests(const VerifyArgs& args, const RowSummary* rows, const int32_t* batch_status,
                      const ResultArgs& result, const TopLogprobs& top, cudaStream_t stream) {
   FinalizeArgs a{args, rows, batch_status, result, top};
   void* params[] = {&a};
-  if (args.draft_parents)
+  if (args.draft_parents) {
+    // Each tree request's block stages its n + 1 row summaries: room for
+    // max_draft_len + 1 of them (configure() allows the largest).
+    const size_t staged = size_t(args.max_draft_len + 1) * sizeof(RowSummary);
     return launch_dependent(reinterpret_cast<const void*>(&finalize_kernel<true>), dim3(args.num_requests),
-                            dim3(32), 0, stream, params);
+                            dim3(tuning::kTreeFinalizeThreads), staged, stream, params);
+  }
   const int threads = tuning::kFinalizeThreads;
   const int blocks = (args.num_requests + threads - 1) / threads;
   return launch_dependent(reinterpret_cast<const void*>(&finalize_kernel<false>), dim3(blocks), dim3(threads), 0,

@@ -22,6 +22,10 @@ struct TopLogprobs {
   int32_t* drawing_rows;
 };
 
+// Allows the tree finalize the shared memory of the largest tree; once per
+// device, before the first call.
+cudaError_t configure();
+
 // A batch whose offsets the verify plans found invalid (*batch_status ≠ 0)
 // emits −1 everywhere (NaN logprobs).
 cudaError_t requests(const VerifyArgs& args, const RowSummary* rows, const int32_t* batch_status,

@@ -3,6 +3,7 @@
 #include "launch.cuh"
 #include "prepare.h"
 #include "sampling/algorithm1.h"
+#include "sampling/draft_support.h"
 #include "tuning.h"
 #include "util/dtype.h"
 
@@ -21,7 +22,32 @@ struct VerifyPlanArgs {
   const int32_t* device_vocab;  // non-NULL: the vocabulary size is read here (gathered shard records)
   RowPlan* plans;
   int32_t* batch_status;
+  // Stochastic drafts: the drafts each row tries, and their list.
+  RowDrafts* row_drafts;  // [total_rows] or NULL
+  int32_t* tried;         // [total_drafts]
 };
+
+// The status of draft k (0-based) of request v: its token id, its caller
+// uniform, its tree parent, its sparse support (device memory: the rules of
+// the C API's host checks, sampling/draft_support.h, with entries inside the
+// support arrays, [0, offsets[total_drafts])).
+__device__ int32_t draft_status(const VerifyArgs& b, const RequestView& v, int32_t k, int32_t vocab) {
+  const int32_t d = v.first_draft + k, x = b.draft_tokens[d];
+  if (x < 0 || x >= vocab) return FLASHSPEC_ERR_OUT_OF_RANGE;
+  if (b.accept_uniforms && !(b.accept_uniforms[d] > 0.0f && b.accept_uniforms[d] < 1.0f))
+    return FLASHSPEC_ERR_INVALID_ARGUMENT;
+  if (b.draft_parents && (b.draft_parents[d] < -1 || b.draft_parents[d] >= k)) return FLASHSPEC_ERR_OUT_OF_RANGE;
+  if (b.support_offsets) {
+    const int32_t* off = b.support_offsets;
+    if (off[0] != 0 || off[d] < 0 || off[d + 1] > off[b.total_drafts]) return FLASHSPEC_ERR_OUT_OF_RANGE;
+    int32_t entry;
+    double sum;
+    const SupportFault fault =
+        support_row_fault(b.support_tokens, b.support_probs, off[d], off[d + 1], x, vocab, &entry, &sum);
+    if (fault != SupportFault::kNone) return support_fault_status(fault);
+  }
+  return FLASHSPEC_OK;
+}
 
 // One block: the offsets must be checked as a whole before any row is
 // mapped to its request.
@@ -38,7 +64,7 @@ __global__ void __launch_bounds__(kPlanThreads) verify_plans_kernel(const Verify
 }
 
 __device__ void verify_plans_body(const VerifyPlanArgs& a) {
-  const bool stochastic = a.batch.draft_logits != nullptr;
+  const bool dense_q = a.batch.draft_logits != nullptr;
   __shared__ int bad_batch;
   if (threadIdx.x == 0) bad_batch = 0;
   for (int row = threadIdx.x; row < a.batch.total_rows; row += blockDim.x)
@@ -56,23 +82,27 @@ __device__ void verify_plans_body(const VerifyPlanArgs& a) {
   if (bad_batch) return;
   const int32_t vocab = a.device_vocab ? *a.device_vocab : a.vocab;
 
-  for (int r = threadIdx.x; r < a.batch.num_requests; r += blockDim.x) {
+  // One warp per request, its lanes over the drafts (a tree of 255 nodes is
+  // one request): the request's status is that of its first faulty draft,
+  // else of its temperatures, else of its control values.
+  const int lane = int(threadIdx.x) & 31;
+  for (int r = int(threadIdx.x) >> 5; r < a.batch.num_requests; r += int(blockDim.x) >> 5) {
     // Offsets are valid here, so the request's view is too.
     const RequestView v = request_view(a.batch, r);
-    int32_t status = FLASHSPEC_OK;
-    if (!valid_temperature(v.temperature)) status = FLASHSPEC_ERR_INVALID_ARGUMENT;
-    if (stochastic && !(valid_temperature(v.draft_temperature) && v.draft_temperature > 0.0f))
-      status = FLASHSPEC_ERR_INVALID_ARGUMENT;
-    for (int32_t j = 0; j < v.num_drafts; ++j) {
-      const int32_t x = a.batch.draft_tokens[v.first_draft + j];
-      if (x < 0 || x >= vocab) status = FLASHSPEC_ERR_OUT_OF_RANGE;
-      if (a.batch.accept_uniforms) {
-        const float u = a.batch.accept_uniforms[v.first_draft + j];
-        if (!(u > 0.0f && u < 1.0f)) status = FLASHSPEC_ERR_INVALID_ARGUMENT;
+    int32_t first_fault = 0x7fffffff;  // (draft << 8) | status of the lane's first faulty draft
+    for (int32_t k = lane; k < v.num_drafts; k += 32) {
+      const int32_t status = draft_status(a.batch, v, k, vocab);
+      if (status != FLASHSPEC_OK) {
+        first_fault = (k << 8) | status;
+        break;
       }
     }
-    if (a.batch.draft_parents && !valid_tree(a.batch.draft_parents + v.first_draft, v.num_drafts))
-      status = FLASHSPEC_ERR_OUT_OF_RANGE;
+    first_fault = __reduce_min_sync(0xffffffffu, first_fault);
+    if (lane != 0) continue;
+    int32_t status = first_fault != 0x7fffffff ? (first_fault & 0xff) : FLASHSPEC_OK;
+    if (status == FLASHSPEC_OK && !valid_temperature(v.temperature)) status = FLASHSPEC_ERR_INVALID_ARGUMENT;
+    if (status == FLASHSPEC_OK && dense_q && !(valid_temperature(v.draft_temperature) && v.draft_temperature > 0.0f))
+      status = FLASHSPEC_ERR_INVALID_ARGUMENT;
     if (status == FLASHSPEC_OK) status = control_values_status(a.batch.controls, r, vocab);
     // The request's status waits in its first row's plan: every plan of the
     // request ends with this status, so it reads the same before and after
@@ -108,6 +138,15 @@ __device__ void verify_plans_body(const VerifyPlanArgs& a) {
       const bool typical = j < v.num_drafts && a.batch.controls.present &&
                            typical_acceptance(row_controls(a.batch.controls, r, row));
       a.plans[row] = status == FLASHSPEC_OK ? batch_row_plan(a.batch, v, j, typical) : inert_plan(status);
+      if (a.row_drafts) {
+        RowDrafts rd = {0, 0, -1, 0};
+        if (status == FLASHSPEC_OK) {
+          rd.begin = drafts_tried_before(a.batch, v, j);
+          rd.count = drafts_tried_at(a.batch, v, j, a.tried + rd.begin);
+          if (a.batch.draft_parents && j > 0) rd.own = v.first_draft + j - 1;
+        }
+        a.row_drafts[row] = rd;
+      }
     }
     __syncthreads();
   }
@@ -179,8 +218,9 @@ __global__ void non_finite_kernel(const void* data, flashspec_dtype dtype, int64
 }  // namespace
 
 cudaError_t verify_plans(const VerifyArgs& args, int32_t vocab, const int32_t* device_vocab, RowPlan* plans,
-                         int32_t* batch_status, cudaStream_t stream, bool after_staging) {
-  VerifyPlanArgs a{args, vocab, device_vocab, plans, batch_status};
+                         int32_t* batch_status, cudaStream_t stream, bool after_staging, RowDrafts* row_drafts,
+                         int32_t* tried) {
+  VerifyPlanArgs a{args, vocab, device_vocab, plans, batch_status, row_drafts, tried};
   void* params[] = {&a};
   const void* kernel = reinterpret_cast<const void*>(&verify_plans_kernel);
   return after_staging ? launch_dependent(kernel, dim3(1), dim3(kPlanThreads), 0, stream, params)

@@ -10,6 +10,7 @@
 
 #include "kernels/args.h"
 #include "sampling/row_plan.h"
+#include "scan_params.h"
 
 namespace flashspec {
 namespace cuda {
@@ -22,8 +23,11 @@ namespace prepare {
 // after_staging: the launch comes right after stage_hidden's and overlaps it
 // (the kernel before it on the stream must be that staging kernel, which
 // itself waited for all earlier work); else a plain launch.
+// row_drafts, tried (stochastic drafts): the drafts each row tries
+// (RowDrafts) and their list, written for every row.
 cudaError_t verify_plans(const VerifyArgs& args, int32_t vocab, const int32_t* device_vocab, RowPlan* plans,
-                         int32_t* batch_status, cudaStream_t stream, bool after_staging = false);
+                         int32_t* batch_status, cudaStream_t stream, bool after_staging = false,
+                         RowDrafts* row_drafts = nullptr, int32_t* tried = nullptr);
 
 // Row plans of a draft call; invalid temperatures, positions or control
 // values (checked against `vocab`) land in status. after_staging: as above.

@@ -17,6 +17,42 @@
 namespace flashspec {
 namespace cuda {
 
+// The stochastic drafts a row verifies, in the order they are tried
+// (drafts_tried_at): tried[begin .. begin + count) of the call's list, which
+// prepare::verify_plans writes; `own` is the draft of the tree node whose row
+// this is (−1: a root or chain row), whose verdict its summary carries.
+struct RowDrafts {
+  int32_t begin;
+  int32_t count;
+  int32_t own;
+  int32_t pad;
+};
+
+// A stochastic draft as the row that tries it judged it (written by the CTA
+// whose token range holds the drafted token x): log r(x) − log q(x), r the
+// running residual when x is tried, and log p(x) under that row's p.
+struct DraftVerdict {
+  float log_ratio;
+  float logp;
+};
+
+// Stochastic drafts' inputs to a scan (cooperative launches only): dense q
+// (draft_logits, row d for draft d) or sparse supports, the drafts each row
+// tries, and where verdicts and the residual chain's partial sums go.
+struct StochasticDrafts {
+  const void* q_logits;            // dense: [drafts, q_ld] or NULL
+  flashspec_dtype q_dtype;
+  int64_t q_ld;
+  const int32_t* support_offsets;  // sparse: [drafts + 1] or NULL
+  const int32_t* support_tokens;
+  const float* support_probs;
+  const int32_t* draft_tokens;     // [drafts]
+  const RowDrafts* row_drafts;     // [rows], by global row
+  const int32_t* tried;            // [drafts]
+  DraftVerdict* verdicts;          // [drafts]
+  QPartial* level_partials;        // [2][groups][partial_stride]: the residual chain's sums
+};
+
 struct ScanParams {
   const void* w;          // LM head, [vocab, ldw]
   int64_t ldw;            // elements per weight row
@@ -37,11 +73,9 @@ struct ScanParams {
   int32_t row_blocks;
   // Stochastic drafts (cooperative launches only).
   int32_t stochastic;
-  const void* q_logits;
-  flashspec_dtype q_dtype;
-  int64_t q_ld;
-  QPartial* q_partials;   // [groups][partial_stride]
-  Residual* residuals;    // [groups][partial_stride]
+  StochasticDrafts drafts;
+  QPartial* q_partials;   // [groups][partial_stride], by draft index: q's log-sum-exp
+  Residual* residuals;    // [groups][partial_stride], by row
   int32_t slice;          // kept tokens per row in shared memory
 };
 

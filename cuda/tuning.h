@@ -105,6 +105,7 @@ constexpr int kGemmTokensPerThread = 4;                       // one Philox bloc
 constexpr int kPlanThreads = 512;      // the verify plans kernel is one block
 constexpr int kCombineWarpsPerBlock = 4;
 constexpr int kFinalizeThreads = 128;
+constexpr int kTreeFinalizeThreads = 256;  // stage a tree's summaries (≤ 4 loads per thread at 255 nodes)
 
 }  // namespace tuning
 }  // namespace cuda

@@ -387,8 +387,8 @@ FLASHSPEC_API int64_t flashspec_lm_head_hidden_size(const flashspec_lm_head* hea
  *   - control values out of range (device memory is checked on the
  *     device): the status the host check gives; a mask row that allows no
  *     token: FLASHSPEC_ERR_INVALID_ARGUMENT.
- * Stochastic drafts (draft_logits) take no controls, draft_controls or
- * logprobs there (FLASHSPEC_ERR_UNSUPPORTED at the call); the hidden rows
+ * Stochastic drafts (draft_logits or sparse supports) take no controls,
+ * draft_controls or logprobs there (FLASHSPEC_ERR_UNSUPPORTED at the call); the hidden rows
  * must be in the LM head's dtype (bf16/fp16 heads aligned for tensor cores,
  * or fp32) and V at most 1,048,576 (else FLASHSPEC_ERR_UNSUPPORTED).
  *
@@ -587,9 +587,10 @@ typedef struct flashspec_verify_batch {
  * token outside its row's support or with q = 0 there, naming
  * "batch->draft_tokens"), OUT_OF_RANGE (offsets[0] ≠ 0, a row with 0 or
  * more than FLASHSPEC_MAX_DRAFT_SUPPORT tokens, a token outside [0, V)),
- * NON_FINITE (a NaN or Inf probability). The CUDA backend and the shard
- * calls refuse sparse supports with FLASHSPEC_ERR_UNSUPPORTED in this
- * version. */
+ * NON_FINITE (a NaN or Inf probability). Device batches (CUDA backend) are
+ * checked on the device by the same rules: a request with a bad support
+ * fails alone (accepted_counts[r] = −1, its rows' status the one above).
+ * The shard calls refuse sparse supports with FLASHSPEC_ERR_UNSUPPORTED. */
 #define FLASHSPEC_MAX_DRAFT_SUPPORT 64
 #define FLASHSPEC_DRAFT_SUPPORT_TOLERANCE 1e-3
 
@@ -611,8 +612,8 @@ typedef struct flashspec_verify_batch {
  * index, so a point-mass chain verified as a tree takes other random numbers
  * than Algorithm 1 (both are exact).
  *
- * Stochastic multi-candidate drafts (draft_logits or sparse supports; CPU
- * backend): node k's token was sampled from q_k, its own draft row's
+ * Stochastic multi-candidate drafts (draft_logits or sparse supports):
+ * node k's token was sampled from q_k, its own draft row's
  * distribution, given the path to its parent and independently of its
  * siblings (siblings drawn i.i.d. from one q, or each from its own drafter,
  * as in SpecInfer, Miao et al. 2023, arXiv:2305.09781). At the current node,
@@ -632,10 +633,13 @@ typedef struct flashspec_verify_batch {
  * bonus of the leaf on row j BONUS_NOISE at position j. A stochastic chain
  * given as a tree (parents k − 1) therefore emits exactly what Algorithm 1
  * emits for it, and chains, point-mass drafts (sparse supports {x} with
- * q = 1) and stochastic trees mix in one batch. Cost (CPU): the one read of
- * W; a node with k stochastic children keeps its row's logits and scans
- * them k times, O(V · k²/2) arithmetic and no vocabulary-sized vector
- * besides the kept logits and the children's dense draft logits rows.
+ * q = 1) and stochastic trees mix in one batch. Cost: the one read of W; a
+ * node with k stochastic children keeps its row's logits and scans them k
+ * times (CPU: O(V · k²/2) arithmetic; CUDA: O(V · k), the kept logits turned
+ * into the running residual in place in shared memory, with one grid-wide
+ * barrier per level of the node with the most children, so k siblings cost
+ * k − 1 barriers) and no vocabulary-sized vector besides the kept logits and
+ * the children's dense draft logits rows.
  *
  * T = 0 (either kind): y is the argmax and the walk moves to the first child
  * with token y, so the path follows greedy decoding. finalize writes the
@@ -644,9 +648,7 @@ typedef struct flashspec_verify_batch {
  * accepted_counts; logprobs and top logprobs are those of the rows that drew
  * (or verified) each emitted token. Trees take no typical acceptance; bad
  * parents are OUT_OF_RANGE (host) or a request error (device:
- * accepted_counts[r] = −1). The CUDA backend refuses stochastic trees
- * (draft_logits with draft_parents) with FLASHSPEC_ERR_UNSUPPORTED in this
- * version. */
+ * accepted_counts[r] = −1). */
 
 /* [thread-safe] Defaults: host memory, all pointers NULL, num_requests 0.
  * Writes min(size, sizeof(flashspec_verify_batch)) bytes and sets struct_size
@@ -746,9 +748,10 @@ FLASHSPEC_API void flashspec_verify_result_init(flashspec_verify_result* result)
  * time (the chunk's fp32 logits, [rows, ≤ 64K tokens], land in a workspace of
  * about 64 MiB reserved at context creation and are folded before the next
  * chunk; nothing vocabulary-sized is written). Any other dtype combination
- * runs an exact fp32 CUDA-core scan that reads W once per 16 rows. Stochastic drafts: every CTA (one per SM) keeps its 1/SMs share of
- * the scaled logits of the rows it verifies in shared memory across a
- * grid-wide barrier, 4 · ⌈V / SMs⌉ bytes per row, in what the scan's own
+ * runs an exact fp32 CUDA-core scan that reads W once per 16 rows.
+ * Stochastic drafts (dense or sparse q, chains or trees): every CTA (one per
+ * SM) keeps its 1/SMs share of the scaled logits of the rows it verifies in
+ * shared memory across grid-wide barriers, 4 · ⌈V / SMs⌉ bytes per row, in what the scan's own
  * pipeline leaves of a block's shared memory (at most 128 rows per pass; on
  * H100/H200 about 2–4 rows at V = 2^20 and 16 or more at V = 128256); more
  * rows take further passes, each reading W again. A vocabulary of which not

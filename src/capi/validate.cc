@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "sampling/draft_support.h"
 #include "util/dtype.h"
 #include "util/status.h"
 
@@ -107,31 +108,44 @@ void check_draft_supports(const VerifyArgs& a, int64_t vocab) {
                 str(FLASHSPEC_MAX_DRAFT_SUPPORT));
   }
   for (int32_t k = 0; k < a.total_drafts; ++k) {
-    const int32_t begin = off[k], end = off[k + 1];
-    double sum = 0.0, drafted_q = -1.0;
-    for (int32_t e = begin; e < end; ++e) {
-      const int32_t token = a.support_tokens[e];
-      const float q = a.support_probs[e];
-      require(token >= 0 && token < vocab, FLASHSPEC_ERR_OUT_OF_RANGE, "batch->draft_support_tokens",
-              "entry " + str(e) + " (draft row " + str(k) + ") is " + str(token) + ", outside [0, " + str(vocab) + ")");
-      for (int32_t f = begin; f < e; ++f)
-        require(a.support_tokens[f] != token, FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->draft_support_tokens",
-                "draft row " + str(k) + " names token " + str(token) + " twice (entries " + str(f) + " and " +
-                    str(e) + ")");
-      require(std::isfinite(q), FLASHSPEC_ERR_NON_FINITE, "batch->draft_support_probs",
-              "entry " + str(e) + " (draft row " + str(k) + ") is not finite");
-      require(q >= 0.0f, FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->draft_support_probs",
-              "entry " + str(e) + " (draft row " + str(k) + ") is negative");
-      sum += double(q);
-      if (token == a.draft_tokens[k]) drafted_q = double(q);
+    int32_t e = 0;
+    double sum = 0.0;
+    const SupportFault fault = support_row_fault(a.support_tokens, a.support_probs, off[k], off[k + 1],
+                                                 a.draft_tokens[k], vocab, &e, &sum);
+    const auto status = flashspec_status(support_fault_status(fault));
+    auto refuse = [status](const char* argument, const std::string& why) { require(false, status, argument, why); };
+    const std::string where = "entry " + str(e) + " (draft row " + str(k) + ")";
+    switch (fault) {
+      case SupportFault::kNone:
+      case SupportFault::kCount:  // checked above
+        break;
+      case SupportFault::kTokenRange:
+        refuse("batch->draft_support_tokens",
+               where + " is " + str(a.support_tokens[e]) + ", outside [0, " + str(vocab) + ")");
+        break;
+      case SupportFault::kDuplicate:
+        refuse("batch->draft_support_tokens",
+               "draft row " + str(k) + " names token " + str(a.support_tokens[e]) + " twice (entry " + str(e) + ")");
+        break;
+      case SupportFault::kNonFinite:
+        refuse("batch->draft_support_probs", where + " is not finite");
+        break;
+      case SupportFault::kNegative:
+        refuse("batch->draft_support_probs", where + " is negative");
+        break;
+      case SupportFault::kSum:
+        refuse("batch->draft_support_probs",
+               "draft row " + str(k) + " sums to " + std::to_string(sum) + ", not 1 within " +
+                   std::to_string(FLASHSPEC_DRAFT_SUPPORT_TOLERANCE));
+        break;
+      case SupportFault::kDraftedMissing:
+      case SupportFault::kDraftedZero:
+        refuse("batch->draft_tokens",
+               "entry " + str(k) + " (token " + str(a.draft_tokens[k]) + ") " +
+                   (fault == SupportFault::kDraftedMissing ? "is not in its row's draft support"
+                                                           : "has q = 0 in its row's draft support"));
+        break;
     }
-    require(std::fabs(sum - 1.0) <= FLASHSPEC_DRAFT_SUPPORT_TOLERANCE, FLASHSPEC_ERR_INVALID_ARGUMENT,
-            "batch->draft_support_probs",
-            "draft row " + str(k) + " sums to " + std::to_string(sum) + ", not 1 within " +
-                std::to_string(FLASHSPEC_DRAFT_SUPPORT_TOLERANCE));
-    require(drafted_q > 0.0, FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->draft_tokens",
-            "entry " + str(k) + " (token " + str(a.draft_tokens[k]) + ") " +
-                (drafted_q < 0.0 ? "is not in its row's draft support" : "has q = 0 in its row's draft support"));
   }
 }
 
@@ -377,8 +391,6 @@ VerifyArgs validate_batch_common(const flashspec_context& ctx, const flashspec_v
             "is NULL while draft_support_offsets is given");
     require(!batch->draft_logits, FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->draft_support_offsets",
             "a draft's q is either dense (draft_logits) or sparse (draft_support_*), not both");
-    require(backend.kind() != FLASHSPEC_BACKEND_CUDA, FLASHSPEC_ERR_UNSUPPORTED, "batch->draft_support_offsets",
-            "the CUDA backend does not verify sparse draft distributions in this version (the CPU backend does)");
   }
 
   VerifyArgs args;
@@ -386,21 +398,17 @@ VerifyArgs validate_batch_common(const flashspec_context& ctx, const flashspec_v
   args.draft_controls = load_controls(batch->draft_controls, requests, host, false, "batch->draft_controls");
   require(!args.draft_controls.present || batch->draft_logits, FLASHSPEC_ERR_INVALID_ARGUMENT,
           "batch->draft_controls", "apply to stochastic drafts' q: give draft_logits too");
-  if (backend.kind() == FLASHSPEC_BACKEND_CUDA && batch->draft_logits && !empty_draft_logits) {
+  if (backend.kind() == FLASHSPEC_BACKEND_CUDA && ((batch->draft_logits && !empty_draft_logits) || sparse_q)) {
     const char* analysed = args.draft_controls.present ? "batch->draft_controls"
                            : args.controls.present     ? "batch->controls"
                            : batch->logprobs           ? "batch->logprobs"
                            : batch->top_logprobs       ? "batch->top_logprobs"
                                                        : nullptr;
     require(!analysed, FLASHSPEC_ERR_UNSUPPORTED, analysed ? analysed : "",
-            "the CUDA backend verifies stochastic drafts (draft_logits) without sampling controls or logprobs in "
-            "this version (the CPU backend applies them)");
+            "the CUDA backend verifies stochastic drafts (draft_logits or sparse supports) without sampling "
+            "controls or logprobs in this version (the CPU backend applies them)");
   }
   if (batch->draft_parents) {
-    require(!batch->draft_logits || backend.kind() != FLASHSPEC_BACKEND_CUDA, FLASHSPEC_ERR_UNSUPPORTED,
-            "batch->draft_parents",
-            "the CUDA backend verifies trees of point-mass drafts only in this version (draft_logits must be NULL; "
-            "the CPU backend verifies stochastic trees)");
     require(!args.controls.typical_epsilon, FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->controls->typical_epsilon",
             "typical acceptance does not apply to tree verify");
     if (host)

@@ -141,6 +141,31 @@ FS_HOST_DEVICE bool tree_node_has_children(const VerifyArgs& args, const Request
   return false;
 }
 
+// The drafts row j of request v verifies, in the order they are tried, as
+// batch draft indices written to out[0 ..) (room for v.num_drafts): a chain
+// row's one draft, a tree node's children by increasing index. Returns the
+// count.
+FS_HOST_DEVICE int32_t drafts_tried_at(const VerifyArgs& args, const RequestView& v, int32_t j, int32_t* out) {
+  if (!args.draft_parents) {
+    if (j >= v.num_drafts) return 0;
+    out[0] = v.first_draft + j;
+    return 1;
+  }
+  int32_t count = 0;
+  for (int32_t k = j; k < v.num_drafts; ++k)
+    if (args.draft_parents[v.first_draft + k] == j - 1) out[count++] = v.first_draft + k;
+  return count;
+}
+
+// Where row j's drafts (drafts_tried_at) start when request v's drafts are
+// listed row by row: v.first_draft plus the drafts tried at earlier rows.
+FS_HOST_DEVICE int32_t drafts_tried_before(const VerifyArgs& args, const RequestView& v, int32_t j) {
+  if (!args.draft_parents) return v.first_draft + (j < v.num_drafts ? j : v.num_drafts);
+  int32_t before = 0;
+  for (int32_t k = 0; k < v.num_drafts; ++k) before += args.draft_parents[v.first_draft + k] < j - 1;
+  return v.first_draft + before;
+}
+
 // The plan of row j of request v: a tree row, or a chain's (Algorithm 1).
 FS_HOST_DEVICE RowPlan batch_row_plan(const VerifyArgs& args, const RequestView& v, int32_t j, bool typical = false) {
   const bool stochastic = has_draft_distribution(args);

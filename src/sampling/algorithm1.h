@@ -60,13 +60,6 @@ FS_HOST_DEVICE int32_t finalize_request(const RequestView& r, const int32_t* dra
   return accepted;
 }
 
-// Whether node parents p[0 .. n) describe a tree: each in [−1, k).
-FS_HOST_DEVICE bool valid_tree(const int32_t* parents, int32_t n) {
-  for (int32_t k = 0; k < n; ++k)
-    if (parents[k] < -1 || parents[k] >= k) return false;
-  return true;
-}
-
 // The tree walk of a request whose drafts form a tree (flashspec.h, "Tree
 // verify"). Point-mass drafts (stochastic false), and every walk at T = 0:
 // at the current node, from the root, take the draw of its row; if a child

@@ -207,13 +207,13 @@ FS_HOST_DEVICE RowSummary verify_summary(const RowPlan& plan, const Partial& all
   return summary;
 }
 
-// Completes a stochastic draft row's summary: log q(x) = z_x/T_d − LSE(z/T_d)
-// from the drafted token's draft logit z_x and q's log-sum-exp, and the
+// Completes a stochastic draft row's summary: log q(x) of a chain row's
+// draft (z_x/T_d − LSE(z/T_d), or a sparse support's log q), and the
 // residual candidate. An empty residual (p ≤ q everywhere: unreachable in
 // exact arithmetic) leaves the p-sample as the candidate.
-FS_HOST_DEVICE void stochastic_summary(RowSummary& summary, const RowPlan& plan, float drafted_draft_logit,
-                                       float q_lse, const Residual& residual) {
-  summary.draft_logq = drafted_draft_logit * plan.inv_td - q_lse;
+FS_HOST_DEVICE void stochastic_summary(RowSummary& summary, const RowPlan& plan, float draft_log_q,
+                                       const Residual& residual) {
+  summary.draft_logq = draft_log_q;
   if ((plan.flags & kPlanKeep) && residual.token >= 0) {
     summary.candidate = residual.token;
     summary.candidate_gap = winner_gap(residual.best, residual.second);

@@ -98,9 +98,10 @@ FS_HOST_DEVICE RowPlan tree_row_plan(const RequestView& v, int32_t j) {
 // except that a node with children (T > 0) keeps its logits for the
 // residual chain its children are tried against, and its fallback draw
 // uses RESIDUAL_NOISE at j, as a chain row's does (a chain given as a tree
-// then takes Algorithm 1's random numbers).
+// then takes Algorithm 1's random numbers). inv_td is its children's 1/T_d.
 FS_HOST_DEVICE RowPlan stochastic_tree_row_plan(const RequestView& v, int32_t j, bool has_children) {
   RowPlan plan = tree_row_plan(v, j);
+  plan.inv_td = 1.0f / v.draft_temperature;
   if (has_children && v.temperature != 0.0f) {
     plan.flags |= kPlanKeep;
     plan.key = make_row_key(v.seed, v.request_id, v.step, j, FLASHSPEC_RNG_RESIDUAL_NOISE);

@@ -4,7 +4,9 @@
 // draft row) on the device instead of a silent wrong token.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "capi/handles.h"
@@ -123,6 +125,136 @@ TEST_F(GpuGraph, ReplaysAdvanceStepsAndMatchCpu) {
   cudaStreamDestroy(stream);
 }
 
+// Stochastic trees with sparse q (SpecInfer's rule, several barriers per
+// scan) captured once and replayed: each replay matches the CPU backend at
+// its step, emitted tokens and accepted paths.
+TEST_F(GpuGraph, StochasticTreeReplaysMatchCpu) {
+  constexpr int kReq = 12, kN = 5, kVocab = 1999, kD = 64, kRows = kReq * (kN + 1), kSupport = 8;
+  const int32_t tree[kN] = {-1, -1, 0, 0, 1};  // two children at the root, two below node 0
+  Rng rng(777);
+  Matrix w = random_matrix(FLASHSPEC_DTYPE_BF16, kVocab, kD, rng, 3.0 / 8.0);
+  Matrix h = random_matrix(FLASHSPEC_DTYPE_BF16, kRows, kD, rng, 1.0);
+  std::vector<int32_t> offsets(kReq + 1), tokens, parents, support_offsets(1, 0), support_tokens;
+  std::vector<float> support_probs;
+  for (int r = 0; r <= kReq; ++r) offsets[size_t(r)] = r * kN;
+  for (int k = 0; k < kReq * kN; ++k) {
+    parents.push_back(tree[k % kN]);
+    double sum = 0.0;
+    std::vector<double> q(kSupport);
+    for (double& v : q) sum += (v = 0.05 + rng.uniform());
+    for (int e = 0; e < kSupport; ++e) {
+      int32_t t;
+      do t = rng.below(kVocab);
+      while (std::find(support_tokens.begin() + support_offsets.back(), support_tokens.end(), t) != support_tokens.end());
+      support_tokens.push_back(t);
+      support_probs.push_back(float(q[size_t(e)] / sum));
+    }
+    tokens.push_back(support_tokens[size_t(support_offsets.back() + rng.below(kSupport))]);
+    support_offsets.push_back(int32_t(support_tokens.size()));
+  }
+  std::vector<uint64_t> steps(kReq, 5);
+
+  cudaStream_t stream;
+  FSGPU_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto gpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(4711).cuda_stream(stream));
+  auto cpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CPU).seed(4711));
+  ASSERT_TRUE(gpu && cpu);
+  auto gpu_head = make_head(gpu.get(), w.view(), FLASHSPEC_LM_HEAD_COPY);
+  auto cpu_head = make_head(cpu.get(), w.view(), FLASHSPEC_LM_HEAD_COPY);
+  ASSERT_TRUE(gpu_head && cpu_head);
+
+  DevMatrix hd(h);
+  flashspec_tensor hv = hd.view();
+  Dev<int32_t> d_off(offsets), d_tok(tokens), d_par(parents), d_so(support_offsets), d_st(support_tokens),
+      d_acc(kReq), d_emit(kRows), d_nodes(kRows);
+  Dev<float> d_sp(support_probs);
+  Dev<uint64_t> d_steps(steps);
+  flashspec_verify_batch b;
+  flashspec_verify_batch_init(&b);
+  b.memory = FLASHSPEC_MEMORY_CUDA;
+  b.num_requests = kReq;
+  b.draft_offsets = d_off.ptr();
+  b.draft_tokens = d_tok.ptr();
+  b.target_hidden = &hv;
+  b.steps = d_steps.ptr();
+  b.max_draft_len = kN;
+  b.draft_parents = d_par.ptr();
+  b.draft_support_offsets = d_so.ptr();
+  b.draft_support_tokens = d_st.ptr();
+  b.draft_support_probs = d_sp.ptr();
+  flashspec_verify_result res;
+  flashspec_verify_result_init(&res);
+  res.memory = FLASHSPEC_MEMORY_CUDA;
+  res.accepted_counts = d_acc.ptr();
+  res.emitted_tokens = d_emit.ptr();
+  res.accepted_nodes = d_nodes.ptr();
+  res.next_steps = d_steps.ptr();
+
+  cudaGraph_t graph;
+  FSGPU_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  flashspec_status st = flashspec_verify_and_finalize(gpu.get(), gpu_head.get(), &b, &res);
+  FSGPU_CUDA(cudaStreamEndCapture(stream, &graph));
+  ASSERT_EQ(st, FLASHSPEC_OK) << flashspec_context_last_error(gpu.get());
+  cudaGraphExec_t exec;
+  FSGPU_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+
+  int near_ties = 0, accepted_total = 0;
+  for (int replay = 0; replay < 2; ++replay) {
+    FSGPU_CUDA(cudaGraphLaunch(exec, stream));
+    FSGPU_CUDA(cudaStreamSynchronize(stream));
+    const std::vector<int32_t> emitted = d_emit.get(), accepted = d_acc.get(), nodes = d_nodes.get();
+    std::vector<flashspec::RowSummary> rs(static_cast<size_t>(kRows));
+    ASSERT_TRUE(flashspec::cuda::read_summaries(*gpu->own_summaries, kRows, rs.data()));
+
+    std::vector<uint64_t> cpu_steps(kReq, 5 + uint64_t(replay));
+    flashspec_tensor chv = h.view();
+    flashspec_verify_batch cb = b;
+    cb.memory = FLASHSPEC_MEMORY_HOST;
+    cb.draft_offsets = offsets.data();
+    cb.draft_tokens = tokens.data();
+    cb.target_hidden = &chv;
+    cb.steps = cpu_steps.data();
+    cb.draft_parents = parents.data();
+    cb.draft_support_offsets = support_offsets.data();
+    cb.draft_support_tokens = support_tokens.data();
+    cb.draft_support_probs = support_probs.data();
+    std::vector<int32_t> acc(kReq), emit(kRows), path(kRows);
+    flashspec_verify_result cr;
+    flashspec_verify_result_init(&cr);
+    cr.accepted_counts = acc.data();
+    cr.emitted_tokens = emit.data();
+    cr.accepted_nodes = path.data();
+    FSGPU_OK(cpu.get(), flashspec_verify_and_finalize(cpu.get(), cpu_head.get(), &cb, &cr));
+    for (int r = 0; r < kReq; ++r) {
+      ASSERT_GE(accepted[size_t(r)], 0) << "replay " << replay << " request " << r;
+      accepted_total += accepted[size_t(r)];
+      bool same = acc[size_t(r)] == accepted[size_t(r)];
+      for (int k = 0; k <= kN && same; ++k) {
+        const size_t slot = size_t(r * (kN + 1) + k);
+        same = emit[slot] == emitted[slot] && path[slot] == nodes[slot];
+      }
+      if (same) continue;
+      // Only a near-tie may part them: a row's draw or a child's test.
+      double margin = 1e300;
+      for (int j = 0; j <= kN; ++j) margin = std::min(margin, double(rs[size_t(r * (kN + 1) + j)].candidate_gap));
+      for (int k = 0; k < kN; ++k) {
+        const double log_u = std::log(flashspec_rng_uniform(4711, uint64_t(r), 5 + uint64_t(replay), k,
+                                                            FLASHSPEC_RNG_ACCEPT_UNIFORM, 0));
+        margin = std::min(margin, std::fabs(log_u - double(rs[size_t(r * (kN + 1) + k + 1)].node_log_ratio)));
+      }
+      EXPECT_LT(margin, kNearTie) << "replay " << replay << " request " << r << " differs from the CPU step";
+      ++near_ties;
+    }
+  }
+  EXPECT_EQ(d_steps.get(), std::vector<uint64_t>(kReq, 7));
+  EXPECT_LE(near_ties, 1);
+  EXPECT_GT(accepted_total, 0);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  gpu.reset();
+  cudaStreamDestroy(stream);
+}
+
 // A small valid batch of two requests (2 and 1 drafts) whose device copy a
 // test then corrupts in one place.
 struct SmallBatch {
@@ -136,6 +268,9 @@ struct SmallBatch {
   // Stochastic drafts when not empty: [3, kVocab] fp32 draft logits.
   std::vector<float> draft_logits;
   std::vector<float> draft_temps{1.0f, 1.0f};
+  // Sparse draft supports when not empty (one row per draft).
+  std::vector<int32_t> support_offsets, support_tokens;
+  std::vector<float> support_probs;
 };
 
 struct Outcome {
@@ -167,6 +302,14 @@ Outcome run_batch(SmallBatch& s, int max_draft_len = 0) {
   if (!s.draft_logits.empty()) {
     b.draft_logits = &qv;
     b.draft_temperatures = d_td.ptr();
+  }
+  Dev<int32_t> d_so(s.support_offsets.empty() ? std::vector<int32_t>(1) : s.support_offsets),
+      d_st(s.support_tokens.empty() ? std::vector<int32_t>(1) : s.support_tokens);
+  Dev<float> d_sp(s.support_probs.empty() ? std::vector<float>(1) : s.support_probs);
+  if (!s.support_offsets.empty()) {
+    b.draft_support_offsets = d_so.ptr();
+    b.draft_support_tokens = d_st.ptr();
+    b.draft_support_probs = d_sp.ptr();
   }
   flashspec_verify_result res;
   flashspec_verify_result_init(&res);
@@ -264,6 +407,52 @@ TEST_F(GpuBadInput, DraftLogitsThatOverflowAtTheDraftTemperatureFailTheirRequest
   o = run_batch(s);
   EXPECT_GE(o.accepted[0], 0);
   EXPECT_EQ(o.accepted[1], -1);
+}
+
+// Sparse supports in device memory are checked on the device by the host
+// check's rules (sampling/draft_support.h): each fault fails its request.
+TEST_F(GpuBadInput, BadSparseSupportFailsItsRequest) {
+  auto valid = [] {
+    SmallBatch s;
+    // Drafts 3 and 7 (request 0), 11 (request 1).
+    s.support_offsets = {0, 2, 5, 6};
+    s.support_tokens = {3, 9, 7, 1, 2, 11};
+    s.support_probs = {0.6f, 0.4f, 0.5f, 0.25f, 0.25f, 1.0f};
+    return s;
+  };
+  SmallBatch s = valid();
+  Outcome o = run_batch(s);
+  EXPECT_GE(o.accepted[0], 0);
+  EXPECT_GE(o.accepted[1], 0);
+  struct Fault {
+    const char* what;
+    std::function<void(SmallBatch&)> corrupt;
+    int failed;  // the request that fails
+  };
+  const Fault faults[] = {
+      {"token out of range", [](SmallBatch& b) { b.support_tokens[1] = SmallBatch::kVocab; }, 0},
+      {"token repeated", [](SmallBatch& b) { b.support_tokens[4] = 1; }, 0},
+      {"negative probability", [](SmallBatch& b) { b.support_probs[5] = -1.0f; }, 1},
+      {"NaN probability", [](SmallBatch& b) { b.support_probs[3] = std::nanf(""); }, 0},
+      {"sum not 1", [](SmallBatch& b) { b.support_probs[5] = 0.5f; }, 1},
+      {"drafted token missing", [](SmallBatch& b) { b.support_tokens[5] = 12; }, 1},
+      {"drafted token with q = 0",
+       [](SmallBatch& b) {
+         b.support_probs[0] = 0.0f;
+         b.support_probs[1] = 1.0f;
+       },
+       0},
+      {"empty row", [](SmallBatch& b) { b.support_offsets = {0, 2, 5, 5}; }, 1},
+      {"row of more than 64 entries", [](SmallBatch& b) { b.support_offsets = {0, 2, 5, 90}; }, 1},
+      {"row past the arrays' end", [](SmallBatch& b) { b.support_offsets = {0, 7, 5, 6}; }, 0},
+  };
+  for (const Fault& f : faults) {
+    SmallBatch bad = valid();
+    f.corrupt(bad);
+    o = run_batch(bad);
+    EXPECT_EQ(o.accepted[size_t(f.failed)], -1) << f.what;
+    EXPECT_GE(o.accepted[size_t(1 - f.failed)], 0) << f.what;
+  }
 }
 
 TEST_F(GpuBadInput, InconsistentOffsetsFailTheBatch) {

@@ -118,7 +118,32 @@ struct VerifyCase {
   float temperature;  // every third request uses 0
   bool tree = false;  // drafts form trees (draft_parents)
   flashspec_dtype stored = kUnquantised;
+  bool sparse = false;  // stochastic drafts pass q as a sparse support (top of q, with x)
 };
+
+// A sparse draft distribution from a dense q row: its `count` most probable
+// tokens under softmax(row / T_d), the drafted token among them, with their
+// probabilities renormalised (float, summing to 1 within the tolerance).
+void append_support(const Matrix& q, int k, float draft_temperature, int32_t x, int count,
+                    std::vector<int32_t>& tokens, std::vector<float>& probs) {
+  const int vocab = int(q.cols);
+  std::vector<double> p(static_cast<size_t>(vocab));
+  double m = -1e300;
+  for (int i = 0; i < vocab; ++i) m = std::max(m, q.at(k, i) / draft_temperature);
+  for (int i = 0; i < vocab; ++i) p[size_t(i)] = std::exp(q.at(k, i) / draft_temperature - m);
+  std::vector<int32_t> order(static_cast<size_t>(vocab));
+  for (int i = 0; i < vocab; ++i) order[size_t(i)] = i;
+  std::partial_sort(order.begin(), order.begin() + count, order.end(),
+                    [&](int32_t a, int32_t b) { return p[size_t(a)] > p[size_t(b)] || (p[size_t(a)] == p[size_t(b)] && a < b); });
+  order.resize(size_t(count));
+  if (std::find(order.begin(), order.end(), x) == order.end()) order.back() = x;
+  double kept = 0.0;
+  for (int32_t t : order) kept += p[size_t(t)];
+  for (int32_t t : order) {
+    tokens.push_back(t);
+    probs.push_back(float(p[size_t(t)] / kept));
+  }
+}
 
 void run_verify_parity(const VerifyCase& c) {
   Rng rng(5000 + c.vocab + c.d + c.requests * 31 + (c.stochastic ? 17 : 0));
@@ -169,6 +194,21 @@ void run_verify_parity(const VerifyCase& c) {
       tokens.push_back(x);
     }
   }
+  // Sparse supports: 1..64 tokens per draft row (a point mass {x} now and then).
+  std::vector<int32_t> support_offsets(1, 0), support_tokens;
+  std::vector<float> support_probs;
+  if (c.sparse) {
+    for (int r = 0; r < c.requests; ++r)
+      for (int k = offsets[size_t(r)]; k < offsets[size_t(r + 1)]; ++k) {
+        const int count = rng.below(4) == 0 ? 1 : 1 + rng.below(64);
+        append_support(q, k, dtemps[size_t(r)], tokens[size_t(k)], count, support_tokens, support_probs);
+        support_offsets.push_back(int32_t(support_tokens.size()));
+      }
+    if (support_tokens.empty()) {
+      support_tokens.push_back(0);
+      support_probs.push_back(1.0f);
+    }
+  }
   if (tokens.empty()) tokens.push_back(0);
   if (parents.empty()) parents.push_back(-1);
 
@@ -187,7 +227,12 @@ void run_verify_parity(const VerifyCase& c) {
   hb.draft_offsets = offsets.data();
   hb.draft_tokens = tokens.data();
   hb.target_hidden = &hv;
-  hb.draft_logits = c.stochastic && total_drafts > 0 ? &qv : nullptr;
+  hb.draft_logits = c.stochastic && !c.sparse && total_drafts > 0 ? &qv : nullptr;
+  if (c.sparse) {
+    hb.draft_support_offsets = support_offsets.data();
+    hb.draft_support_tokens = support_tokens.data();
+    hb.draft_support_probs = support_probs.data();
+  }
   hb.temperatures = temps.data();
   hb.draft_temperatures = c.stochastic ? dtemps.data() : nullptr;
   hb.seeds = seeds.data();
@@ -207,7 +252,8 @@ void run_verify_parity(const VerifyCase& c) {
   flashspec_tensor hdv = hd.view(), qdv = qd.view();
   Dev<int32_t> d_off(offsets), d_tok(tokens), d_acc(size_t(c.requests)), d_emit(static_cast<size_t>(rows)),
       d_parents(parents), d_nodes(static_cast<size_t>(rows));
-  Dev<float> d_temps(temps), d_dtemps(dtemps);
+  Dev<float> d_temps(temps), d_dtemps(dtemps), d_support_probs(support_probs);
+  Dev<int32_t> d_support_offsets(support_offsets), d_support_tokens(support_tokens);
   Dev<uint64_t> d_seeds(seeds), d_ids(ids), d_steps(steps), d_next(size_t(c.requests));
   flashspec_verify_batch db = hb;
   db.memory = FLASHSPEC_MEMORY_CUDA;
@@ -221,6 +267,11 @@ void run_verify_parity(const VerifyCase& c) {
   db.request_ids = d_ids.ptr();
   db.steps = d_steps.ptr();
   db.draft_parents = c.tree ? d_parents.ptr() : nullptr;
+  if (c.sparse) {
+    db.draft_support_offsets = d_support_offsets.ptr();
+    db.draft_support_tokens = d_support_tokens.ptr();
+    db.draft_support_probs = d_support_probs.ptr();
+  }
   flashspec_verify_result dr;
   flashspec_verify_result_init(&dr);
   dr.memory = FLASHSPEC_MEMORY_CUDA;
@@ -252,9 +303,15 @@ void run_verify_parity(const VerifyCase& c) {
       same = cpu_emit[size_t(row0 + k)] == gpu_emit[size_t(row0 + k)] &&
              cpu_nodes[size_t(row0 + k)] == gpu_nodes[size_t(row0 + k)];
     if (same) continue;
-    if (c.tree) {  // the walks part where some row's draw is a near-tie
+    if (c.tree) {  // the walks part where some row's draw, or a child's acceptance test, is a near-tie
       double margin = 1e300;
       for (int j = 0; j <= n; ++j) margin = std::min(margin, double(rs[size_t(row0 + j)].candidate_gap));
+      if (c.stochastic && temps[size_t(r)] > 0.0f)
+        for (int k = 0; k < n; ++k) {
+          const double log_u = std::log(flashspec_rng_uniform(seeds[size_t(r)], ids[size_t(r)], steps[size_t(r)], k,
+                                                              FLASHSPEC_RNG_ACCEPT_UNIFORM, 0));
+          margin = std::min(margin, std::fabs(log_u - double(rs[size_t(row0 + k + 1)].node_log_ratio)));
+        }
       EXPECT_LT(margin, kNearTie) << "tree request " << r << " differs without a near-tie";
       ++near_ties;
       continue;
@@ -279,9 +336,10 @@ void run_verify_parity(const VerifyCase& c) {
                                 << gpu_acc[size_t(r)] << ") without a near-tie (margin " << margin << ")";
     ++near_ties;
   }
-  std::printf("[ parity ] verify %s V=%d d=%d requests=%d rows=%d %s: %d accepted, %d rejections, %d near-tie(s)\n",
+  std::printf("[ parity ] verify %s V=%d d=%d requests=%d rows=%d %s%s%s: %d accepted, %d rejections, %d near-tie(s)\n",
               c.stored == FLASHSPEC_DTYPE_E4M3 ? "e4m3" : c.stored == FLASHSPEC_DTYPE_I8 ? "int8" : "", c.vocab, c.d,
-              c.requests, rows, c.tree ? "tree" : c.stochastic ? "stochastic" : "greedy-draft",
+              c.requests, rows, c.tree ? "tree " : "", c.sparse ? "sparse " : "",
+              c.stochastic ? "stochastic" : "greedy-draft",
               accepted_total, rejections, near_ties);
   EXPECT_LE(near_ties, std::max(1, c.requests / 50));
   EXPECT_GT(accepted_total, 0);
@@ -344,6 +402,25 @@ TEST_F(Gpu, VerifyParityStochasticDrafts) {
   run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2503, 96, 5, 3, true, 1.0f});
   run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 1201, 64, 30, 4, true, 0.9f});     // 128-row tiles
   run_verify_parity({FLASHSPEC_DTYPE_F32, FLASHSPEC_DTYPE_F32, 1201, 40, 6, 3, true, 1.2f});        // CUDA cores
+}
+
+// Stochastic multi-candidate trees (SpecInfer's recursive rejection): random
+// trees whose nodes have up to n children, dense q, through the tensor-core
+// scan (several cooperative passes at 150 rows) and the CUDA-core scan.
+TEST_F(Gpu, VerifyParityStochasticTrees) {
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2503, 96, 6, 5, true, 1.0f, true});
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 1201, 64, 30, 8, true, 0.9f, true});
+  run_verify_parity({FLASHSPEC_DTYPE_F32, FLASHSPEC_DTYPE_F32, 1201, 40, 6, 6, true, 1.2f, true});
+}
+
+// Sparse draft distributions (1..64 tokens per row, point masses among
+// them), chains and trees, both scans.
+TEST_F(Gpu, VerifyParitySparseDrafts) {
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2503, 96, 9, 3, true, 1.0f, false, kUnquantised, true});
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 1201, 64, 30, 4, true, 0.9f, false, kUnquantised, true});
+  run_verify_parity({FLASHSPEC_DTYPE_F32, FLASHSPEC_DTYPE_F32, 1201, 40, 6, 3, true, 1.2f, false, kUnquantised, true});
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2503, 96, 6, 5, true, 1.0f, true, kUnquantised, true});
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 1201, 64, 30, 8, true, 0.8f, true, kUnquantised, true});
 }
 
 // 8-bit heads (e4m3 and int8 codes, one scale per row), quantised on each

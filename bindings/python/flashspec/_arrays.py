@@ -192,6 +192,28 @@ def _order_after(producer_stream, consumer_stream):
     rt.cudaEventDestroy(event)
 
 
+def read_device_int32(v, index):
+    """Entry `index` of a device int32 View: the device is synchronised (the
+    producer's work done, whatever its stream), then 4 bytes are copied."""
+    rt = _cuda_runtime()
+    previous = ctypes.c_int()
+    out = ctypes.c_int32()
+    device_to_host = 2  # cudaMemcpyDeviceToHost
+    err = rt.cudaGetDevice(ctypes.byref(previous))
+    if err == 0:
+        err = rt.cudaSetDevice(ctypes.c_int(v.device))
+    if err == 0:
+        err = rt.cudaDeviceSynchronize()
+    if err == 0:
+        err = rt.cudaMemcpy(ctypes.byref(out), ctypes.c_void_p(v.address + 4 * index), ctypes.c_size_t(4),
+                            ctypes.c_int(device_to_host))
+    if previous.value != v.device:
+        rt.cudaSetDevice(previous)
+    if err != 0:
+        raise RuntimeError(f"CUDA error {err} while reading a device array's entry {index}")
+    return out.value
+
+
 def _from_cuda_array_interface(obj, what, stream):
     cai = obj.__cuda_array_interface__
     if cai.get("mask") is not None:

@@ -724,8 +724,9 @@ _SUPPORT = ("draft_support_offsets", "draft_support_tokens", "draft_support_prob
 def _check_support_sizes(views, drafts, source):
     """ValueError unless the sparse support arrays come together and are as
     long as the library reads: offsets[R] + 1 offsets, then as many tokens
-    and probabilities as the last offset says (host; device offsets are
-    not read, and the CUDA backend refuses sparse supports unread)."""
+    and probabilities as the last offset says (device offsets: that entry
+    is copied to the host after a device synchronise, the one sync a
+    device batch with sparse supports costs)."""
     given = [name for name in _SUPPORT if name in views]
     if not given:
         return
@@ -734,9 +735,10 @@ def _check_support_sizes(views, drafts, source):
         raise ValueError(f"{missing[0]}: needed with {given[0]} (a sparse q takes all three arrays)")
     support = views["draft_support_offsets"]
     _require_entries("draft_support_offsets", support, drafts + 1, f"{source}, plus 1")
-    if support.memory != _arrays.HOST:
-        return
-    entries = _read_int32(support, drafts)
+    if support.memory == _arrays.HOST:
+        entries = _read_int32(support, drafts)
+    else:
+        entries = _arrays.read_device_int32(support, drafts)
     if entries < 0:
         raise ValueError(f"draft_support_offsets[{drafts}] is {entries}, below 0")
     for name in ("draft_support_tokens", "draft_support_probs"):

@@ -113,6 +113,45 @@ def test_torch_verify_and_finalize_on_device_matches_cpu():
     np.testing.assert_array_equal(got.next_steps.cpu().numpy().astype(np.uint64), steps + 1)
 
 
+def test_torch_sparse_stochastic_tree_on_device_matches_cpu():
+    """A tree of stochastic drafts with sparse q in device arrays: the same
+    emitted tokens and path as the CPU backend, and a short support array
+    refused before the library reads it."""
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((V, D)).astype(np.float32)
+    parents = np.array([-1, -1, 0, 0, 1, -1, 0], np.int32)  # request 0: 5 nodes, request 1: 2
+    offsets = np.array([0, 5, 7], np.int32)
+    hidden = rng.standard_normal((9, D)).astype(np.float32)
+    support_offsets, support_tokens, support_probs, drafts = [0], [], [], []
+    for _ in range(7):
+        tokens = rng.choice(V, size=6, replace=False).astype(np.int32)
+        probs = rng.dirichlet(np.ones(6)).astype(np.float32)
+        support_tokens += list(tokens)
+        support_probs += list(probs)
+        support_offsets.append(len(support_tokens))
+        drafts.append(tokens[rng.integers(0, 6)])
+    arrays = dict(draft_parents=parents, draft_support_offsets=np.array(support_offsets, np.int32),
+                  draft_support_tokens=np.array(support_tokens, np.int32),
+                  draft_support_probs=np.array(support_probs, np.float32))
+    drafts = np.array(drafts, np.int32)
+    temps = np.array([1.0, 0.8], np.float32)
+    with flashspec.Context("cpu", seed=8) as ctx:
+        want = ctx.verify_and_finalize(ctx.lm_head(w), flashspec.VerifyBatch(
+            offsets, drafts, hidden, temperatures=temps, **arrays))
+    dev = lambda a: torch.from_numpy(a).cuda()  # noqa: E731
+    with flashspec.Context("cuda", cuda_stream=torch.cuda.current_stream(), seed=8) as ctx:
+        head = ctx.lm_head(dev(w))
+        batch = flashspec.VerifyBatch(dev(offsets), dev(drafts), dev(hidden), temperatures=dev(temps),
+                                      **{k: dev(v) for k, v in arrays.items()})
+        got = ctx.verify_and_finalize(head, batch)
+        ctx.synchronize()
+        short = dict(arrays, draft_support_tokens=arrays["draft_support_tokens"][:-1])
+        with pytest.raises(ValueError, match="draft_support_tokens"):
+            flashspec.VerifyBatch(dev(offsets), dev(drafts), dev(hidden), **{k: dev(v) for k, v in short.items()})
+    np.testing.assert_array_equal(got.accepted_counts.cpu().numpy(), want.accepted_counts)
+    np.testing.assert_array_equal(got.emitted_tokens.cpu().numpy(), want.emitted_tokens)
+
+
 def test_cupy_draft_through_cuda_array_interface_and_dlpack():
     cupy = _cupy()
     w, h = inputs(4)

@@ -22,6 +22,7 @@
 #include "kernels/cpu/cpu_scan.h"
 #include "sampling/algorithm1.h"
 #include "sampling/controls.h"
+#include "sampling/draft_support.h"
 #include "sampling/fold.h"
 #include "util/dtype.h"
 #include "util/philox.h"
@@ -353,12 +354,9 @@ class DraftDistribution {
 
   void load_support(const VerifyArgs& args, int32_t draft_row) {
     const int32_t begin = args.support_offsets[draft_row], end = args.support_offsets[draft_row + 1];
-    double sum = 0.0;
-    for (int32_t e = begin; e < end; ++e) sum += double(args.support_probs[e]);
-    for (int32_t e = begin; e < end; ++e) {
-      const double q = double(args.support_probs[e]) / sum;
-      support_.push_back({args.support_tokens[e], q > 0.0 ? float(std::log(q)) : neg_inf()});
-    }
+    const double sum = support_sum(args.support_probs, begin, end);
+    for (int32_t e = begin; e < end; ++e)
+      support_.push_back({args.support_tokens[e], support_log_q(args.support_probs, e, sum)});
     std::sort(support_.begin(), support_.end(),
               [](const SupportEntry& a, const SupportEntry& b) { return a.token < b.token; });
   }
@@ -590,7 +588,7 @@ class CpuBackend final : public Backend {
       }
       if (!stochastic) continue;
       const RequestView req = request_view(args, request);
-      drafts_tried_at(args, req, row - req.first_row, drafts);
+      tried_drafts(args, req, row - req.first_row, drafts);
       if (drafts.empty()) continue;
       const TargetRow p = analysis ? TargetRow(*analysis)
                                    : TargetRow(kept_rows[size_t(row)], plan.inv_t, out[size_t(row)].lse);
@@ -711,14 +709,9 @@ class CpuBackend final : public Backend {
 
   // The drafts row j of request v verifies (batch draft indices, in the
   // order they are tried): a chain row's one draft, a tree node's children.
-  static void drafts_tried_at(const VerifyArgs& args, const RequestView& v, int32_t j, std::vector<int32_t>& drafts) {
-    drafts.clear();
-    if (!args.draft_parents) {
-      if (j < v.num_drafts) drafts.push_back(v.first_draft + j);
-      return;
-    }
-    for (int32_t k = j; k < v.num_drafts; ++k)
-      if (args.draft_parents[v.first_draft + k] == j - 1) drafts.push_back(v.first_draft + k);
+  static void tried_drafts(const VerifyArgs& args, const RequestView& v, int32_t j, std::vector<int32_t>& drafts) {
+    drafts.resize(size_t(v.num_drafts) + 1);
+    drafts.resize(size_t(drafts_tried_at(args, v, j, drafts.data())));
   }
 
   // The stochastic drafts a row verifies, against its p: log q of a chain
