@@ -138,18 +138,21 @@ TEST_F(GpuGraph, StochasticTreeReplaysMatchCpu) {
   std::vector<float> support_probs;
   for (int r = 0; r <= kReq; ++r) offsets[size_t(r)] = r * kN;
   for (int k = 0; k < kReq * kN; ++k) {
+    // q: the target's kSupport most likely tokens at the node's parent row,
+    // with the target's odds, perturbed; x one of them.
     parents.push_back(tree[k % kN]);
+    const int row = (k / kN) * (kN + 1) + tree[k % kN] + 1;
+    std::vector<std::pair<double, int32_t>> ranked;
+    for (int32_t t = 0; t < kVocab; ++t) ranked.push_back({-exact_logit(w, h, row, t), t});
+    std::partial_sort(ranked.begin(), ranked.begin() + kSupport, ranked.end());
     double sum = 0.0;
     std::vector<double> q(kSupport);
-    for (double& v : q) sum += (v = 0.05 + rng.uniform());
+    for (int e = 0; e < kSupport; ++e) sum += (q[size_t(e)] = std::exp(-ranked[size_t(e)].first + 0.3 * rng.normal()));
     for (int e = 0; e < kSupport; ++e) {
-      int32_t t;
-      do t = rng.below(kVocab);
-      while (std::find(support_tokens.begin() + support_offsets.back(), support_tokens.end(), t) != support_tokens.end());
-      support_tokens.push_back(t);
+      support_tokens.push_back(ranked[size_t(e)].second);
       support_probs.push_back(float(q[size_t(e)] / sum));
     }
-    tokens.push_back(support_tokens[size_t(support_offsets.back() + rng.below(kSupport))]);
+    tokens.push_back(support_tokens[size_t(support_offsets.back() + rng.below(3))]);
     support_offsets.push_back(int32_t(support_tokens.size()));
   }
   std::vector<uint64_t> steps(kReq, 5);

@@ -146,8 +146,9 @@ def test_torch_sparse_stochastic_tree_on_device_matches_cpu():
         got = ctx.verify_and_finalize(head, batch)
         ctx.synchronize()
         short = dict(arrays, draft_support_tokens=arrays["draft_support_tokens"][:-1])
-        with pytest.raises(ValueError, match="draft_support_tokens"):
-            flashspec.VerifyBatch(dev(offsets), dev(drafts), dev(hidden), **{k: dev(v) for k, v in short.items()})
+        with pytest.raises(ValueError, match="draft_support_tokens has 41 entries"):
+            ctx.verify_and_finalize(head, flashspec.VerifyBatch(dev(offsets), dev(drafts), dev(hidden),
+                                                                **{k: dev(v) for k, v in short.items()}))
     np.testing.assert_array_equal(got.accepted_counts.cpu().numpy(), want.accepted_counts)
     np.testing.assert_array_equal(got.emitted_tokens.cpu().numpy(), want.emitted_tokens)
 
