@@ -22,6 +22,45 @@ class GpuGraph : public ::testing::Test {
   void SetUp() override { FSGPU_SKIP_WITHOUT_DEVICE(); }
 };
 
+// A CUDA context on its own non-blocking stream and a CPU context with the
+// same seed, each holding the LM head w.
+struct ContextPair {
+  cudaStream_t stream = nullptr;
+  ContextPtr gpu, cpu;
+  HeadPtr gpu_head, cpu_head;
+
+  ContextPair(const Matrix& w, uint64_t seed) {
+    if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return;
+    gpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(seed).cuda_stream(stream));
+    cpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CPU).seed(seed));
+    if (gpu && cpu) {
+      gpu_head = make_head(gpu.get(), w.view(), FLASHSPEC_LM_HEAD_COPY);
+      cpu_head = make_head(cpu.get(), w.view(), FLASHSPEC_LM_HEAD_COPY);
+    }
+  }
+  ~ContextPair() {
+    gpu_head.reset();
+    gpu.reset();
+    if (stream) cudaStreamDestroy(stream);
+  }
+  bool ready() const { return gpu_head && cpu_head; }
+
+  // verify_and_finalize captured once on the stream; NULL (and a test
+  // failure) if the capture fails.
+  cudaGraphExec_t capture(const flashspec_verify_batch& batch, flashspec_verify_result& result) {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return nullptr;
+    const flashspec_status st = flashspec_verify_and_finalize(gpu.get(), gpu_head.get(), &batch, &result);
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    EXPECT_EQ(st, FLASHSPEC_OK) << flashspec_context_last_error(gpu.get());
+    EXPECT_EQ(ended, cudaSuccess);
+    if (st == FLASHSPEC_OK && ended == cudaSuccess) EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    if (graph) cudaGraphDestroy(graph);
+    return exec;
+  }
+};
+
 TEST_F(GpuGraph, ReplaysAdvanceStepsAndMatchCpu) {
   constexpr int kReq = 48, kN = 3, kVocab = 1999, kD = 64, kRows = kReq * (kN + 1);
   Rng rng(4242);
@@ -32,14 +71,8 @@ TEST_F(GpuGraph, ReplaysAdvanceStepsAndMatchCpu) {
   for (auto& t : tokens) t = rng.below(kVocab);
   std::vector<uint64_t> steps(kReq, 5);
 
-  cudaStream_t stream;
-  FSGPU_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  auto gpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(31337).cuda_stream(stream));
-  auto cpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CPU).seed(31337));
-  ASSERT_TRUE(gpu && cpu);
-  auto gpu_head = make_head(gpu.get(), w.view(), FLASHSPEC_LM_HEAD_COPY);
-  auto cpu_head = make_head(cpu.get(), w.view(), FLASHSPEC_LM_HEAD_COPY);
-  ASSERT_TRUE(gpu_head && cpu_head);
+  ContextPair pair(w, 31337);
+  ASSERT_TRUE(pair.ready());
 
   DevMatrix hd(h);
   flashspec_tensor hv = hd.view();
@@ -61,23 +94,18 @@ TEST_F(GpuGraph, ReplaysAdvanceStepsAndMatchCpu) {
   res.emitted_tokens = d_emit.ptr();
   res.next_steps = d_steps.ptr();  // aliases batch.steps: each replay advances it
 
-  cudaGraph_t graph;
-  FSGPU_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  flashspec_status st = flashspec_verify_and_finalize(gpu.get(), gpu_head.get(), &b, &res);
-  FSGPU_CUDA(cudaStreamEndCapture(stream, &graph));
-  ASSERT_EQ(st, FLASHSPEC_OK) << flashspec_context_last_error(gpu.get());
-  cudaGraphExec_t exec;
-  FSGPU_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  cudaGraphExec_t exec = pair.capture(b, res);
+  ASSERT_NE(exec, nullptr);
 
   std::vector<std::vector<int32_t>> emitted, accepted;
   std::vector<std::vector<flashspec::RowSummary>> summaries;
   for (int replay = 0; replay < 2; ++replay) {
-    FSGPU_CUDA(cudaGraphLaunch(exec, stream));
-    FSGPU_CUDA(cudaStreamSynchronize(stream));
+    FSGPU_CUDA(cudaGraphLaunch(exec, pair.stream));
+    FSGPU_CUDA(cudaStreamSynchronize(pair.stream));
     emitted.push_back(d_emit.get());
     accepted.push_back(d_acc.get());
     std::vector<flashspec::RowSummary> rs(static_cast<size_t>(kRows));
-    ASSERT_TRUE(flashspec::cuda::read_summaries(*gpu->own_summaries, kRows, rs.data()));
+    ASSERT_TRUE(flashspec::cuda::read_summaries(*pair.gpu->own_summaries, kRows, rs.data()));
     summaries.push_back(rs);
   }
   EXPECT_EQ(d_steps.get(), std::vector<uint64_t>(kReq, 7));
@@ -99,7 +127,7 @@ TEST_F(GpuGraph, ReplaysAdvanceStepsAndMatchCpu) {
     flashspec_verify_result_init(&cr);
     cr.accepted_counts = acc.data();
     cr.emitted_tokens = emit.data();
-    FSGPU_OK(cpu.get(), flashspec_verify_and_finalize(cpu.get(), cpu_head.get(), &cb, &cr));
+    FSGPU_OK(pair.cpu.get(), flashspec_verify_and_finalize(pair.cpu.get(), pair.cpu_head.get(), &cb, &cr));
     int near_ties = 0;
     for (int r = 0; r < kReq; ++r) {
       bool same = acc[size_t(r)] == accepted[size_t(replay)][size_t(r)];
@@ -120,9 +148,6 @@ TEST_F(GpuGraph, ReplaysAdvanceStepsAndMatchCpu) {
     EXPECT_LE(near_ties, 1) << "replay " << replay;
   }
   cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  gpu.reset();
-  cudaStreamDestroy(stream);
 }
 
 // Stochastic trees with sparse q (SpecInfer's rule, several barriers per
@@ -157,14 +182,8 @@ TEST_F(GpuGraph, StochasticTreeReplaysMatchCpu) {
   }
   std::vector<uint64_t> steps(kReq, 5);
 
-  cudaStream_t stream;
-  FSGPU_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  auto gpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(4711).cuda_stream(stream));
-  auto cpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CPU).seed(4711));
-  ASSERT_TRUE(gpu && cpu);
-  auto gpu_head = make_head(gpu.get(), w.view(), FLASHSPEC_LM_HEAD_COPY);
-  auto cpu_head = make_head(cpu.get(), w.view(), FLASHSPEC_LM_HEAD_COPY);
-  ASSERT_TRUE(gpu_head && cpu_head);
+  ContextPair pair(w, 4711);
+  ASSERT_TRUE(pair.ready());
 
   DevMatrix hd(h);
   flashspec_tensor hv = hd.view();
@@ -193,21 +212,16 @@ TEST_F(GpuGraph, StochasticTreeReplaysMatchCpu) {
   res.accepted_nodes = d_nodes.ptr();
   res.next_steps = d_steps.ptr();
 
-  cudaGraph_t graph;
-  FSGPU_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  flashspec_status st = flashspec_verify_and_finalize(gpu.get(), gpu_head.get(), &b, &res);
-  FSGPU_CUDA(cudaStreamEndCapture(stream, &graph));
-  ASSERT_EQ(st, FLASHSPEC_OK) << flashspec_context_last_error(gpu.get());
-  cudaGraphExec_t exec;
-  FSGPU_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  cudaGraphExec_t exec = pair.capture(b, res);
+  ASSERT_NE(exec, nullptr);
 
   int near_ties = 0, accepted_total = 0;
   for (int replay = 0; replay < 2; ++replay) {
-    FSGPU_CUDA(cudaGraphLaunch(exec, stream));
-    FSGPU_CUDA(cudaStreamSynchronize(stream));
+    FSGPU_CUDA(cudaGraphLaunch(exec, pair.stream));
+    FSGPU_CUDA(cudaStreamSynchronize(pair.stream));
     const std::vector<int32_t> emitted = d_emit.get(), accepted = d_acc.get(), nodes = d_nodes.get();
     std::vector<flashspec::RowSummary> rs(static_cast<size_t>(kRows));
-    ASSERT_TRUE(flashspec::cuda::read_summaries(*gpu->own_summaries, kRows, rs.data()));
+    ASSERT_TRUE(flashspec::cuda::read_summaries(*pair.gpu->own_summaries, kRows, rs.data()));
 
     std::vector<uint64_t> cpu_steps(kReq, 5 + uint64_t(replay));
     flashspec_tensor chv = h.view();
@@ -227,7 +241,7 @@ TEST_F(GpuGraph, StochasticTreeReplaysMatchCpu) {
     cr.accepted_counts = acc.data();
     cr.emitted_tokens = emit.data();
     cr.accepted_nodes = path.data();
-    FSGPU_OK(cpu.get(), flashspec_verify_and_finalize(cpu.get(), cpu_head.get(), &cb, &cr));
+    FSGPU_OK(pair.cpu.get(), flashspec_verify_and_finalize(pair.cpu.get(), pair.cpu_head.get(), &cb, &cr));
     for (int r = 0; r < kReq; ++r) {
       ASSERT_GE(accepted[size_t(r)], 0) << "replay " << replay << " request " << r;
       accepted_total += accepted[size_t(r)];
@@ -253,9 +267,6 @@ TEST_F(GpuGraph, StochasticTreeReplaysMatchCpu) {
   EXPECT_LE(near_ties, 1);
   EXPECT_GT(accepted_total, 0);
   cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  gpu.reset();
-  cudaStreamDestroy(stream);
 }
 
 // A small valid batch of two requests (2 and 1 drafts) whose device copy a

@@ -33,7 +33,7 @@ _DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT = 0, 1, 2, 4
 
 # Element types the C API takes, by name.
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint64": 8, "int64": 8, "uint8": 1,
-             "int8": 1}
+             "int8": 1, "uint32": 4}
 _TENSOR_DTYPES = {"float32": _capi.FLASHSPEC_DTYPE_F32, "bfloat16": _capi.FLASHSPEC_DTYPE_BF16,
                   "float16": _capi.FLASHSPEC_DTYPE_F16}
 # The 8-bit codes of a quantised LM head (code_tensor): uint8 arrays hold
@@ -212,6 +212,65 @@ def read_device_int32(v, index):
     if err != 0:
         raise RuntimeError(f"CUDA error {err} while reading a device array's entry {index}")
     return out.value
+
+
+class _DeviceCopy:
+    """Device memory holding a copy of a host array, allocated and filled on
+    `stream` (stream-ordered) and freed on it when the copy is dropped, so
+    the free follows every call enqueued there that reads it."""
+
+    __slots__ = ("address", "device", "stream")
+
+    def __init__(self, host, nbytes, device, stream):
+        rt = _cuda_runtime()
+        self.address, self.device, self.stream = None, device, stream
+        ptr = ctypes.c_void_p()
+        with _on_device(rt, device):
+            err = rt.cudaMallocAsync(ctypes.byref(ptr), ctypes.c_size_t(max(nbytes, 1)), ctypes.c_void_p(stream))
+            if err != 0:
+                raise RuntimeError(f"CUDA error {err} while allocating {nbytes} bytes for a host array's copy")
+            self.address = ptr.value
+            host_to_device = 1  # cudaMemcpyHostToDevice
+            err = rt.cudaMemcpyAsync(ctypes.c_void_p(self.address), ctypes.c_void_p(host), ctypes.c_size_t(nbytes),
+                                     ctypes.c_int(host_to_device), ctypes.c_void_p(stream))
+            if err != 0:
+                raise RuntimeError(f"CUDA error {err} while copying a host array to the device")
+
+    def __del__(self):
+        if self.address:
+            rt = _cuda_runtime()
+            with _on_device(rt, self.device):
+                rt.cudaFreeAsync(ctypes.c_void_p(self.address), ctypes.c_void_p(self.stream))
+            self.address = None
+
+
+class _on_device:
+    """Makes `device` current for a block, then restores the previous one."""
+
+    def __init__(self, rt, device):
+        self.rt, self.device, self.previous = rt, device, ctypes.c_int(device)
+
+    def __enter__(self):
+        self.rt.cudaGetDevice(ctypes.byref(self.previous))
+        if self.previous.value != self.device:
+            self.rt.cudaSetDevice(ctypes.c_int(self.device))
+
+    def __exit__(self, *exc):
+        if self.previous.value != self.device:
+            self.rt.cudaSetDevice(self.previous)
+
+
+def upload(v, device, stream):
+    """A device View of a contiguous host View, copied on `stream` of
+    `device`. The host array may be dropped once this returns (a copy from
+    pageable memory is staged before cudaMemcpyAsync returns)."""
+    if v.memory != HOST:
+        raise ValueError("upload: the array is not in host memory")
+    if not v.is_contiguous():
+        raise ValueError("upload: the host array must be contiguous")
+    nbytes = v.size * _ITEMSIZE[v.dtype]
+    copy = _DeviceCopy(v.address, nbytes, device, stream)
+    return View(copy.address, v.dtype, v.shape, v.strides, CUDA, device, copy, v.source)
 
 
 def _from_cuda_array_interface(obj, what, stream):

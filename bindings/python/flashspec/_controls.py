@@ -47,10 +47,12 @@ class SamplingControls:
     on Medusa's typical acceptance for a verify's target controls; it is not
     distribution-preserving.
 
-    Controls are host arrays, so the binding applies them with the CPU
-    backend (the CUDA backend takes controls in device memory through the
-    C API; this binding does not upload them yet). Every array is checked
-    against the call it is used in before the library sees it.
+    Every array is checked against the call it is used in before the
+    library sees it. A call on device memory (the CUDA backend) takes the
+    controls in device memory: per-request arrays and bias lists may be
+    device arrays of the call's device (bias_offsets' last entry is then
+    read back, one synchronise); host values, scalars and the token mask
+    are copied to the device on the context's stream for each call.
     """
 
     _PER_REQUEST = (("top_k", "int32"), ("top_p", "float32"), ("min_p", "float32"),
@@ -81,9 +83,12 @@ class SamplingControls:
             raise ValueError(f"{prefix}.token_mask has {self.mask_columns} columns, the vocabulary has {vocab} "
                              "tokens (a bool mask has one column per token)")
 
-    def c_controls(self, requests, mask_rows, prefix, *, per="requests", mask_source=None):
+    def c_controls(self, requests, mask_rows, prefix, *, per="requests", mask_source=None,
+                   memory=_arrays.HOST, device=0, stream=0, upload=True):
         """The flashspec_sampling_controls for a call of ``requests`` requests
-        (rows, for a draft) and ``mask_rows`` mask rows, and the arrays it
+        (rows, for a draft) and ``mask_rows`` mask rows in ``memory`` (device
+        memory: of ``device``, copies made on ``stream`` when ``upload``, the
+        call being on a CUDA context), and the arrays it
         points at (keep them alive while it is used). Raises ValueError
         unless every array holds what the library reads."""
         c = _capi.flashspec_sampling_controls()
@@ -91,13 +96,24 @@ class SamplingControls:
         keep = []
         what = f"the {requests} {per}"
 
-        def host(value, name, dtype):
-            v = _arrays.vector(value, f"{prefix}.{name}", dtype)
-            if v.memory != _arrays.HOST:
-                raise ValueError(f"{prefix}.{name}: sampling controls are host arrays "
-                                 "(this binding passes controls to the CPU backend only)")
+        def in_memory(v, name):
+            """v in the call's memory: host arrays are copied to a device call's device."""
+            if v.memory == memory:
+                if memory == _arrays.CUDA and v.device != device:
+                    raise ValueError(f"{prefix}.{name}: a device array on device {v.device}, "
+                                     f"the call runs on device {device}")
+            elif memory == _arrays.HOST:
+                raise ValueError(f"{prefix}.{name}: a device array for a call on host memory (CPU backend)")
+            elif not upload:
+                raise ValueError(f"{prefix}.{name}: the call's arrays are in device memory but the context "
+                                 "is not a CUDA context, so its host controls are not copied there")
+            else:
+                v = _arrays.upload(v, device, stream)
             keep.append(v)
             return v
+
+        def host(value, name, dtype):
+            return _arrays.vector(value, f"{prefix}.{name}", dtype, stream=stream)
 
         for name, dtype in self._PER_REQUEST:
             value = getattr(self, name)
@@ -107,7 +123,7 @@ class SamplingControls:
                 value = np.full(requests, value, dtype=dtype)
             v = host(value, name, dtype)
             _require(f"{prefix}.{name}", v.shape[0], requests, what)
-            setattr(c, name, v.address)
+            setattr(c, name, in_memory(v, name).address)
 
         offsets, tokens, values = self.bias_offsets, self.bias_tokens, self.bias_values
         if self.logit_bias is not None:
@@ -115,19 +131,21 @@ class SamplingControls:
         if offsets is not None:
             ov = host(offsets, "bias_offsets", "int32")
             _require(f"{prefix}.bias_offsets", ov.shape[0], requests + 1, f"R + 1 = {requests + 1}")
-            entries = ctypes.c_int32.from_address(ov.address + 4 * requests).value
-            c.bias_offsets = ov.address
+            entries = (ctypes.c_int32.from_address(ov.address + 4 * requests).value if ov.memory == _arrays.HOST
+                       else _arrays.read_device_int32(ov, requests))
+            c.bias_offsets = in_memory(ov, "bias_offsets").address
             for name, array, dtype in (("bias_tokens", tokens, "int32"), ("bias_values", values, "float32")):
                 if array is None:
                     continue  # the library refuses a NULL list that offsets name entries of
                 v = host(array, name, dtype)
                 _require(f"{prefix}.{name}", v.shape[0], entries, f"bias_offsets[R] = {entries}")
-                setattr(c, name, v.address if v.size else None)
+                setattr(c, name, in_memory(v, name).address if v.size else None)
         else:
             # Without offsets the library reads neither list; it refuses them.
             for name, array, dtype in (("bias_tokens", tokens, "int32"), ("bias_values", values, "float32")):
                 if array is not None:
-                    setattr(c, name, host(array, name, dtype).address or None)
+                    v = host(array, name, dtype)
+                    setattr(c, name, in_memory(v, name).address if v.size else None)
 
         if self.token_mask is not None:
             rows, words = self.token_mask.shape
@@ -135,8 +153,8 @@ class SamplingControls:
                 raise ValueError(f"{prefix}.token_mask has {rows} rows, expected {mask_source or mask_rows}")
             if words == 0:
                 raise ValueError(f"{prefix}.token_mask has no columns")
-            keep.append(self.token_mask)
-            c.token_mask = self.token_mask.__array_interface__["data"][0]
+            mask = in_memory(_arrays.view(self.token_mask, f"{prefix}.token_mask"), "token_mask")
+            c.token_mask = mask.address
             # Always explicit: 0 would mean ceil(V / 32), which the array may not hold.
             c.mask_words = words
         return c, keep

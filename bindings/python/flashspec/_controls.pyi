@@ -52,4 +52,5 @@ class SamplingControls:
     # The flashspec_sampling_controls (a capi struct) and the arrays it
     # points at, which must outlive its use.
     def c_controls(self, requests: int, mask_rows: int, prefix: str, *, per: str = "requests",
-                   mask_source: str | None = None) -> tuple[Any, list[object]]: ...
+                   mask_source: str | None = None, memory: int = ..., device: int = 0, stream: int = 0,
+                   upload: bool = True) -> tuple[Any, list[object]]: ...

@@ -220,7 +220,8 @@ class Context(_Handle):
             rows, hv, dict(temperatures=temperatures, seeds=seeds, request_ids=request_ids, steps=steps,
                            positions=positions), dict(tokens_out=tokens_out, scores_out=scores_out))
         tv, sv = views.pop("tokens_out"), views.pop("scores_out")
-        c_controls, _keep = _draft_controls(controls, head, rows, memory)
+        c_controls, _keep = _draft_controls(controls, head, rows, memory, hv.device, self.stream,
+                                            self.backend == "cuda")
         params = _draft_params(memory, temperature, views)
         params.controls = c_controls
         self._call(_capi.flashspec_draft, head.raw, _arrays.c_tensor(hv), params, tv.address, sv.address)
@@ -241,7 +242,8 @@ class Context(_Handle):
             raise TypeError(f"k: expected an int, got {type(k).__name__}")
         hv = _arrays.tensor(hidden, "hidden", stream=self.stream)
         rows = hv.shape[0]
-        c_controls, _keep = _draft_controls(controls, head, rows, hv.memory)
+        c_controls, _keep = _draft_controls(controls, head, rows, hv.memory, hv.device, self.stream,
+                                            self.backend == "cuda")
         # The library refuses a k outside 1..MAX_DRAFT_TOP_K before writing
         # anything; the outputs are sized for the k it can accept, and k is
         # clamped into int32 so any int reaches that check.
@@ -326,7 +328,7 @@ class Context(_Handle):
         ([rows, SHARD_RECORD_BYTES] or flat; rows = draft_offsets[R] + R), in
         the memory of the batch's index arrays. Gather every rank's records,
         then finalize_shards."""
-        c_batch = batch.c_batch(self.stream)
+        c_batch = batch.c_batch(self.stream, cuda_context=self.backend == "cuda")
         batch.check_vocab(head.global_vocab_size)
         rv = _arrays.records(records, "records", stream=self.stream, output=True)
         _require_records(rv, "records", batch.total_rows, f"draft_offsets[R] + R = {batch.total_rows} rows")
@@ -351,7 +353,7 @@ class Context(_Handle):
     # ---- verify / finalize -------------------------------------------------
     def verify(self, head, batch, summaries):
         """One pass over W for the batch, writing only the per-row summaries."""
-        c_batch = batch.c_batch(self.stream)
+        c_batch = batch.c_batch(self.stream, cuda_context=self.backend == "cuda")
         batch.check_vocab(head.vocab_size)
         self._call(_capi.flashspec_verify, head.raw, c_batch, summaries.raw)
 
@@ -374,22 +376,20 @@ class Context(_Handle):
 
     def _batch_and_result(self, batch, out):
         # Every length is checked (by c_batch and c_result) before the call.
-        c_batch = batch.c_batch(self.stream)
+        c_batch = batch.c_batch(self.stream, cuda_context=self.backend == "cuda")
         result = out if out is not None else VerifyResult.like(batch, self.stream)
         return c_batch, result, result.c_result(self.stream, batch)
 
 
-def _draft_controls(controls, head, rows, memory):
+def _draft_controls(controls, head, rows, memory, device, stream, upload):
     """The flashspec_sampling_controls of a draft call's per-row controls (a
-    SamplingControls or None) and the arrays it points at (keep them alive
-    for the call): None, None without controls."""
+    SamplingControls or None) in the call's memory, and the arrays it points
+    at (keep them alive for the call): None, None without controls."""
     if controls is None:
         return None, None
-    if memory != _arrays.HOST:
-        raise ValueError("controls: sampling controls need host arrays and host hidden rows "
-                         "(this binding passes controls to the CPU backend only)")
     controls.check_vocab(head.vocab_size, "controls")
-    return controls.c_controls(rows, rows, "controls", per="rows", mask_source=f"the {rows} rows")
+    return controls.c_controls(rows, rows, "controls", per="rows", mask_source=f"the {rows} rows",
+                               memory=memory, device=device, stream=stream, upload=upload)
 
 
 def _draft_params(memory, temperature, views):
@@ -579,8 +579,8 @@ class VerifyBatch:
     offsets[R]). ``logprobs=True`` returns the emitted tokens' logprobs
     (VerifyResult.logprobs, .raw_logprobs); ``top_logprobs=n`` (at most
     MAX_TOP_LOGPROBS) each slot's n tokens of largest raw logit
-    (.top_tokens, .top_logprobs). Controls need host index arrays: this
-    binding passes them to the CPU backend only.
+    (.top_tokens, .top_logprobs). With device index arrays (CUDA backend)
+    the controls go to the device too (see SamplingControls).
     """
 
     _ARRAYS = (("draft_offsets", "int32"), ("draft_tokens", "int32"), ("temperatures", "float32"),
@@ -613,7 +613,7 @@ class VerifyBatch:
         self._stream = None
         self._built = None
 
-    def c_batch(self, stream):
+    def c_batch(self, stream, cuda_context=True):
         """The flashspec_verify_batch (built once per stream; keeps its views)."""
         if self._built is not None and self._stream == stream:
             return self._built[0]
@@ -627,16 +627,15 @@ class VerifyBatch:
         drafts = _check_batch_sizes(views, hidden, logits)
         controls = {}
         if (self.controls is not None or self.draft_controls is not None) and drafts is not None:
-            if memory != _arrays.HOST:
-                raise ValueError("controls: sampling controls need host index arrays "
-                                 "(this binding passes controls to the CPU backend only)")
             requests = offsets.shape[0] - 1
+            where = dict(memory=memory, device=hidden.device, stream=stream, upload=cuda_context)
             if self.controls is not None:
                 controls["controls"] = self.controls.c_controls(
-                    requests, hidden.shape[0], "controls", mask_source=f"draft_offsets[R] + R = {hidden.shape[0]}")
+                    requests, hidden.shape[0], "controls", mask_source=f"draft_offsets[R] + R = {hidden.shape[0]}",
+                    **where)
             if self.draft_controls is not None:
                 controls["draft_controls"] = self.draft_controls.c_controls(
-                    requests, drafts, "draft_controls", mask_source=f"draft_offsets[R] = {drafts}")
+                    requests, drafts, "draft_controls", mask_source=f"draft_offsets[R] = {drafts}", **where)
         if logits is not None and logits.shape[0] == 0:
             logits = None  # no drafts: nothing to score against
         batch = _capi.flashspec_verify_batch()

@@ -394,7 +394,10 @@ def test_logprob_outputs_of_the_right_size_are_written_in_place(ctx, weights):
     assert out.top(0) == want.top(0)
 
 
-def test_controls_need_host_arrays(ctx, weights, no_library_call):
+def test_controls_live_where_the_call_does(ctx, weights, no_library_call):
+    """A CPU context copies nothing to a device: a device batch's host
+    controls, and device controls of a host batch, are refused unread (a
+    CUDA context copies host controls to the device: tests/test_gpu.py)."""
     class DeviceArray:
         def __init__(self, shape, typestr):
             self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "strides": None,
@@ -403,10 +406,10 @@ def test_controls_need_host_arrays(ctx, weights, no_library_call):
     batch = flashspec.VerifyBatch(DeviceArray((3,), "<i4"), DeviceArray((3,), "<i4"), DeviceArray((5, D), "<f4"),
                                   controls=flashspec.SamplingControls(top_k=3))
     refused(ctx, no_library_call, lambda: ctx.verify(ctx.lm_head(weights), batch, ctx.summaries(16, 4)),
-            "sampling controls need host index arrays")
+            "controls.top_k: the call's arrays are in device memory but the context is not a CUDA context")
     host_batch = batch_with(flashspec.SamplingControls(top_p=DeviceArray((2,), "<f4")))
     refused(ctx, no_library_call, lambda: ctx.verify_and_finalize(ctx.lm_head(weights), host_batch),
-            "controls.top_p: sampling controls are host arrays")
+            r"controls.top_p: a device array for a call on host memory \(CPU backend\)")
 
 
 def test_mask_packing_and_argument_forms():

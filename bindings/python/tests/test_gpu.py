@@ -153,6 +153,47 @@ def test_torch_sparse_stochastic_tree_on_device_matches_cpu():
     np.testing.assert_array_equal(got.emitted_tokens.cpu().numpy(), want.emitted_tokens)
 
 
+def test_torch_controls_on_device_match_cpu():
+    """Sampling controls with device index arrays: host values (scalars, a
+    bias dict, a bool mask) are copied to the device, per-request device
+    arrays are taken as they are; verify and draft give the CPU backend's
+    tokens and logprobs."""
+    rng = np.random.default_rng(21)
+    w = rng.standard_normal((V, D)).astype(np.float32)
+    offsets = np.array([0, 3, 4, 6], np.int32)
+    hidden = rng.standard_normal((9, D)).astype(np.float32)
+    drafts = rng.integers(0, V, 6).astype(np.int32)
+    temps = np.array([0.8, 0.0, 1.0], np.float32)
+    mask = rng.random((9, V)) < 0.7
+    top_p = np.array([0.95, 0.9, 0.8], np.float32)
+    dev = lambda a: torch.from_numpy(a).cuda()  # noqa: E731
+
+    def controls(top_p_array):
+        return flashspec.SamplingControls(top_k=40, top_p=top_p_array, min_p=0.05,
+                                          logit_bias={int(drafts[0]): 2.0, 7: -1.0}, token_mask=mask)
+
+    with flashspec.Context("cpu", seed=3) as ctx:
+        head = ctx.lm_head(w)
+        want = ctx.verify_and_finalize(head, flashspec.VerifyBatch(
+            offsets, drafts, hidden, temperatures=temps, controls=controls(top_p), logprobs=True))
+        want_draft = ctx.draft(head, hidden, temperature=0.7, controls=flashspec.SamplingControls(
+            top_k=20, min_p=0.1, token_mask=mask))
+    with flashspec.Context("cuda", cuda_stream=torch.cuda.current_stream(), seed=3) as ctx:
+        head = ctx.lm_head(dev(w))
+        for given in (top_p, dev(top_p)):
+            batch = flashspec.VerifyBatch(dev(offsets), dev(drafts), dev(hidden), temperatures=dev(temps),
+                                          controls=controls(given), logprobs=True)
+            got = ctx.verify_and_finalize(head, batch)
+            ctx.synchronize()
+            np.testing.assert_array_equal(got.accepted_counts.cpu().numpy(), want.accepted_counts)
+            np.testing.assert_array_equal(got.emitted_tokens.cpu().numpy(), want.emitted_tokens)
+            np.testing.assert_allclose(got.logprobs.cpu().numpy(), want.logprobs, atol=1e-4, equal_nan=True)
+        tokens, _ = ctx.draft(head, dev(hidden), temperature=0.7, controls=flashspec.SamplingControls(
+            top_k=20, min_p=0.1, token_mask=mask))
+        ctx.synchronize()
+    np.testing.assert_array_equal(tokens.cpu().numpy(), want_draft[0])
+
+
 def test_cupy_draft_through_cuda_array_interface_and_dlpack():
     cupy = _cupy()
     w, h = inputs(4)
