@@ -7,18 +7,24 @@
 //   plain      flashspec_verify_and_finalize, T = 0.8, no controls
 //   chain      llama.cpp's default chain: top-k 40, top-p 0.95, min-p 0.05, T = 0.8
 //   logprobs   the chain, returning the emitted tokens' logprobs and the top 5
-//   top_p      top-p 0.9 alone (the kept set is found among the best
-//              FLASHSPEC_MAX_TOP_K tokens; larger ones are refused)
-// and, for top_p, the fraction of rows whose kept set was larger than the
-// candidate list on these logits. Each op is captured into a CUDA graph per
+//   top_p      top-p 0.9 alone, captured: the kept set is found among the
+//              best FLASHSPEC_MAX_TOP_K tokens (a captured call refuses
+//              requests whose kept set is larger)
+// and, for top_p, the fraction of requests whose kept set was larger than
+// the candidate list on these logits (the requests an eager call continues
+// in two more passes over W). Each op is captured into a CUDA graph per
 // weight buffer; replays are timed with CUDA events (median of --reps),
-// rotating over weight buffers so the L2 holds no W.
+// rotating over weight buffers so the L2 holds no W. Two more columns time
+// eager calls on the host clock, each call then a stream synchronise
+// (median of --reps): plain_eager (no controls) and top_p_eager (top-p 0.9,
+// continuing the requests beyond the list).
 //
 // Usage: flashspec_controls_bench [--quick] [--only V d rows] [--reps N] [--json FILE]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -33,7 +39,7 @@ namespace {
 
 struct Row {
   int vocab, d, rows;
-  double gemm, plain, chain, logprobs, top_p, beyond;
+  double gemm, plain, chain, logprobs, top_p, beyond, plain_eager, top_p_eager;
 };
 
 // Device arrays of one controls struct, every request alike.
@@ -166,9 +172,26 @@ int main(int argc, char** argv) {
           with_top_p.push_back(timer.capture([&] { verify(head, &nucleus.view, false); }));
         }
         Row r{vocab, d, rows, timer.median_ms(gemm), timer.median_ms(plain), timer.median_ms(with_chain),
-              timer.median_ms(with_logprobs), timer.median_ms(with_top_p), 0.0};
-        // Rows refused because top-p alone kept more than the candidate list.
-        verify(heads[0], &nucleus.view, false);
+              timer.median_ms(with_logprobs), timer.median_ms(with_top_p), 0.0, 0.0, 0.0};
+        // Eager calls, timed on the host clock through a synchronise.
+        auto eager_ms = [&](const flashspec_sampling_controls* controls) {
+          std::vector<double> times;
+          for (int i = -2; i < args.reps; ++i) {  // two warm-up calls
+            CUDA_OK(cudaStreamSynchronize(stream));
+            const auto start = std::chrono::steady_clock::now();
+            verify(heads[size_t((i + 2) % buffers)], controls, false);
+            CUDA_OK(cudaStreamSynchronize(stream));
+            const auto stop = std::chrono::steady_clock::now();
+            if (i >= 0) times.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
+          }
+          std::sort(times.begin(), times.end());
+          return times[times.size() / 2];
+        };
+        r.plain_eager = eager_ms(nullptr);
+        r.top_p_eager = eager_ms(&nucleus.view);
+        // Requests a captured call refuses because top-p alone kept more
+        // than the candidate list: those an eager call continues.
+        CUDA_OK(cudaGraphLaunch(with_top_p[0], stream));
         std::vector<int32_t> accepted(static_cast<size_t>(requests));
         CUDA_OK(cudaMemcpyAsync(accepted.data(), batch.accepted, accepted.size() * 4, cudaMemcpyDeviceToHost, stream));
         CUDA_OK(cudaStreamSynchronize(stream));
@@ -178,9 +201,11 @@ int main(int argc, char** argv) {
         results.push_back(r);
         std::printf("V=%6d d=%5d rows=%3d | gemm %.4f plain %.4f chain %.4f logprobs %.4f top_p %.4f ms | "
                     "plain/gemm %.3f chain/gemm %.3f chain/plain %.3f logprobs/plain %.3f top_p/plain %.3f | "
-                    "top-p requests beyond the candidate list %.2f\n",
+                    "top-p requests beyond the candidate list %.2f | eager: plain %.4f top_p %.4f ms, "
+                    "top_p/plain %.3f\n",
                     vocab, d, rows, r.gemm, r.plain, r.chain, r.logprobs, r.top_p, r.plain / r.gemm, r.chain / r.gemm,
-                    r.chain / r.plain, r.logprobs / r.plain, r.top_p / r.plain, r.beyond);
+                    r.chain / r.plain, r.logprobs / r.plain, r.top_p / r.plain, r.beyond, r.plain_eager,
+                    r.top_p_eager, r.top_p_eager / r.plain_eager);
         std::fflush(stdout);
         for (auto* list : {&gemm, &plain, &with_chain, &with_logprobs, &with_top_p})
           for (auto g : *list) cudaGraphExecDestroy(g);
@@ -207,9 +232,10 @@ int main(int argc, char** argv) {
       std::fprintf(f,
                    "    {\"V\": %d, \"d\": %d, \"rows\": %d, \"gemm_ms\": %.5f, \"plain_ms\": %.5f, \"chain_ms\": %.5f, "
                    "\"chain_logprobs_ms\": %.5f, \"top_p_ms\": %.5f, \"chain_over_plain\": %.4f, "
-                   "\"chain_over_gemm\": %.4f, \"top_p_beyond_candidates\": %.4f}%s\n",
+                   "\"chain_over_gemm\": %.4f, \"top_p_beyond_candidates\": %.4f, \"plain_eager_ms\": %.5f, "
+                   "\"top_p_eager_ms\": %.5f}%s\n",
                    r.vocab, r.d, r.rows, r.gemm, r.plain, r.chain, r.logprobs, r.top_p, r.chain / r.plain,
-                   r.chain / r.gemm, r.beyond, i + 1 < results.size() ? "," : "");
+                   r.chain / r.gemm, r.beyond, r.plain_eager, r.top_p_eager, i + 1 < results.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
     std::fclose(f);

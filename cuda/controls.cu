@@ -103,6 +103,77 @@ __device__ void merge_control_partial(ControlPartial& a, const ControlPartial& b
   a.flags |= b.flags;
 }
 
+// A row whose kept set runs past its candidate list (the first pass's
+// summary writes it; the second pass adds the crossing bin).
+struct Continuation {
+  int32_t active;       // 1: the row continues in the second and third passes
+  int32_t bin;          // the bin where top-p's cumulative mass is reached; −1: none (min-p only,
+                        // or every token is kept)
+  float x0;             // the row's largest x
+  float list_mass;      // Σ e^(x − x0) over the candidate list, in rank order (fp32)
+  float target;         // top-p's mass target (top_p · Σ e^(x − x0) over the allowed tokens), +Inf without
+  float min_p;          // 0: none
+  uint64_t last_key;    // the list's last (smallest) key: every token ranked before is in the list
+  float list_weighted;  // Σ e^(x − x0)·x over the list
+  float best, second;   // the list's Gumbel-max sample (the excluded token skipped)
+  float best_x, best_raw;
+  int32_t token;
+  int32_t pad;
+};
+
+// The third pass's reduction of one slice of a continuing row: the tokens
+// ranked after the list and above the crossing bin (kept), and how many lie
+// in the bin (its candidates go to the lists).
+struct BandPartial {
+  float mass, weighted;  // Σ e^(x − x0), Σ e^(x − x0)·x
+  float best, second, best_x, best_raw;
+  int32_t token;
+  int32_t bin_count;
+};
+
+__device__ BandPartial empty_band_partial() {
+  BandPartial b;
+  b.mass = 0.0f;
+  b.weighted = 0.0f;
+  b.best = neg_inf();
+  b.second = neg_inf();
+  b.best_x = 0.0f;
+  b.best_raw = 0.0f;
+  b.token = -1;
+  b.bin_count = 0;
+  return b;
+}
+
+__device__ void merge_band_partial(BandPartial& a, const BandPartial& b) {
+  a.mass += b.mass;
+  a.weighted += b.weighted;
+  a.bin_count += b.bin_count;
+  const bool b_wins = b.token >= 0 && (a.token < 0 || b.best > a.best || (b.best == a.best && b.token < a.token));
+  if (b_wins) {
+    a.second = fmaxf(a.best, b.second);
+    a.best = b.best;
+    a.best_x = b.best_x;
+    a.best_raw = b.best_raw;
+    a.token = b.token;
+  } else {
+    a.second = fmaxf(a.second, b.best);
+  }
+}
+
+// The mass bin of x ≤ x0: kMassBins bins of kMassBinNats / kMassBins nats
+// below x0, the last one open below.
+__device__ __forceinline__ int mass_bin(float x, float x0) {
+  const float d = (x0 - x) * (float(kMassBins) / kMassBinNats);
+  return d >= float(kMassBins - 1) ? kMassBins - 1 : int(d);
+}
+
+// e^(x − x0) ≤ 1 in fixed point, 2^40 per unit: sums of them are exact and
+// independent of their order.
+constexpr double kMassUnit = 1099511627776.0;  // 2^40
+__device__ __forceinline__ unsigned long long fixed_mass(float e) {
+  return static_cast<unsigned long long>(double(e) * kMassUnit);
+}
+
 // Keys that order tokens as the controls rank them: larger x first, ties by
 // smaller id; 0 is no key.
 __device__ __forceinline__ uint32_t order_bits(float x) {
@@ -190,6 +261,18 @@ __device__ int32_t lower_bound(const int32_t* sorted, int32_t count, int32_t tok
     else hi = mid;
   }
   return lo;
+}
+
+// x of an allowed token: its logit, repetition-penalised and biased when the
+// row's sorted bias entries [blo, bhi) name it, divided by T (T > 0).
+__device__ __forceinline__ float controlled_x(const RowSetup& r, float lv, int32_t token, int32_t blo, int32_t bhi) {
+  float biased = lv;
+  if (bhi > blo) {
+    const int32_t at = blo + lower_bound(r.c.bias_tokens + blo, bhi - blo, token);
+    if (at < bhi && r.c.bias_tokens[at] == token)
+      biased = repetition_penalised(lv, r.c.repetition_penalty) + r.c.bias_values[at];
+  }
+  return r.greedy ? biased : biased * r.plan.inv_t;
 }
 
 // ---- Block-wide selection of the K largest distinct keys -----------------
@@ -479,13 +562,7 @@ __global__ void __launch_bounds__(kFoldThreads) fold_kernel(const FoldArgs a) {
         part.flags |= kPartialTracked;
       }
       if (!token_allowed(r.c, token)) continue;
-      float biased = lv;
-      if (bhi > blo) {
-        const int32_t at = blo + lower_bound(r.c.bias_tokens + blo, bhi - blo, token);
-        if (at < bhi && r.c.bias_tokens[at] == token)
-          biased = repetition_penalised(lv, r.c.repetition_penalty) + r.c.bias_values[at];
-      }
-      const float x = r.greedy ? biased : biased * r.plan.inv_t;
+      const float x = controlled_x(r, lv, token, blo, bhi);
       if (!is_finite(x)) part.flags |= is_finite(lv) ? kPartialScaleOverflow : kPartialNonFinite;
       ++part.allowed;
       if (token == r.plan.tracked) part.tracked_x = x;
@@ -545,6 +622,7 @@ struct MergeArgs {
   Common common;
   int32_t slices_in_chunk;
   int32_t from;  // merged list read (0 or 1); the other is written
+  const Continuation* continuing;  // third pass: only continuing rows, candidates only; else NULL
 };
 
 __device__ void merge_list(const Lists& list, int row, int slices, int slices_in_chunk, int from, int keep,
@@ -599,15 +677,181 @@ __global__ void __launch_bounds__(kRowThreads) merge_kernel(const MergeArgs a) {
   const int row = blockIdx.x;
   const RowSetup r = row_setup(a.common, row);
   if (r.plan.status != FLASHSPEC_OK) return;
+  if (a.continuing && !a.continuing[row].active) return;
   __shared__ uint32_t hist[256];
   __shared__ int32_t shared[4];
   __shared__ int32_t counts[64], starts[64];
   if (r.keep > 0)
     merge_list(a.common.candidates, row, a.common.slices, a.slices_in_chunk, a.from, r.keep, hist, shared, counts,
                starts);
-  if (a.common.top_n > 0)
+  if (a.common.top_n > 0 && !a.continuing)
     merge_list(a.common.tops, row, a.common.slices, a.slices_in_chunk, a.from, a.common.top_n, hist, shared, counts,
                starts);
+}
+
+// ---- The second and third passes of continuing rows -----------------------
+
+struct PassArgs {
+  Common common;
+  const float* logits;  // [rows][chunk_ld]
+  int32_t chunk_ld;
+  int32_t v0;
+  int32_t count;
+  Continuation* continuing;  // [rows]
+  uint64_t* histograms;      // [rows][kMassBins]
+  BandPartial* band;         // [groups][band_stride]
+  int32_t band_stride;
+  int32_t group_base;
+};
+
+// The tokens of a continuing row that its kept set may still take: allowed,
+// ranked after its list, and kept by min-p. Calls take(i, token, x, raw,
+// e = e^(x − x0)) for each of the slice's tokens, in increasing order per
+// thread (thread t takes tokens t, t + blockDim, ...).
+template <class Take>
+__device__ void continuing_tokens(const PassArgs& a, const RowSetup& r, const Continuation& k, int begin, int end,
+                                  int32_t blo, int32_t bhi, Take take) {
+  const float* l = a.logits + int64_t(blockIdx.y) * a.chunk_ld;
+#pragma unroll
+  for (int q = 0; q < kTokensPerThread; ++q) {
+    const int i = begin + q * kFoldThreads + int(threadIdx.x);
+    if (i >= end) continue;
+    const int32_t token = a.v0 + i;
+    if (!token_allowed(r.c, token)) continue;
+    const float lv = l[i];
+    const float x = controlled_x(r, lv, token, blo, bhi);
+    if (rank_key(x, token) >= k.last_key) continue;  // in the list: kept already
+    const float e = expf(x - k.x0);
+    if (k.min_p > 0.0f && e < k.min_p) continue;  // min-p's cut, as kept_count applies it
+    take(q, token, x, lv, e);
+  }
+}
+
+__device__ void slice_bias_range(const RowSetup& r, int32_t first, int32_t last, int32_t* range) {
+  if (threadIdx.x == 0) {
+    range[0] = lower_bound(r.c.bias_tokens, r.c.bias_count, first);
+    range[1] = lower_bound(r.c.bias_tokens, r.c.bias_count, last);
+  }
+  __syncthreads();
+}
+
+// Second pass: each continuing row with a top-p target sums its remaining
+// tokens' fixed-point mass per bin.
+__global__ void __launch_bounds__(kFoldThreads) mass_histogram_kernel(const PassArgs a) {
+  pdl_wait();
+  const int row = blockIdx.y, s = blockIdx.x;
+  const Continuation k = a.continuing[row];
+  if (!k.active || !(k.target < INFINITY)) return;
+  const RowSetup r = row_setup(a.common, row);
+  const int begin = s * kSliceTokens, end = min(a.count, begin + kSliceTokens);
+  __shared__ unsigned long long hist[kMassBins];
+  __shared__ int32_t bias_range[2];
+  for (int b = threadIdx.x; b < kMassBins; b += blockDim.x) hist[b] = 0;
+  slice_bias_range(r, a.v0 + begin, a.v0 + end, bias_range);
+  continuing_tokens(a, r, k, begin, end, bias_range[0], bias_range[1],
+                    [&](int, int32_t, float x, float, float e) { atomicAdd(&hist[mass_bin(x, k.x0)], fixed_mass(e)); });
+  __syncthreads();
+  unsigned long long* out = reinterpret_cast<unsigned long long*>(a.histograms) + int64_t(row) * kMassBins;
+  for (int b = threadIdx.x; b < kMassBins; b += blockDim.x)
+    if (hist[b]) atomicAdd(out + b, hist[b]);
+}
+
+// After the second pass: the first bin at whose end the cumulative mass (the
+// list's, then the bins' in order) reaches the target. One warp per row.
+__global__ void crossing_kernel(Continuation* continuing, const uint64_t* histograms) {
+  pdl_wait();
+  const int row = blockIdx.x, lane = int(threadIdx.x);
+  const Continuation k = continuing[row];
+  if (!k.active) return;
+  int32_t bin = -1;
+  if (k.target < INFINITY) {
+    constexpr int kPerLane = kMassBins / 32;
+    const uint64_t* h = histograms + int64_t(row) * kMassBins + lane * kPerLane;
+    uint64_t local = 0;
+    for (int b = 0; b < kPerLane; ++b) local += h[b];
+    uint64_t inclusive = local;
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const uint64_t v = __shfl_up_sync(0xffffffffu, inclusive, offset);
+      if (lane >= offset) inclusive += v;
+    }
+    const double target = double(k.target);
+    const unsigned reached = __ballot_sync(0xffffffffu, double(k.list_mass) + double(inclusive) / kMassUnit >= target);
+    if (reached) {
+      const int first = __ffs(reached) - 1;
+      if (lane == first) {
+        uint64_t cumulative = inclusive - local;
+        for (int b = 0; b < kPerLane; ++b) {
+          cumulative += h[b];
+          if (double(k.list_mass) + double(cumulative) / kMassUnit >= target) {
+            bin = lane * kPerLane + b;
+            break;
+          }
+        }
+      }
+      bin = __shfl_sync(0xffffffffu, bin, first);
+    }
+  }
+  if (lane == 0) continuing[row].bin = bin;
+}
+
+// Third pass: the tokens above the crossing bin are kept (their mass, Σ
+// e^(x − x0)·x and Gumbel-max fold here); the bin's tokens become candidates.
+__global__ void __launch_bounds__(kFoldThreads) band_kernel(const PassArgs a) {
+  pdl_wait();
+  const int row = blockIdx.y, s = blockIdx.x;
+  const Common& c = a.common;
+  const Lists& list = c.candidates;
+  const Continuation k = a.continuing[row];
+  if (!k.active) return;
+  const RowSetup r = row_setup(c, row);
+  const int begin = s * kSliceTokens, end = min(a.count, begin + kSliceTokens);
+  __shared__ int32_t bias_range[2];
+  __shared__ BandPartial reduce[kFoldThreads];
+  __shared__ uint32_t hist[256];
+  __shared__ int32_t shared[4];
+  slice_bias_range(r, a.v0 + begin, a.v0 + end, bias_range);
+  BandPartial part = empty_band_partial();
+  uint64_t key[kTokensPerThread];
+  float raw[kTokensPerThread];
+#pragma unroll
+  for (int q = 0; q < kTokensPerThread; ++q) {
+    key[q] = 0;
+    raw[q] = neg_inf();
+  }
+  continuing_tokens(a, r, k, begin, end, bias_range[0], bias_range[1],
+                    [&](int q, int32_t token, float x, float lv, float e) {
+                      const int b = mass_bin(x, k.x0);
+                      if (k.bin >= 0 && b > k.bin) return;  // beyond the cut
+                      if (k.bin >= 0 && b == k.bin) {       // the cut lies among these
+                        key[q] = rank_key(x, token);
+                        raw[q] = lv;
+                        ++part.bin_count;
+                        return;
+                      }
+                      part.mass += e;
+                      part.weighted += e * x;
+                      if (token == r.plan.excluded) return;
+                      const float score = x + gumbel_from_bits(row_word(r.plan.key, token));
+                      if (score > part.best) {
+                        part.second = part.best;
+                        part.best = score;
+                        part.best_x = x;
+                        part.best_raw = lv;
+                        part.token = token;
+                      } else if (score > part.second) {
+                        part.second = score;
+                      }
+                    });
+  reduce[threadIdx.x] = part;
+  __syncthreads();
+  for (int half = kFoldThreads / 2; half > 0; half >>= 1) {
+    if (int(threadIdx.x) < half) merge_band_partial(reduce[threadIdx.x], reduce[threadIdx.x + half]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) a.band[int64_t(a.group_base + s) * a.band_stride + row] = reduce[0];
+  const int64_t at = (int64_t(row) * c.slices + s) * list.capacity;
+  select_into(RegisterKeys{key}, [&](int i) { return raw[i]; }, kCandidates, list.thresholds[row],
+              list.slice_keys + at, list.slice_raws + at, list.slice_counts + row * c.slices + s, hist, shared);
 }
 
 // ---- Each row's summary ---------------------------------------------------
@@ -617,9 +861,20 @@ struct SummaryArgs {
   const ControlPartial* partials;
   int32_t partial_stride;
   int32_t groups;
-  int32_t final_list;  // merged list holding the last chunk's merge
+  int32_t final_list;  // merged candidate list holding the last chunk's merge
+  int32_t tops_list;   // merged top-logits list holding the first pass's last merge
   const int32_t* hidden_bad;
   Outputs out;
+  // First pass (continued = 0): rows whose kept set runs past their list
+  // write their Continuation, set *continue_flag and no output yet. After
+  // the third pass (continued = 1) only those rows run: their candidates are
+  // the crossing bin's tokens, `band` the kept tokens above it.
+  int32_t continued;
+  Continuation* continuing;
+  int32_t* continue_flag;
+  const BandPartial* band;
+  int32_t band_stride;
+  int32_t band_groups;
 };
 
 // (best, second, token) of a block, ties towards the smaller token.
@@ -646,7 +901,11 @@ __global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs 
   const int row = blockIdx.x;
   const Common& c = a.common;
   const RowSetup r = row_setup(c, row);
+  const bool continued = a.continued != 0;
+  if (continued && !a.continuing[row].active) return;  // the first pass wrote this row
   __shared__ ControlPartial all;
+  __shared__ BandPartial above;  // continued rows: the kept tokens above the crossing bin
+  __shared__ int32_t continues;  // first pass: this row continues
   __shared__ uint64_t ranked[kCandidates];
   __shared__ int16_t order[kCandidates];
   __shared__ float ranked_x[kCandidates];
@@ -674,13 +933,21 @@ __global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs 
     candidate_count = (status == FLASHSPEC_OK && r.keep > 0)
                           ? c.candidates.merged_counts[a.final_list * c.rows + row]
                           : 0;
+    continues = 0;
+    if (continued) {
+      BandPartial b = empty_band_partial();
+      for (int g = 0; g < a.band_groups; ++g) merge_band_partial(b, a.band[int64_t(g) * a.band_stride + row]);
+      above = b;
+    } else if (a.continuing) {
+      a.continuing[row].active = 0;
+    }
   }
   __syncthreads();
 
   // A truncated row: rank its candidates (bitonic, descending).
   const int n_c = candidate_count;
   const int64_t list_at = (int64_t(a.final_list) * c.rows + row) * c.candidates.capacity;
-  if (n_c > 0) {
+  if (n_c > 0 || (continued && status_shared == FLASHSPEC_OK)) {
     for (int i = threadIdx.x; i < kCandidates; i += blockDim.x) {
       ranked[i] = i < n_c ? c.candidates.merged_keys[list_at + i] : 0;
       order[i] = int16_t(i);
@@ -706,16 +973,55 @@ __global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs 
       }
     for (int i = threadIdx.x; i < n_c; i += blockDim.x) ranked_x[i] = key_x(ranked[i]);
     __syncthreads();
-    if (threadIdx.x == 0 && c.topk == 0) {
+    if (threadIdx.x == 0 && c.topk == 0 && !continued) {
       const int32_t k = min(int64_t(r.c.top_k), int64_t(all.allowed)) <= n_c ? 1 : 0;
-      int32_t n = k ? kept_count(ranked_x, n_c, r.c)
-                    : kept_count_of_first(ranked_x, n_c, all.s * expf(all.m - ranked_x[0]), r.c);
-      if (n < 0) status_shared = FLASHSPEC_ERR_UNSUPPORTED;  // kept set beyond kCandidates tokens
-      n = n < 0 ? 0 : n;
+      const float mass = all.s * expf(all.m - ranked_x[0]);
+      int32_t n = k ? kept_count(ranked_x, n_c, r.c) : kept_count_of_first(ranked_x, n_c, mass, r.c);
+      // The kept set runs past the list: keep all of it for now; the row
+      // continues (only top-p and min-p leave n < 0).
+      if (n < 0) {
+        continues = a.continuing ? 1 : 0;
+        if (!a.continuing) status_shared = FLASHSPEC_ERR_UNSUPPORTED;
+      }
+      n = n < 0 ? (continues ? n_c : 0) : n;
       float s = 0.0f;
       for (int32_t i = 0; i < n; ++i) s += expf(ranked_x[i] - ranked_x[0]);
       kept = n;
       lse_shared = n > 0 ? ranked_x[0] + logf(s) : 0.0f;
+      if (continues) {
+        Continuation& cont = a.continuing[row];
+        cont.x0 = ranked_x[0];
+        cont.list_mass = s;
+        cont.target = r.c.top_p < 1.0f ? r.c.top_p * mass : INFINITY;
+        cont.min_p = r.c.min_p;
+        cont.last_key = ranked[n_c - 1];
+        cont.bin = -1;
+      }
+    }
+    if (threadIdx.x == 0 && continued) {
+      // The cut among the crossing bin's tokens, in rank order, the
+      // cumulative mass carried from the list and the tokens above the bin.
+      const Continuation& cont = a.continuing[row];
+      float cumulative = cont.list_mass + above.mass;
+      int32_t n = 0;
+      if (cont.bin >= 0) {
+        n = -1;
+        for (int32_t i = 0; i < n_c && n < 0; ++i) {
+          cumulative += expf(ranked_x[i] - cont.x0);
+          if (cumulative >= cont.target) n = i + 1;
+        }
+        if (n < 0) {
+          // Not reached within the listed tokens: a rounding short of the
+          // target keeps the whole bin; a bin of more tokens than the list
+          // holds cannot be cut here.
+          if (above.bin_count > n_c) status_shared = FLASHSPEC_ERR_UNSUPPORTED;
+          n = n_c;
+        }
+      }
+      float s = cont.list_mass + above.mass;
+      for (int32_t i = 0; i < n; ++i) s += expf(ranked_x[i] - cont.x0);
+      kept = n;
+      lse_shared = cont.x0 + logf(s);
     }
     __syncthreads();
   }
@@ -732,13 +1038,13 @@ __global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs 
     return;
   }
   const int32_t status = status_shared;
-  const bool truncated = n_c > 0 && status == FLASHSPEC_OK;
+  const bool truncated = (n_c > 0 || continued) && status == FLASHSPEC_OK;
   const float lse = truncated ? lse_shared : (r.greedy ? 0.0f : lse_value(all.m, all.s));
 
   // The sample: over the kept prefix for a truncated row, else the fold's.
   Winner w{all.best, all.second, all.token, -1};
   float best_x = all.best_x, best_raw = all.best_raw;
-  float entropy = 0.0f;
+  float entropy = 0.0f, weighted_total = 0.0f;
   const bool typical = status == FLASHSPEC_OK && !r.greedy && r.plan.tracked >= 0 && typical_acceptance(r.c);
   if (truncated) {
     Winner mine{neg_inf(), neg_inf(), -1, -1};
@@ -774,16 +1080,64 @@ __global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs 
       best_x = ranked_x[w.index];
       best_raw = c.candidates.merged_raws[list_at + order[w.index]];
     }
+    if (continued) {
+      // With the list's sample and that of the tokens above the bin.
+      const Continuation& cont = a.continuing[row];
+      Winner earlier{cont.best, cont.second, cont.token, -1};
+      float earlier_x = cont.best_x, earlier_raw = cont.best_raw;
+      const Winner band_winner{above.best, above.second, above.token, -1};
+      Winner merged = earlier;
+      merge_winner(merged, band_winner);
+      if (merged.token == above.token && above.token >= 0) {
+        earlier_x = above.best_x;
+        earlier_raw = above.best_raw;
+      }
+      earlier = merged;
+      merge_winner(merged, w);
+      if (merged.token != w.token || w.token < 0) {
+        best_x = earlier_x;
+        best_raw = earlier_raw;
+      }
+      w = merged;
+      weighted += (cont.list_weighted + above.weighted) * expf(cont.x0 - lse);
+    }
+    weighted_total = weighted;
     entropy = lse - weighted;
   } else if (typical) {
     entropy = lse - all.w / all.s;
   }
   if (threadIdx.x != 0) return;
+  if (continues) {
+    // The first pass of a continuing row: its list's share of the sample;
+    // the row's outputs come after the third pass.
+    Continuation& cont = a.continuing[row];
+    cont.best = w.best;
+    cont.second = w.second;
+    cont.token = w.token;
+    cont.best_x = best_x;
+    cont.best_raw = best_raw;
+    cont.list_weighted = weighted_total * expf(lse - cont.x0);
+    cont.active = 1;
+    *a.continue_flag = 1;
+    return;
+  }
 
   // The drafted token is kept if allowed and, in a truncated row, ranked
-  // within the prefix.
+  // within the prefix (a continued row: in its list, above the crossing bin,
+  // or within the bin's kept tokens; and not cut by min-p).
   float draft_x = all.tracked_x;
-  if (truncated && draft_x != neg_inf() && rank_key(draft_x, r.plan.tracked) < ranked[kept - 1]) draft_x = neg_inf();
+  if (continued && draft_x != neg_inf()) {
+    const Continuation& cont = a.continuing[row];
+    const uint64_t key = rank_key(draft_x, r.plan.tracked);
+    bool kept_token = key >= cont.last_key;
+    if (!kept_token && !(cont.min_p > 0.0f && expf(draft_x - cont.x0) < cont.min_p)) {
+      const int b = mass_bin(draft_x, cont.x0);
+      kept_token = cont.bin < 0 || b < cont.bin || (b == cont.bin && kept > 0 && key >= ranked[kept - 1]);
+    }
+    if (!kept_token) draft_x = neg_inf();
+  } else if (truncated && draft_x != neg_inf() && rank_key(draft_x, r.plan.tracked) < ranked[kept - 1]) {
+    draft_x = neg_inf();
+  }
 
   if (a.out.summaries) {
     RowSummary s = verify_summary(r.plan, empty_partial(), status);  // every field set, then this row's
@@ -808,8 +1162,8 @@ __global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs 
 
   // The row's top raw logits, ranked (a short insertion sort).
   if (c.top_n > 0 && a.out.top_tokens) {
-    const int64_t at = (int64_t(a.final_list) * c.rows + row) * c.tops.capacity;
-    const int32_t count = status == FLASHSPEC_OK ? c.tops.merged_counts[a.final_list * c.rows + row] : 0;
+    const int64_t at = (int64_t(a.tops_list) * c.rows + row) * c.tops.capacity;
+    const int32_t count = status == FLASHSPEC_OK ? c.tops.merged_counts[a.tops_list * c.rows + row] : 0;
     uint64_t keys[kTopN];
     float raws[kTopN];
     for (int i = 0; i < count; ++i) {
@@ -871,6 +1225,10 @@ Workspace carve_workspace(void* base, int32_t max_rows, int32_t max_requests, in
   ws.bias_tokens = static_cast<int32_t*>(take(int64_t(ws.max_requests) * kMaxBiasEntries * 4));
   ws.bias_values = static_cast<float*>(take(int64_t(ws.max_requests) * kMaxBiasEntries * 4));
   ws.bias_counts = static_cast<int32_t*>(take(int64_t(ws.max_requests) * 4));
+  ws.continuations = take(rows * int64_t(sizeof(Continuation)));
+  ws.band_partials = take(int64_t(ws.max_groups) * rows * int64_t(sizeof(BandPartial)));
+  ws.histograms = static_cast<uint64_t*>(take(rows * kMassBins * 8));
+  ws.continue_flag = static_cast<int32_t*>(take(4));
   ws.row_requests = static_cast<int32_t*>(reinterpret_cast<void*>(at));
   return ws;
 }
@@ -887,7 +1245,8 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
   for (auto [ptr, bytes] : {std::pair<void*, size_t>{ws.merged_counts, size_t(ws.max_rows) * 8},
                             std::pair<void*, size_t>{ws.thresholds, size_t(ws.max_rows) * 8},
                             std::pair<void*, size_t>{ws.top_merged_counts, size_t(ws.max_rows) * 8},
-                            std::pair<void*, size_t>{ws.top_thresholds, size_t(ws.max_rows) * 8}})
+                            std::pair<void*, size_t>{ws.top_thresholds, size_t(ws.max_rows) * 8},
+                            std::pair<void*, size_t>{ws.continue_flag, sizeof(int32_t)}})
     if ((e = cudaMemsetAsync(ptr, 0, bytes, stream)) != cudaSuccess) return e;
 
   // Every kernel of the pass launches as a programmatic dependent (it waits
@@ -952,7 +1311,7 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
                   kFoldThreads, fold_stream, &f, !pipelined);
     if (e != cudaSuccess) return e;
     if (pipelined && (e = cudaEventRecord(p.freed[buffer], fold_stream)) != cudaSuccess) return e;
-    MergeArgs m{common, slices, from};
+    MergeArgs m{common, slices, from, nullptr};
     e = launch_on(reinterpret_cast<const void*>(&merge_kernel), dim3(unsigned(p.rows)), kRowThreads, fold_stream, &m,
                   true);
     if (e != cudaSuccess) return e;
@@ -963,9 +1322,80 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
     if ((e = cudaEventRecord(p.joined, fold_stream)) != cudaSuccess) return e;
     if ((e = cudaStreamWaitEvent(stream, p.joined, 0)) != cudaSuccess) return e;
   }
-  SummaryArgs s{common, static_cast<const ControlPartial*>(ws.partials), ws.max_rows, group, from, p.hidden_bad, out};
-  return launch_on(reinterpret_cast<const void*>(&summary_kernel), dim3(unsigned(p.rows)), kRowThreads, stream, &s,
-                   !pipelined);
+  // Rows whose top-p or min-p kept set runs past their candidate list
+  // continue (controls.h): only top-p and min-p can, and only outside stream
+  // capture, where the host cannot learn whether a row did before it records
+  // the passes (a captured call's such rows fail with UNSUPPORTED instead).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if ((e = cudaStreamIsCapturing(stream, &capture)) != cudaSuccess) return e;
+  const bool may_continue =
+      out.topk == 0 && (p.controls.top_p || p.controls.min_p) && capture == cudaStreamCaptureStatusNone;
+  auto* continuing = may_continue ? static_cast<Continuation*>(ws.continuations) : nullptr;
+  auto* band = static_cast<BandPartial*>(ws.band_partials);
+  SummaryArgs s{common, static_cast<const ControlPartial*>(ws.partials), ws.max_rows, group, from, from,
+                p.hidden_bad, out, 0, continuing, ws.continue_flag, band, ws.max_rows, 0};
+  e = launch_on(reinterpret_cast<const void*>(&summary_kernel), dim3(unsigned(p.rows)), kRowThreads, stream, &s,
+                !pipelined);
+  if (e != cudaSuccess || !may_continue) return e;
+  int32_t flag = 0;
+  if ((e = cudaMemcpyAsync(&flag, ws.continue_flag, sizeof flag, cudaMemcpyDeviceToHost, stream)) != cudaSuccess)
+    return e;
+  if ((e = cudaStreamSynchronize(stream)) != cudaSuccess) return e;
+  if (!flag) return cudaSuccess;
+  if ((e = cudaMemsetAsync(ws.histograms, 0, size_t(p.rows) * kMassBins * 8, stream)) != cudaSuccess) return e;
+  // Pass two: the mass histograms.
+  float* logits = p.chunk_logits[0];
+  auto pass_over_w = [&](auto&& fold_chunk) -> cudaError_t {
+    int32_t groups = 0;
+    for (int32_t v0 = 0; v0 < p.vocab; v0 += chunk) {
+      const int32_t count = std::min(chunk, p.vocab - v0);
+      const gemm_scan::Status status = gemm_scan::logits_chunk(product, v0, count, logits, chunk, stream);
+      if (status.cuda != cudaSuccess) return status.cuda;
+      if (status.what) {
+        *cublas_failure = status.what;
+        return cudaSuccess;
+      }
+      const int slices = (count + kSliceTokens - 1) / kSliceTokens;
+      PassArgs pa{common, logits, chunk, v0, count, continuing, ws.histograms, band, ws.max_rows, groups};
+      cudaError_t err = fold_chunk(pa, slices);
+      if (err != cudaSuccess) return err;
+      groups += slices;
+    }
+    return cudaSuccess;
+  };
+  e = pass_over_w([&](PassArgs& pa, int slices) {
+    return launch_on(reinterpret_cast<const void*>(&mass_histogram_kernel), dim3(unsigned(slices), unsigned(p.rows)),
+                     kFoldThreads, stream, &pa, true);
+  });
+  if (e != cudaSuccess || *cublas_failure) return e;
+  {
+    uint64_t* histograms = ws.histograms;
+    void* params[] = {&continuing, &histograms};
+    e = launch_dependent(reinterpret_cast<const void*>(&crossing_kernel), dim3(unsigned(p.rows)), dim3(32), 0, stream,
+                         params);
+    if (e != cudaSuccess) return e;
+  }
+  // Pass three: the kept tokens above each crossing bin, the bin's tokens
+  // as candidates in fresh lists.
+  for (auto [ptr, bytes] : {std::pair<void*, size_t>{ws.merged_counts, size_t(ws.max_rows) * 8},
+                            std::pair<void*, size_t>{ws.thresholds, size_t(ws.max_rows) * 8}})
+    if ((e = cudaMemsetAsync(ptr, 0, bytes, stream)) != cudaSuccess) return e;
+  int candidates_from = 0;
+  e = pass_over_w([&](PassArgs& pa, int slices) {
+    cudaError_t err = launch_on(reinterpret_cast<const void*>(&band_kernel), dim3(unsigned(slices), unsigned(p.rows)),
+                                kFoldThreads, stream, &pa, true);
+    if (err != cudaSuccess) return err;
+    MergeArgs m{common, slices, candidates_from, continuing};
+    err = launch_on(reinterpret_cast<const void*>(&merge_kernel), dim3(unsigned(p.rows)), kRowThreads, stream, &m,
+                    true);
+    candidates_from = 1 - candidates_from;
+    return err;
+  });
+  if (e != cudaSuccess || *cublas_failure) return e;
+  SummaryArgs finish{common, static_cast<const ControlPartial*>(ws.partials), ws.max_rows, group, candidates_from,
+                     from, p.hidden_bad, out, 1, continuing, ws.continue_flag, band, ws.max_rows, group};
+  return launch_on(reinterpret_cast<const void*>(&summary_kernel), dim3(unsigned(p.rows)), kRowThreads, stream,
+                   &finish, true);
 }
 
 }  // namespace controls

@@ -19,8 +19,19 @@
 //     its length and mass are summed in rank order as on the CPU;
 //   - top-p or min-p without such a top-k: the kept set is found among the
 //     FLASHSPEC_MAX_TOP_K best tokens, top-p's mass over all allowed tokens
-//     from the row's log-sum-exp. A row whose kept set is larger fails with
-//     FLASHSPEC_ERR_UNSUPPORTED (flashspec.h documents the bound).
+//     from the row's log-sum-exp. A row whose kept set is larger continues:
+//     a second pass over W sums the mass of the tokens ranked after its list
+//     into kMassBins fixed-point bins of x below the row's largest x (integer
+//     sums: the same bits whatever the order), which gives the bin where the
+//     cumulative mass reaches top-p's target; a third pass collects that
+//     bin's tokens as candidates (the cut is found among them in rank order)
+//     and folds the Gumbel-max, mass and Σ p·x of the tokens above it. Only
+//     a bin of more than kCandidates tokens around the cut still fails with
+//     FLASHSPEC_ERR_UNSUPPORTED. The host reads back one flag after the
+//     first pass (a synchronise, in every call with top-p or min-p) and runs
+//     the two passes only when a row continues. Under stream capture it
+//     cannot read it, so a captured call does not continue: such rows fail
+//     with FLASHSPEC_ERR_UNSUPPORTED, as every larger kept set did before.
 // The sample of a truncated row is the Gumbel-max over its kept prefix with
 // the noise of the RNG contract, recomputed for those tokens only.
 #pragma once
@@ -44,6 +55,8 @@ constexpr int32_t kCandidates = FLASHSPEC_MAX_TOP_K;   // candidates a row keeps
 constexpr int32_t kMaxBiasEntries = 4096;              // bias entries per request the device sorts
 constexpr int32_t kMaxVocabulary = 1 << 20;            // the partials hold this many tokens' slices
 constexpr int32_t kMaxSlicesPerChunk = 16;             // cuBLAS chunks of at most 65536 tokens
+constexpr int32_t kMassBins = 4096;                    // bins of the top-p mass histogram below x0
+constexpr float kMassBinNats = 32.0f;                  // ... covering x0 − 32 < x ≤ x0 (the last bin: below)
 
 // Device scratch of the controlled path, sized at context creation.
 struct Workspace {
@@ -69,6 +82,12 @@ struct Workspace {
   int32_t* bias_tokens;           // [max_requests][kMaxBiasEntries] sorted, distinct
   float* bias_values;             // their summed values
   int32_t* bias_counts;           // [max_requests], −1: more entries than the device sorts
+  // Rows whose kept set runs past their candidate list (top-p or min-p
+  // beyond kCandidates tokens) continue in two more passes (controls.cu).
+  void* continuations;            // [max_rows]
+  void* band_partials;            // [max_groups][max_rows]
+  uint64_t* histograms;           // [max_rows][kMassBins]: fixed-point mass per bin
+  int32_t* continue_flag;         // 1 when a row of the last first pass continues
   int32_t* row_requests;          // [max_rows]
 };
 

@@ -378,11 +378,22 @@ FLASHSPEC_API int64_t flashspec_lm_head_hidden_size(const flashspec_lm_head* hea
  * numbers and its best candidates by x: top-k of them with a top-k ≤
  * FLASHSPEC_MAX_TOP_K, else FLASHSPEC_MAX_TOP_K; nothing vocabulary-sized is
  * written. Top-p's mass over all allowed tokens comes from the row's
- * log-sum-exp. Limits of this version, each reported per request on the
- * device (accepted_counts[r] = −1; the row's summary status):
- *   - top-p or min-p without a top-k ≤ FLASHSPEC_MAX_TOP_K whose kept set
- *     holds more than FLASHSPEC_MAX_TOP_K tokens: FLASHSPEC_ERR_UNSUPPORTED
- *     (rare on language-model logits at T ≤ 1; flat rows reach it);
+ * log-sum-exp. A row with top-p or min-p (and no top-k ≤
+ * FLASHSPEC_MAX_TOP_K) whose kept set holds more than FLASHSPEC_MAX_TOP_K
+ * tokens continues, exactly, in two more passes over W: the first sums the
+ * mass of its remaining tokens per 1/128-nat bin of x (in fixed point, so
+ * the sums do not depend on order), which locates the bin where top-p's
+ * cumulative mass is reached; the second keeps the tokens above that bin
+ * (their mass and Gumbel-max fold as they stream) and ranks the bin's own
+ * tokens to find the cut. Such a call costs about three reads of W, and
+ * every call with top-p or min-p waits once for the device after the first
+ * pass (to learn whether a row continues). Limits of this version, each
+ * reported per request on the device (accepted_counts[r] = −1; the row's
+ * summary status):
+ *   - such a row in a call captured in a CUDA graph (the host cannot learn
+ *     during capture whether it continues), or whose crossing bin holds
+ *     more than FLASHSPEC_MAX_TOP_K tokens (nearly flat rows):
+ *     FLASHSPEC_ERR_UNSUPPORTED;
  *   - more than 4096 bias entries in one request: FLASHSPEC_ERR_UNSUPPORTED;
  *   - control values out of range (device memory is checked on the
  *     device): the status the host check gives; a mask row that allows no

@@ -418,13 +418,16 @@ TEST_F(Gpu, LargeVocabulariesMatchCpu) {
 }
 
 // Fused drafts with controls, greedy and sampled rows.
+// Flat rows without top-k keep more tokens than the candidate list (the
+// passes that continue them serve drafts too).
 TEST_F(Gpu, DraftsWithControlsMatchCpu) {
+  for (const bool flat : {false, true})
   for (int rows : {3, 16, 40}) {
     Rng rng(900 + rows);
-    const int vocab = 3001, d = 96;
-    Matrix w = random_matrix(kBf16, vocab, d, rng, 3.0 / std::sqrt(double(d)));
+    const int vocab = flat ? 20011 : 3001, d = 96;
+    Matrix w = random_matrix(kBf16, vocab, d, rng, (flat ? 1.0 : 3.0) / std::sqrt(double(d)));
     Matrix h = random_matrix(kBf16, rows, d, rng, 1.0);
-    const ControlsCase c{kBf16, vocab, d, rows, 0, 1.0f, 40, 0.9f, 0.05f, true, true, false, false, 0};
+    const ControlsCase c{kBf16, vocab, d, rows, 0, 1.0f, flat ? 0 : 40, 0.9f, 0.05f, true, true, false, false, 0};
     const CaseControls kr = make_controls(c, std::vector<int32_t>{0}, rng);  // no drafts: a mask row per row
     const flashspec_sampling_controls hc = host_view(c, kr);
     std::vector<float> temps(static_cast<size_t>(rows));
@@ -464,7 +467,7 @@ TEST_F(Gpu, DraftsWithControlsMatchCpu) {
       }
       ++differ;
     }
-    EXPECT_LE(differ, 1) << rows << " rows";
+    EXPECT_LE(differ, 1) << rows << (flat ? " flat" : "") << " rows";
   }
 }
 
@@ -597,17 +600,29 @@ TEST_F(Gpu, BadDeviceControlValuesFailTheirRequestOnly) {
   EXPECT_EQ(d_acc.get()[1], -1);
 }
 
-// Top-p without top-k on flat rows keeps more tokens than the device's
-// candidate list: that request fails with UNSUPPORTED in its rows'
-// summaries (the CPU backend serves it); a peaked request beside it is
-// served.
-TEST_F(Gpu, KeptSetBeyondTheCandidateListIsUnsupported) {
-  const int vocab = 5000, d = 64, requests = 2;
+// Top-p or min-p without top-k on flat rows keep more tokens than the
+// device's candidate list: those rows continue in two more passes over W (a
+// mass histogram, then the crossing bin's tokens) and match the CPU backend,
+// several cuBLAS chunks, with bias, mask, typical acceptance and top logprobs.
+TEST_F(Gpu, KeptSetsBeyondTheCandidateListMatchCpu) {
+  run_controls_parity({kBf16, 70001, 64, 6, 2, 1.0f, 0, 0.9f, 0, false, false, false, false, 0, 1.0});  // top-p
+  run_controls_parity({kBf16, 20011, 64, 8, 2, 1.0f, 0, 0, 0.05f, false, false, false, false, 0, 1.0});  // min-p
+  run_controls_parity({kBf16, 20011, 96, 8, 3, 0.9f, 0, 0.9f, 0.01f, true, true, true, false, 4, 1.0});
+  run_controls_parity({kBf16, 20011, 96, 30, 3, 1.2f, 0, 0.95f, 0, true, false, false, false, 0, 1.5});
+  run_controls_parity({kBf16, 20011, 96, 6, 4, 0.8f, 0, 0.8f, 0.02f, false, true, false, true, 2, 1.0});  // trees
+}
+
+// Only a crossing bin (1/128 nat of x) holding more tokens than the list can
+// still not be cut: nearly flat rows over 70001 tokens fail that request with
+// UNSUPPORTED in its rows' summaries (the CPU backend serves it); a peaked
+// request beside it is served.
+TEST_F(Gpu, CrossingBinBeyondTheCandidateListIsUnsupported) {
+  const int vocab = 70001, d = 64, requests = 2;
   Rng rng(8);
-  Matrix w = random_matrix(kBf16, vocab, d, rng, 0.01);  // nearly flat rows
+  Matrix w = random_matrix(kBf16, vocab, d, rng, 0.001);  // nearly flat rows
   Matrix h = random_matrix(kBf16, requests, d, rng, 1.0);
   std::vector<int32_t> offsets(requests + 1, 0);
-  std::vector<float> top_p{0.99f, 0.001f};  // request 1's nucleus is its argmax
+  std::vector<float> top_p{0.5f, 0.001f};  // request 1's nucleus is its argmax
   Dev<int32_t> d_off(offsets), d_acc(requests), d_emit(requests);
   Dev<float> d_p(top_p);
   auto gpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(1));
@@ -634,6 +649,54 @@ TEST_F(Gpu, KeptSetBeyondTheCandidateListIsUnsupported) {
   EXPECT_EQ(d_acc.get()[0], -1);
   EXPECT_EQ(rs[1].status, FLASHSPEC_OK);
   EXPECT_EQ(d_acc.get()[1], 0);
+}
+
+// Under stream capture the host cannot learn whether a row continues, so a
+// captured call does not: its flat top-p row fails with UNSUPPORTED, while
+// the same call made eagerly serves it (the peaked row beside it both ways).
+TEST_F(Gpu, CapturedCallsDoNotContinue) {
+  const int vocab = 5000, d = 64, requests = 2;
+  Rng rng(8);
+  Matrix w = random_matrix(kBf16, vocab, d, rng, 0.01);  // nearly flat rows: top-p 0.99 keeps ~4950 tokens
+  Matrix h = random_matrix(kBf16, requests, d, rng, 1.0);
+  std::vector<int32_t> offsets(requests + 1, 0);
+  std::vector<float> top_p{0.99f, 0.001f};
+  Dev<int32_t> d_off(offsets), d_acc(requests), d_emit(requests);
+  Dev<float> d_p(top_p);
+  cudaStream_t stream;
+  FSGPU_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    auto gpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(1).cuda_stream(stream));
+    ASSERT_TRUE(gpu);
+    flashspec_tensor wv = w.view();
+    auto head = make_head(gpu.get(), wv);
+    DevMatrix hd(h);
+    flashspec_tensor hdv = hd.view();
+    flashspec_sampling_controls dc;
+    flashspec_sampling_controls_init(&dc);
+    dc.top_p = d_p.ptr();
+    const BonusOnlyCall call(requests, &hdv, d_off.ptr(), &dc, d_acc.ptr(), d_emit.ptr());
+    FSGPU_OK(gpu.get(), flashspec_verify_and_finalize(gpu.get(), head.get(), &call.batch, &call.result));
+    FSGPU_OK(gpu.get(), flashspec_context_synchronize(gpu.get()));
+    EXPECT_EQ(d_acc.get(), (std::vector<int32_t>{0, 0})) << "eager: both requests served";
+
+    cudaGraph_t graph;
+    FSGPU_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const flashspec_status st = flashspec_verify_and_finalize(gpu.get(), head.get(), &call.batch, &call.result);
+    FSGPU_CUDA(cudaStreamEndCapture(stream, &graph));
+    ASSERT_EQ(st, FLASHSPEC_OK) << flashspec_context_last_error(gpu.get());
+    cudaGraphExec_t exec;
+    FSGPU_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    FSGPU_CUDA(cudaGraphLaunch(exec, stream));
+    FSGPU_CUDA(cudaStreamSynchronize(stream));
+    EXPECT_EQ(d_acc.get(), (std::vector<int32_t>{-1, 0})) << "captured: the flat request is UNSUPPORTED";
+    std::vector<flashspec::RowSummary> rs(requests);
+    ASSERT_TRUE(flashspec::cuda::read_summaries(*gpu->own_summaries, requests, rs.data()));
+    EXPECT_EQ(rs[0].status, FLASHSPEC_ERR_UNSUPPORTED);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
 }
 
 // The controlled pass (cuBLAS chunks, folds, merges, summaries) is captured

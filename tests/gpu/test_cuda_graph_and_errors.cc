@@ -55,7 +55,9 @@ struct ContextPair {
     const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
     EXPECT_EQ(st, FLASHSPEC_OK) << flashspec_context_last_error(gpu.get());
     EXPECT_EQ(ended, cudaSuccess);
-    if (st == FLASHSPEC_OK && ended == cudaSuccess) EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    if (st == FLASHSPEC_OK && ended == cudaSuccess) {
+      EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    }
     if (graph) cudaGraphDestroy(graph);
     return exec;
   }
