@@ -918,7 +918,8 @@ FLASHSPEC_API double flashspec_rng_uniform(uint64_t seed, uint64_t request_id, u
 /* The engine runs speculative decoding for one sequence at a time on top of
  * the functions above. Each step it
  *   1. picks an arm — a (drafter, draft length k) pair — with a bandit policy;
- *   2. asks that drafter for up to k draft tokens;
+ *   2. asks that drafter for up to k draft tokens (or a tree of up to k
+ *      nodes: see Tree steps);
  *   3. asks the host's target model, through a callback, to append the
  *      pending tokens and the drafts to its KV cache and return the hidden
  *      rows that score them;
@@ -1005,7 +1006,12 @@ FLASHSPEC_API flashspec_status flashspec_drafter_create_ngram(flashspec_context*
  * the draft is as long as the counts are confident. Of the two indexes'
  * proposals, the one with the higher sum of scores (the expected accepted
  * tokens) wins; ties go to the current sequence. No match: no draft.
- * flashspec_suffix_drafter_propose_tree gives a tree instead.
+ * flashspec_suffix_drafter_propose_tree gives a tree instead, and with
+ * propose_trees = 1 so does the engine's drafter each step: the tree of at
+ * most k nodes that flashspec_suffix_drafter_propose_tree would give for the
+ * sequence so far (its nodes of tokens outside the target's vocabulary
+ * dropped with their subtrees), verified by the engine as a tree (see Tree
+ * steps below; a tree that is a chain is verified as a chain).
  * Memory: at most (max_match_len + max_depth) trie nodes of about 64 bytes
  * per indexed token, for the current sequence and for the cache. */
 typedef struct flashspec_suffix_params {
@@ -1017,6 +1023,8 @@ typedef struct flashspec_suffix_params {
                                (0: no cache); default 16384 */
   double call_cost;         /* default 0 */
   double token_cost;        /* default 0 */
+  int32_t propose_trees;    /* in an engine: 0 (default) drafts chains; 1 drafts
+                               trees of at most k nodes (the arm's k counts nodes) */
 } flashspec_suffix_params;
 
 /* [thread-safe] Defaults as above. NULL is a no-op. */
@@ -1029,7 +1037,8 @@ FLASHSPEC_API void flashspec_suffix_params_init(flashspec_suffix_params* params)
  * while active.
  * Errors: NULL_POINTER (ctx, out), STRUCT_SIZE, OUT_OF_RANGE (max_match_len,
  * max_depth, min_probability (or NaN), cache_max_tokens), INVALID_ARGUMENT
- * (a cost negative or not finite). On error *out is untouched. */
+ * (a cost negative or not finite, propose_trees not 0 or 1). On error *out
+ * is untouched. */
 FLASHSPEC_API flashspec_status flashspec_drafter_create_suffix(flashspec_context* ctx,
                                                               const flashspec_suffix_params* params,
                                                               flashspec_drafter** out);
@@ -1078,6 +1087,14 @@ typedef enum flashspec_draft_kind {
    * heads that share an LM head: return one row per call (autoregressive)
    * or several at once (one per future position). */
   FLASHSPEC_DRAFT_HIDDEN = 2,
+  /* A tree of point-mass drafts (Medusa / EAGLE-style token trees): tokens,
+   * and for each node i its parent in call->parents, a node index in
+   * [−1, i) (−1: a child of the last context token; parents come before
+   * their children). Siblings may repeat a token (the first is tried). The
+   * arm's k bounds the nodes. The engine runs a tree step (see Tree steps
+   * below); a tree whose every node's parent is the node before it is a
+   * chain, and its step is a chain step exactly as for TOKENS. */
+  FLASHSPEC_DRAFT_TREE = 3,
   FLASHSPEC_DRAFT_KIND_FORCE_32BIT_ = 0x7fffffff
 } flashspec_draft_kind;
 
@@ -1092,18 +1109,24 @@ typedef struct flashspec_draft_call {
   int32_t max_tokens;      /* most tokens (TOKENS, LOGITS) or rows (HIDDEN) to return, ≥ 1 */
   uint64_t step;           /* the engine's step within the generation */
   /* Outputs. */
-  int32_t* tokens;         /* TOKENS, LOGITS: library buffer of max_tokens entries */
+  int32_t* tokens;         /* TOKENS, LOGITS, TREE: library buffer of max_tokens entries */
   int32_t num_tokens;      /* tokens written, or HIDDEN rows returned; 0..max_tokens
                               (0: no draft this step; HIDDEN: stop drafting) */
   flashspec_tensor logits; /* LOGITS: a [num_tokens, V] view of host-owned memory
                               (the backend's memory), valid until the step ends */
   flashspec_tensor hidden; /* HIDDEN: a [num_tokens, d of head] view of host-owned
                               memory, valid until the callback is called again */
+  /* Appended in 0.3 (read only where struct_size covers it). */
+  int32_t* parents;        /* TREE: library buffer of max_tokens entries; the
+                              callback writes parents[0 .. num_tokens), each in
+                              [−1, i) for node i. NULL for the other kinds */
 } flashspec_draft_call;
 
-/* Fill call's outputs; return 0 on success. Called once per step for TOKENS
- * and LOGITS, and for HIDDEN repeatedly until k tokens are drafted or it
- * returns 0 rows. */
+/* Fill call's outputs; return 0 on success. Called once per step for TOKENS,
+ * LOGITS and TREE, and for HIDDEN repeatedly until k tokens are drafted or
+ * it returns 0 rows. A TREE callback's bad parent (outside [−1, i) for node
+ * i) fails the step with FLASHSPEC_ERR_CALLBACK, the message naming the
+ * node ("draft callback: node 3: parent 5 is outside [-1, 3) ..."). */
 typedef int (*flashspec_draft_fn)(void* user_data, flashspec_draft_call* call);
 
 typedef struct flashspec_callback_drafter_params {
@@ -1123,7 +1146,8 @@ FLASHSPEC_API void flashspec_callback_drafter_params_init(flashspec_callback_dra
 
 /* [context-exclusive] Create a drafter backed by a host callback.
  * Errors: NULL_POINTER (ctx, params, params->draft, params->head for HIDDEN,
- * out), STRUCT_SIZE, INVALID_ARGUMENT (unknown kind, draft_temperature ≤ 0
+ * out), STRUCT_SIZE, INVALID_ARGUMENT (unknown kind (TOKENS, LOGITS, HIDDEN and
+ * TREE are known), draft_temperature ≤ 0
  * or not finite for LOGITS, a cost negative or not finite),
  * DEVICE_MISMATCH (head of another backend or device). */
 FLASHSPEC_API flashspec_status flashspec_drafter_create_callback(
@@ -1150,6 +1174,9 @@ typedef struct flashspec_target_call {
    * input) in host-owned memory of the backend, any dtype; valid until the
    * step ends. */
   flashspec_tensor hidden;
+  /* Appended in 0.3 (read only where struct_size covers it). */
+  const int32_t* parents; /* NULL: a chain step (every token follows the one before).
+                             A tree step: [num_tokens], see Tree steps below */
 } flashspec_target_call;
 
 /* Append call->tokens to the target's cache and point call->hidden at the
@@ -1159,6 +1186,55 @@ typedef int (*flashspec_target_forward_fn)(void* user_data, flashspec_target_cal
  * rejected drafts are dropped). Without it, the host truncates to num_past
  * at the next forward. Return 0 on success. */
 typedef int (*flashspec_target_rollback_fn)(void* user_data, int32_t num_keep);
+/* Optional (appended in 0.3): after a tree step, keep the cache's first
+ * num_past tokens (the forward's num_past), then of that forward's tokens
+ * only those at indices keep[0 .. num_keep) (indices into call->tokens,
+ * increasing), in that order, dropping the rest: the cache then holds
+ * num_past + num_keep tokens. Return 0 on success. */
+typedef int (*flashspec_target_keep_fn)(void* user_data, int32_t num_past, const int32_t* keep, int32_t num_keep);
+
+/* Tree steps. A drafter that proposes a tree (a TREE callback drafter, a
+ * suffix drafter with propose_trees = 1) makes the step a tree step:
+ *   - The target forward gets, as for a chain, the m ≥ 1 tokens the cache
+ *     lacks (the last of them is the root: the last token of the sequence),
+ *     then the n draft nodes in node order, so num_tokens = m + n and
+ *     num_rows = n + 1, and call->parents[num_tokens]: −1 for the m tokens
+ *     the cache lacks (each follows the token before it), and for node i at
+ *     index m + i the index in call->tokens of its parent: m − 1 (the root)
+ *     for a child of the root, m + p for a child of node p. In general
+ *     token t's predecessor is parents[t] when ≥ 0, else t − 1. The host
+ *     runs the forward with tree attention: each token attends to the cache,
+ *     the call's tokens before the first node, and its own ancestors (itself
+ *     included), at the position of its depth (root position + depth in the
+ *     tree), never to its siblings or cousins. Row 0 is the root's, row
+ *     i + 1 node i's: the target after the path to node i, so the verify
+ *     sees one row per node plus the root's.
+ *   - Verify: the tree rule of flashspec_verify_batch's draft_parents (see
+ *     Tree verify; exact, point-mass drafts), keyed as a chain step is. The
+ *     emitted tokens are the accepted path's tokens, then one more.
+ *   - The cache: the accepted path's nodes are generally not contiguous in
+ *     the cache. With target_keep the engine calls it (when a token is
+ *     dropped) with the forward's num_past and keep = the m tokens the cache
+ *     lacked (0 .. m − 1), then the accepted nodes' indices (m + node), so
+ *     the cache holds the sequence and the accepted path, as after a chain
+ *     step. Without it, the cache is valid only up to the root and the
+ *     nodes of the path that sit where a chain would put them (nodes 0, 1,
+ *     .. d − 1 when the path is 0, 1, .. d − 1): the engine calls
+ *     target_rollback (if set) with that length, and the next forward's
+ *     num_past is that length, so it sends the accepted path's tokens again
+ *     among the tokens the cache lacks. Either way the tokens are the same.
+ *   - A chain step never passes parents and keeps target_rollback's
+ *     protocol as before; its random numbers are Algorithm 1's.
+ *   - Costs and rewards: a tree of n nodes whose accepted path is d deep
+ *     counts as a chain of n drafts of which d were accepted: cost n + 1
+ *     rows (plus the drafter's call cost and n times its token cost),
+ *     reward (d + 1) / cost, and the metrics count n draft tokens and d
+ *     accepted (per position: the tree had ≥ j + 1 nodes, the path was
+ *     ≥ j + 1 deep). The ADAPTIVE draft length rule learns the same way and
+ *     chooses the node budget k. This rewards a tree by the tokens it
+ *     yields per row, which is what the forward costs.
+ * A host that does not run tree attention must not give the engine a
+ * drafter that proposes trees. */
 
 /* ---- Drafter selection -------------------------------------------------- */
 
@@ -1245,6 +1321,8 @@ typedef struct flashspec_engine_params {
                                              1/draft_len_memory per step); 1..1e6,
                                              default 64 */
   flashspec_draft_len_rule draft_len_rule; /* default FLASHSPEC_DRAFT_LEN_ARM */
+  flashspec_target_keep_fn target_keep;    /* optional: the cache after a tree step
+                                              (see Tree steps); default NULL */
 } flashspec_engine_params;
 
 /* [thread-safe] Defaults as above (target_forward NULL).
@@ -1438,7 +1516,14 @@ FLASHSPEC_API flashspec_status flashspec_engine_reset_metrics(flashspec_engine* 
  * sequence params would emit, at any temperature: its steps draw their
  * randomness from its own (seed, request_id) and its own step count (the
  * contract of flashspec_rng_uniform), never from its neighbours, and it
- * runs the engine's own step rules.
+ * runs the engine's own step rules. One exception, with tree steps (see
+ * Tree steps): the step's one verify pass takes draft parents for every
+ * sequence or for none, so when any sequence of a step drafts a tree, the
+ * chains of that step are verified as trees (parents k − 1) too. That is
+ * exact, but takes the tree rule's random numbers, not Algorithm 1's: at
+ * T > 0 a chain sequence whose neighbours draft trees may emit other
+ * tokens (with the same distribution) than a single engine would; at T = 0,
+ * and in steps where no sequence drafts a tree, it emits the same.
  *
  * Per sequence, not shared: the drafters (each sequence brings
  * num_drafters drafter handles of its own, so an n-gram drafter's index or
@@ -1454,7 +1539,7 @@ FLASHSPEC_API flashspec_status flashspec_engine_reset_metrics(flashspec_engine* 
  *
  * Errors of one sequence end that sequence only: its drafter failing
  * (CALLBACK, or any error of a HIDDEN drafter's draft), its token callback
- * throwing, its target rollback failing, or (CUDA backend) a non-finite row
+ * throwing, its target rollback or keep failing, or (CUDA backend) a non-finite row
  * of its own. It stops (flashspec_sequence_info: active 0, status the
  * error, finish reason NONE; flashspec_batch_engine_sequence_error the
  * message), its tokens so far stay readable, and the other sequences go on
@@ -1499,6 +1584,12 @@ typedef struct flashspec_batch_target_call {
    * in host-owned memory of the backend, any dtype; valid until the step
    * ends. */
   flashspec_tensor hidden;
+  const int32_t* parents;        /* NULL: no sequence of this step drafted a tree. Else
+                                    [num_tokens]: sequence s's entries
+                                    parents[token_offsets[s] ..] are those of
+                                    flashspec_target_call's parents for its own tokens
+                                    (indices from its first token, token_offsets[s]); a
+                                    chain sequence's are all −1 (see Tree steps) */
 } flashspec_batch_target_call;
 
 /* Append the tokens to each sequence's cache and point call->hidden at the
@@ -1508,6 +1599,11 @@ typedef int (*flashspec_batch_target_forward_fn)(void* user_data, flashspec_batc
  * tokens. Without it, the host truncates to num_past at the next forward.
  * Return 0 on success. */
 typedef int (*flashspec_batch_target_rollback_fn)(void* user_data, uint64_t sequence_id, int32_t num_keep);
+/* Optional: after a tree step of sequence sequence_id, as
+ * flashspec_target_keep_fn (keep indexes the sequence's own tokens of the
+ * last forward, from token_offsets[s]). Return 0 on success. */
+typedef int (*flashspec_batch_target_keep_fn)(void* user_data, uint64_t sequence_id, int32_t num_past,
+                                              const int32_t* keep, int32_t num_keep);
 /* Streaming: one call per emitted token of a sequence. Return 0 to go on,
  * anything else to finish that sequence after this token
  * (FLASHSPEC_FINISH_HOST_STOP). */
@@ -1541,6 +1637,8 @@ typedef struct flashspec_batch_engine_params {
   flashspec_draft_len_rule draft_len_rule; /* default FLASHSPEC_DRAFT_LEN_ARM; ADAPTIVE:
                                              each sequence keeps its own acceptance
                                              estimates per drafter */
+  flashspec_batch_target_keep_fn target_keep; /* optional: a sequence's cache after its
+                                                 tree steps (see Tree steps); NULL */
 } flashspec_batch_engine_params;
 
 /* [thread-safe] Defaults as above (target_forward NULL). NULL is a no-op. */

@@ -214,6 +214,7 @@ EngineConfig validate_engine(flashspec_context& ctx, const flashspec_lm_head* ta
   config.target_head = target_head->storage.get();
   config.target_forward = p.target_forward;
   config.target_rollback = p.target_rollback;
+  config.target_keep = p.target_keep;
   config.target_user_data = p.target_user_data;
   require(p.num_drafters >= 0 && p.num_drafters <= 1024, FLASHSPEC_ERR_OUT_OF_RANGE,
           "params->num_drafters", "must be in [0, 1024], got " + str(p.num_drafters));
@@ -234,6 +235,7 @@ BatchEngineConfig validate_batch_engine(flashspec_context& ctx, const flashspec_
   config.target_head = target_head->storage.get();
   config.target_forward = p.target_forward;
   config.target_rollback = p.target_rollback;
+  config.target_keep = p.target_keep;
   config.target_user_data = p.target_user_data;
   require(p.num_drafters >= 0 && p.num_drafters <= 1024, FLASHSPEC_ERR_OUT_OF_RANGE,
           "params->num_drafters", "must be in [0, 1024], got " + str(p.num_drafters));
@@ -432,11 +434,14 @@ flashspec_status flashspec_drafter_create_suffix(flashspec_context* ctx, const f
             "must be in [0, " + str(SuffixDrafter::kMaxCacheTokens) + "], got " + str(p.cache_max_tokens));
     check_cost(p.call_cost, "params->call_cost");
     check_cost(p.token_cost, "params->token_cost");
+    require(p.propose_trees == 0 || p.propose_trees == 1, FLASHSPEC_ERR_INVALID_ARGUMENT, "params->propose_trees",
+            "must be 0 or 1, got " + str(p.propose_trees));
     SuffixDrafterConfig config;
     config.max_match_len = p.max_match_len;
     config.max_depth = p.max_depth;
     config.min_probability = p.min_probability;
     config.cache_max_tokens = p.cache_max_tokens;
+    config.propose_trees = p.propose_trees == 1;
     config.cost = DrafterCost{p.call_cost, p.token_cost};
     auto drafter = std::make_unique<flashspec_drafter>();
     drafter->impl = std::make_unique<SuffixDrafter>(config);
@@ -496,7 +501,8 @@ flashspec_status flashspec_drafter_create_callback(flashspec_context* ctx,
     const flashspec_callback_drafter_params p =
         load_struct(params, flashspec_callback_drafter_params_init, "params");
     const int32_t kind = raw_enum(p.kind);
-    require(kind == FLASHSPEC_DRAFT_TOKENS || kind == FLASHSPEC_DRAFT_LOGITS || kind == FLASHSPEC_DRAFT_HIDDEN,
+    require(kind == FLASHSPEC_DRAFT_TOKENS || kind == FLASHSPEC_DRAFT_LOGITS || kind == FLASHSPEC_DRAFT_HIDDEN ||
+                kind == FLASHSPEC_DRAFT_TREE,
             FLASHSPEC_ERR_INVALID_ARGUMENT, "params->kind", "unknown value " + str(kind));
     require(p.draft != nullptr, FLASHSPEC_ERR_NULL_POINTER, "params->draft", "is NULL");
     if (p.kind == FLASHSPEC_DRAFT_LOGITS)

@@ -21,7 +21,7 @@ BatchEngine::Slot::Slot(uint64_t id_, std::vector<Drafter*> drafters_, const Bat
       metrics(int32_t(config.arms.size())),
       sequence(SequenceShared{&config.arms, &drafters, &config.cost, policy.get(), &reward_scale, &metrics,
                               &totals, vocab, config.max_context, config.adaptive_draft_len,
-                              config.draft_len_memory}) {}
+                              config.draft_len_memory, config.target_keep != nullptr}) {}
 
 BatchEngine::BatchEngine(BatchEngineConfig config, LmHeadRunner& runner)
     : config_(std::move(config)),
@@ -70,12 +70,15 @@ flashspec_tensor BatchEngine::forward_target() {
   ids_.clear();
   num_past_.clear();
   tokens_.clear();
+  parents_.clear();
   token_offsets_.assign(1, 0);
   row_offsets_.assign(1, 0);
+  bool trees = false;
+  for (Slot* slot : stepping_) trees = trees || slot->sequence.tree();
   for (Slot* slot : stepping_) {
     ids_.push_back(slot->id);
     num_past_.push_back(slot->sequence.cache_length());
-    slot->sequence.append_forward_tokens(tokens_);
+    slot->sequence.append_forward_tokens(tokens_, trees ? &parents_ : nullptr);
     token_offsets_.push_back(int32_t(tokens_.size()));
     row_offsets_.push_back(row_offsets_.back() + slot->sequence.drafted() + 1);
   }
@@ -90,6 +93,7 @@ flashspec_tensor BatchEngine::forward_target() {
   call.num_tokens = int32_t(tokens_.size());
   call.num_rows = row_offsets_.back();
   call.step = step_count_;
+  call.parents = trees ? parents_.data() : nullptr;
   call_host("target forward", [&] { return config_.target_forward(config_.target_user_data, &call); });
   check_callback_view(call.hidden, "target forward: hidden", runner_.memory(), call.num_rows, hidden_);
   return call.hidden;
@@ -100,10 +104,13 @@ void BatchEngine::verify(const flashspec_tensor& hidden) {
   for (Slot* slot : stepping_) requests_.push_back(slot->sequence.verify_request(nullptr));
   accepted_.assign(stepping_.size(), -1);
   emitted_.assign(size_t(row_offsets_.back()), -1);
+  accepted_nodes_.assign(size_t(row_offsets_.back()), -1);
   const BatchVerify batch{requests_.data(), int32_t(requests_.size()), &hidden, nullptr};
   FieldNames names{};
   names[size_t(Field::kHidden)] = "target forward: hidden";
-  naming_fields(names, [&] { runner_.verify_batch(*config_.target_head, batch, accepted_.data(), emitted_.data()); });
+  naming_fields(names, [&] {
+    runner_.verify_batch(*config_.target_head, batch, accepted_.data(), emitted_.data(), accepted_nodes_.data());
+  });
 }
 
 int32_t BatchEngine::step() {
@@ -148,10 +155,24 @@ int32_t BatchEngine::step() {
       try {
         slot.sequence.forwarded();
         const int32_t* emitted = emitted_.data() + row_offsets_[s];
-        if (slot.sequence.verified(accepted_[s], emitted) && config_.target_rollback) {
-          const int32_t keep = slot.sequence.cache_length();
-          call_host("target rollback",
-                    [&] { return config_.target_rollback(config_.target_user_data, slot.id, keep); });
+        const int32_t* nodes = accepted_nodes_.data() + row_offsets_[s];
+        switch (slot.sequence.verified(accepted_[s], emitted, nodes)) {
+          case CacheFix::kNone: break;
+          case CacheFix::kRollback:
+            if (config_.target_rollback) {
+              const int32_t keep = slot.sequence.cache_length();
+              call_host("target rollback",
+                        [&] { return config_.target_rollback(config_.target_user_data, slot.id, keep); });
+            }
+            break;
+          case CacheFix::kKeep: {
+            const std::vector<int32_t>& keep = slot.sequence.keep();
+            call_host("target keep", [&] {
+              return config_.target_keep(config_.target_user_data, slot.id, slot.sequence.forward_past(),
+                                         keep.data(), int32_t(keep.size()));
+            });
+            break;
+          }
         }
         if (slot.sequence.deliver(seconds)) finish(slot);
       } catch (const Error& e) {

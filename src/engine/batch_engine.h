@@ -1,7 +1,9 @@
 // The speculative loop for many sequences at once: each step drafts for
-// every active sequence, runs the host's target forward once over the
-// ragged batch, verifies every sequence in one fused pass, then rolls back,
-// streams and finishes each sequence on its own. Each sequence runs the
+// every active sequence (chains or trees), runs the host's target forward
+// once over the ragged batch, verifies every sequence in one fused pass
+// (as trees, chains included, when any sequence drafted a tree), then rolls
+// back (or keeps a tree's path), streams and finishes each sequence on its
+// own. Each sequence runs the
 // single engine's step rules (engine/sequence.h) with its own drafters,
 // policy and metrics, so it emits what a fresh single engine would.
 #pragma once
@@ -27,6 +29,7 @@ struct BatchEngineConfig {
   const LmHeadStorage* target_head = nullptr;
   flashspec_batch_target_forward_fn target_forward = nullptr;
   flashspec_batch_target_rollback_fn target_rollback = nullptr;
+  flashspec_batch_target_keep_fn target_keep = nullptr;
   void* target_user_data = nullptr;
   int32_t num_drafters = 0;  // drafters each sequence brings
   std::vector<Arm> arms;
@@ -102,9 +105,9 @@ class BatchEngine {
   // The step in progress.
   std::vector<Slot*> stepping_;
   std::vector<uint64_t> ids_;
-  std::vector<int32_t> num_past_, token_offsets_, tokens_, row_offsets_;
+  std::vector<int32_t> num_past_, token_offsets_, tokens_, row_offsets_, parents_;
   std::vector<SequenceVerify> requests_;
-  std::vector<int32_t> accepted_, emitted_;
+  std::vector<int32_t> accepted_, emitted_, accepted_nodes_;
 };
 
 }  // namespace flashspec

@@ -60,14 +60,30 @@ void CallbackDrafter::propose(const DraftRequest& request, LmHeadRunner& runner,
 }
 
 void CallbackDrafter::propose_tokens(const DraftRequest& request, LmHeadRunner& runner, DraftProposal& out) {
+  const bool tree = config_.kind == FLASHSPEC_DRAFT_TREE;
   buffer_.assign(size_t(request.max_tokens), -1);
   flashspec_draft_call call = make_call(request, request.max_tokens);
   call.tokens = buffer_.data();
+  if (tree) {
+    // A parent left unwritten reads as outside the tree.
+    parents_.assign(size_t(request.max_tokens), -2);
+    call.parents = parents_.data();
+  }
   invoke(call);
   for (int32_t j = 0; j < call.num_tokens; ++j)
     if (buffer_[size_t(j)] < 0 || buffer_[size_t(j)] >= request.vocab)
       fail(FLASHSPEC_ERR_CALLBACK, "draft callback: token " + str(j) + " is " + str(buffer_[size_t(j)]) +
                                        ", outside [0, " + str(request.vocab) + ")");
+  if (tree) {
+    for (int32_t i = 0; i < call.num_tokens; ++i) {
+      const int32_t parent = parents_[size_t(i)];
+      if (parent < -1 || parent >= i)
+        fail(FLASHSPEC_ERR_CALLBACK, "draft callback: node " + str(i) + ": parent " + str(parent) +
+                                         " is outside [-1, " + str(i) +
+                                         ") (-1: the last context token; a parent comes before its children)");
+    }
+    out.parents.assign(parents_.begin(), parents_.begin() + call.num_tokens);
+  }
   out.tokens.assign(buffer_.begin(), buffer_.begin() + call.num_tokens);
   if (config_.kind == FLASHSPEC_DRAFT_LOGITS && call.num_tokens > 0) {
     check_callback_view(call.logits, "draft callback: logits", runner.memory(), call.num_tokens, request.vocab);

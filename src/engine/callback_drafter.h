@@ -1,6 +1,7 @@
 // A drafter backed by a host callback (flashspec_draft_fn): tokens only
 // (point-mass draft), tokens with their draft logits rows (stochastic draft),
-// or draft hidden rows that FlashSpec drafts greedily with its fused draft.
+// a tree of point-mass tokens with their parents, or draft hidden rows that
+// FlashSpec drafts greedily with its fused draft.
 // Every output of the callback is checked; anything wrong is
 // FLASHSPEC_ERR_CALLBACK with a message saying what.
 #pragma once
@@ -39,6 +40,7 @@ class CallbackDrafter final : public Drafter {
 
   CallbackDrafterConfig config_;
   std::vector<int32_t> buffer_;
+  std::vector<int32_t> parents_;  // TREE
 };
 
 // Checks a view a callback returned: data, dtype, memory, rows and cols.

@@ -21,6 +21,9 @@ struct DraftRequest {
 
 struct DraftProposal {
   std::vector<int32_t> tokens;  // 0..max_tokens tokens
+  // Empty: the tokens are a chain. Else a tree of point-mass drafts: node
+  // i's parent, in [−1, i) (−1: the last context token).
+  std::vector<int32_t> parents;
   // A stochastic draft: row j holds the logits token j was sampled from,
   // q = softmax(row / temperature). Point-mass drafts leave has_logits false.
   bool has_logits = false;
@@ -29,6 +32,7 @@ struct DraftProposal {
 
   void clear() {
     tokens.clear();
+    parents.clear();
     has_logits = false;
     logits = flashspec_tensor{};
     temperature = 1.0f;

@@ -1,6 +1,7 @@
-// The speculative decoding loop for one sequence: pick an arm, draft, run
-// the host's target forward, verify through the fused LM head, roll the KV
-// cache back, stream the tokens, record metrics and reward the arm.
+// The speculative decoding loop for one sequence: pick an arm, draft (a
+// chain or a tree), run the host's target forward, verify through the fused
+// LM head, roll the KV cache back (or keep a tree's accepted path), stream
+// the tokens, record metrics and reward the arm.
 #pragma once
 
 #include <atomic>
@@ -23,6 +24,7 @@ struct EngineConfig {
   const LmHeadStorage* target_head = nullptr;
   flashspec_target_forward_fn target_forward = nullptr;
   flashspec_target_rollback_fn target_rollback = nullptr;
+  flashspec_target_keep_fn target_keep = nullptr;
   void* target_user_data = nullptr;
   std::vector<Drafter*> drafters;  // borrowed
   std::vector<Arm> arms;
@@ -73,8 +75,8 @@ class Engine {
   std::atomic<bool> cancel_requested_{false};
   bool busy_ = false;
   Sequence sequence_;
-  std::vector<int32_t> forward_tokens_;
-  std::vector<int32_t> emitted_;
+  std::vector<int32_t> forward_tokens_, forward_parents_;
+  std::vector<int32_t> emitted_, accepted_nodes_;
 };
 
 }  // namespace flashspec

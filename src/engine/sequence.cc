@@ -84,18 +84,45 @@ void Sequence::draft(LmHeadRunner& runner) {
     fail(FLASHSPEC_ERR_CALLBACK,
          "drafter: proposed " + str(proposed) + " tokens, more than the " + str(draft_len_) + " asked for");
   }
+  if (proposal_.parents.empty()) return;
+  // Drafters check their trees; this guards the verify and the forward.
+  bool chain = true;
+  bool valid = proposal_.parents.size() == proposal_.tokens.size() && !proposal_.has_logits;
+  for (size_t i = 0; valid && i < proposal_.parents.size(); ++i) {
+    valid = proposal_.parents[i] >= -1 && proposal_.parents[i] < int32_t(i);
+    chain = chain && proposal_.parents[i] == int32_t(i) - 1;
+  }
+  if (!valid) {
+    proposal_.clear();
+    fail(FLASHSPEC_ERR_INTERNAL, "drafter: proposed a tree whose parents do not fit its tokens");
+  }
+  if (chain) proposal_.parents.clear();
 }
 
-void Sequence::append_forward_tokens(std::vector<int32_t>& tokens) const {
+void Sequence::append_forward_tokens(std::vector<int32_t>& tokens, std::vector<int32_t>* parents) const {
+  const int32_t lacked = int32_t(tokens_.size()) - cache_length_;
   tokens.insert(tokens.end(), tokens_.begin() + cache_length_, tokens_.end());
   tokens.insert(tokens.end(), proposal_.tokens.begin(), proposal_.tokens.end());
+  if (!parents) return;
+  parents->insert(parents->end(), size_t(lacked), -1);
+  if (!tree()) {
+    parents->insert(parents->end(), proposal_.tokens.size(), -1);
+    return;
+  }
+  // Node i's parent: the root (the last token the cache lacked) or node p.
+  for (const int32_t p : proposal_.parents) parents->push_back(p < 0 ? lacked - 1 : lacked + p);
 }
 
-void Sequence::forwarded() { cache_length_ = int32_t(tokens_.size()) + drafted(); }
+void Sequence::forwarded() {
+  forward_past_ = cache_length_;
+  forward_lacked_ = int32_t(tokens_.size()) - cache_length_;
+  cache_length_ = int32_t(tokens_.size()) + drafted();
+}
 
 SequenceVerify Sequence::verify_request(const flashspec_tensor* hidden) const {
   SequenceVerify verify{};
   verify.drafts = proposal_.tokens.data();
+  verify.parents = tree() ? proposal_.parents.data() : nullptr;
   verify.num_drafts = drafted();
   verify.hidden = hidden;
   verify.draft_logits = proposal_.has_logits ? &proposal_.logits : nullptr;
@@ -107,7 +134,7 @@ SequenceVerify Sequence::verify_request(const flashspec_tensor* hidden) const {
   return verify;
 }
 
-bool Sequence::verified(int32_t accepted, const int32_t* emitted) {
+CacheFix Sequence::verified(int32_t accepted, const int32_t* emitted, const int32_t* accepted_nodes) {
   // A device backend reports what only the device sees per request: the
   // engine's own values are valid, so a row was not finite.
   if (accepted < 0)
@@ -117,10 +144,32 @@ bool Sequence::verified(int32_t accepted, const int32_t* emitted) {
     fail(FLASHSPEC_ERR_INTERNAL, "verify: accepted count " + str(accepted) + " outside [0, " + str(drafted()) + "]");
   accepted_ = accepted;
   emitted_.assign(emitted, emitted + accepted + 1);
-  // Drop the rejected drafts from the target's cache.
-  if (accepted == drafted()) return false;
-  cache_length_ = int32_t(tokens_.size()) + accepted;
-  return true;
+  const int32_t base = int32_t(tokens_.size());
+  if (!tree()) {
+    // Drop the rejected drafts from the target's cache.
+    if (accepted == drafted()) return CacheFix::kNone;
+    cache_length_ = base + accepted;
+    return CacheFix::kRollback;
+  }
+  for (int32_t k = 0; k < accepted; ++k)
+    if (accepted_nodes[k] < 0 || accepted_nodes[k] >= drafted() || (k > 0 && accepted_nodes[k] <= accepted_nodes[k - 1]))
+      fail(FLASHSPEC_ERR_INTERNAL, "verify: accepted node " + str(k) + " is " + str(accepted_nodes[k]));
+  // The path's nodes that sit where a chain would put them.
+  int32_t in_place = 0;
+  while (in_place < accepted && accepted_nodes[in_place] == in_place) ++in_place;
+  if (in_place == drafted()) return CacheFix::kNone;
+  if (shared_.target_keeps) {
+    // Of the forward's tokens: those the cache lacked, then the path.
+    keep_.clear();
+    for (int32_t i = 0; i < forward_lacked_; ++i) keep_.push_back(i);
+    for (int32_t k = 0; k < accepted; ++k) keep_.push_back(forward_lacked_ + accepted_nodes[k]);
+    cache_length_ = base + accepted;
+    return CacheFix::kKeep;
+  }
+  // Valid up to the path's nodes in place; the next forward sends the rest
+  // of the path again.
+  cache_length_ = base + in_place;
+  return CacheFix::kRollback;
 }
 
 bool Sequence::deliver(double seconds) {

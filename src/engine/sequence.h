@@ -65,6 +65,16 @@ struct SequenceShared {
   // of the arm's k; the rule learns from this sequence's steps alone.
   bool adaptive_draft_len = false;
   double draft_len_memory = 64.0;  // ≥ 1, used when adaptive_draft_len
+  // The host keeps chosen tokens of a tree step's forward (a keep callback):
+  // the cache then holds the accepted path after a tree step.
+  bool target_keeps = false;
+};
+
+// What the host's cache needs after a step's verify.
+enum class CacheFix {
+  kNone,      // it holds what the next step needs
+  kRollback,  // truncate it to cache_length() (the rollback callback, if any)
+  kKeep,      // keep forward_past() tokens, then the forward's tokens at keep()
 };
 
 class Sequence {
@@ -86,15 +96,21 @@ class Sequence {
   bool finished_before_step();
 
   // Picks the step's arm and drafts. Throws what the drafter throws; the
-  // sequence is then as before the call, but for the policy's draw.
+  // sequence is then as before the call, but for the policy's draw. A
+  // proposed tree that is a chain (every parent the node before) becomes a
+  // chain.
   void draft(LmHeadRunner& runner);
   int32_t drafted() const { return int32_t(proposal_.tokens.size()); }
   const DraftProposal& proposal() const { return proposal_; }
+  // The step verifies a tree (flashspec.h, Tree steps).
+  bool tree() const { return !proposal_.parents.empty(); }
 
   // The target forward of the step: the tokens the cache lacks, then the
   // drafts, appended to `tokens`; the cache must hold cache_length() tokens
-  // before them; it returns drafted() + 1 rows.
-  void append_forward_tokens(std::vector<int32_t>& tokens) const;
+  // before them; it returns drafted() + 1 rows. With `parents`, one entry
+  // per token appended to it too: −1, or for a tree's node the index of its
+  // parent among this sequence's tokens of the call.
+  void append_forward_tokens(std::vector<int32_t>& tokens, std::vector<int32_t>* parents = nullptr) const;
   int32_t cache_length() const { return cache_length_; }
   // The forward succeeded: the cache now holds the drafts too.
   void forwarded();
@@ -102,9 +118,14 @@ class Sequence {
   // The verify request of the step (hidden: this sequence's rows).
   SequenceVerify verify_request(const flashspec_tensor* hidden) const;
 
-  // The verify accepted `accepted` drafts and emitted emitted[0 .. accepted].
-  // Returns true when the cache must be rolled back to cache_length().
-  bool verified(int32_t accepted, const int32_t* emitted);
+  // The verify accepted `accepted` drafts (a tree: the path's depth, its
+  // nodes accepted_nodes[0 .. accepted)) and emitted emitted[0 .. accepted].
+  // Says what the host's cache needs.
+  CacheFix verified(int32_t accepted, const int32_t* emitted, const int32_t* accepted_nodes);
+  // CacheFix::kKeep: the last forward's num_past and the indices of its
+  // tokens to keep.
+  int32_t forward_past() const { return forward_past_; }
+  const std::vector<int32_t>& keep() const { return keep_; }
 
   // Emits the step's tokens, rewards the arm, records the step (its wall
   // time `seconds`). Returns true when the sequence finished. Throws
@@ -141,6 +162,9 @@ class Sequence {
   int32_t accepted_ = 0;
   DraftProposal proposal_;
   std::vector<int32_t> emitted_;
+  int32_t forward_past_ = 0;   // the cache length the forward started from
+  int32_t forward_lacked_ = 0; // the tokens it appended before the drafts
+  std::vector<int32_t> keep_;
 };
 
 }  // namespace flashspec

@@ -193,11 +193,25 @@ void SuffixDrafter::propose(const DraftRequest& request, LmHeadRunner&, DraftPro
   require(in_sequence_ && request.length >= int32_t(sequence_.size()), FLASHSPEC_ERR_INTERNAL, "suffix drafter",
           "the context shrank without a new begin()");
   extend(request.context + sequence_.size(), request.length - int32_t(sequence_.size()));
-  propose_chain(request.max_tokens, out.tokens);
-  // Tokens cached by a host with another vocabulary never reach the verify.
-  auto outside = std::find_if(out.tokens.begin(), out.tokens.end(),
-                              [&](int32_t t) { return t < 0 || int64_t(t) >= request.vocab; });
-  out.tokens.erase(outside, out.tokens.end());
+  auto outside = [&](int32_t t) { return t < 0 || int64_t(t) >= request.vocab; };
+  if (!config_.propose_trees) {
+    propose_chain(request.max_tokens, out.tokens);
+    // Tokens cached by a host with another vocabulary never reach the verify.
+    out.tokens.erase(std::find_if(out.tokens.begin(), out.tokens.end(), outside), out.tokens.end());
+    return;
+  }
+  SuffixTree tree;
+  propose_tree(request.max_tokens, tree);
+  // The same, with the subtrees below such tokens (parents come first, so
+  // one pass renumbers what stays).
+  std::vector<int32_t> index(tree.tokens.size(), -1);
+  for (size_t i = 0; i < tree.tokens.size(); ++i) {
+    const int32_t parent = tree.parents[i];
+    if (outside(tree.tokens[i]) || (parent >= 0 && index[size_t(parent)] < 0)) continue;
+    index[i] = int32_t(out.tokens.size());
+    out.tokens.push_back(tree.tokens[i]);
+    out.parents.push_back(parent < 0 ? -1 : index[size_t(parent)]);
+  }
 }
 
 }  // namespace flashspec

@@ -35,6 +35,7 @@ struct SuffixDrafterConfig {
   int32_t max_depth = 16;         // 1..kMaxDepth
   double min_probability = 0.1;   // [0, 1]
   int32_t cache_max_tokens = 16384;  // 0..kMaxCacheTokens; 0: no cache
+  bool propose_trees = false;        // propose() gives trees, not chains
   DrafterCost cost;
 };
 
