@@ -1010,8 +1010,8 @@ FLASHSPEC_API flashspec_status flashspec_drafter_create_ngram(flashspec_context*
  * propose_trees = 1 so does the engine's drafter each step: the tree of at
  * most k nodes that flashspec_suffix_drafter_propose_tree would give for the
  * sequence so far (its nodes of tokens outside the target's vocabulary
- * dropped with their subtrees), verified by the engine as a tree (see Tree
- * steps below; a tree that is a chain is verified as a chain).
+ * dropped with their subtrees), and the engine runs a tree step (see Tree
+ * steps below), even when the tree has a single branch.
  * Memory: at most (max_match_len + max_depth) trie nodes of about 64 bytes
  * per indexed token, for the current sequence and for the cache. */
 typedef struct flashspec_suffix_params {
@@ -1091,9 +1091,9 @@ typedef enum flashspec_draft_kind {
    * and for each node i its parent in call->parents, a node index in
    * [−1, i) (−1: a child of the last context token; parents come before
    * their children). Siblings may repeat a token (the first is tried). The
-   * arm's k bounds the nodes. The engine runs a tree step (see Tree steps
-   * below); a tree whose every node's parent is the node before it is a
-   * chain, and its step is a chain step exactly as for TOKENS. */
+   * arm's k bounds the nodes. Each step with at least one node is a tree
+   * step (see Tree steps below), even when the tree is shaped as a chain;
+   * 0 nodes: no draft this step. */
   FLASHSPEC_DRAFT_TREE = 3,
   FLASHSPEC_DRAFT_KIND_FORCE_32BIT_ = 0x7fffffff
 } flashspec_draft_kind;
@@ -1193,8 +1193,9 @@ typedef int (*flashspec_target_rollback_fn)(void* user_data, int32_t num_keep);
  * num_past + num_keep tokens. Return 0 on success. */
 typedef int (*flashspec_target_keep_fn)(void* user_data, int32_t num_past, const int32_t* keep, int32_t num_keep);
 
-/* Tree steps. A drafter that proposes a tree (a TREE callback drafter, a
- * suffix drafter with propose_trees = 1) makes the step a tree step:
+/* Tree steps. A drafter that proposes a tree of at least one node (a TREE
+ * callback drafter, a suffix drafter with propose_trees = 1) makes the step
+ * a tree step:
  *   - The target forward gets, as for a chain, the m ≥ 1 tokens the cache
  *     lacks (the last of them is the root: the last token of the sequence),
  *     then the n draft nodes in node order, so num_tokens = m + n and
@@ -1223,8 +1224,10 @@ typedef int (*flashspec_target_keep_fn)(void* user_data, int32_t num_past, const
  *     target_rollback (if set) with that length, and the next forward's
  *     num_past is that length, so it sends the accepted path's tokens again
  *     among the tokens the cache lacks. Either way the tokens are the same.
- *   - A chain step never passes parents and keeps target_rollback's
- *     protocol as before; its random numbers are Algorithm 1's.
+ *   - A chain step (the other drafters, and a step without drafts) passes
+ *     no parents (a batched engine: all −1 when another sequence of the
+ *     step drafted a tree) and keeps target_rollback's protocol as before;
+ *     its random numbers are Algorithm 1's (a batched engine: see there).
  *   - Costs and rewards: a tree of n nodes whose accepted path is d deep
  *     counts as a chain of n drafts of which d were accepted: cost n + 1
  *     rows (plus the drafter's call cost and n times its token cost),
@@ -1517,13 +1520,15 @@ FLASHSPEC_API flashspec_status flashspec_engine_reset_metrics(flashspec_engine* 
  * randomness from its own (seed, request_id) and its own step count (the
  * contract of flashspec_rng_uniform), never from its neighbours, and it
  * runs the engine's own step rules. One exception, with tree steps (see
- * Tree steps): the step's one verify pass takes draft parents for every
- * sequence or for none, so when any sequence of a step drafts a tree, the
- * chains of that step are verified as trees (parents k − 1) too. That is
- * exact, but takes the tree rule's random numbers, not Algorithm 1's: at
- * T > 0 a chain sequence whose neighbours draft trees may emit other
- * tokens (with the same distribution) than a single engine would; at T = 0,
- * and in steps where no sequence drafts a tree, it emits the same.
+ * Tree steps): the step's one verify pass (one read of the LM head) takes
+ * draft parents for every sequence or for none, so when any sequence of a
+ * step drafts a tree, the chains of that step are verified as trees
+ * (parents k − 1) too. That is exact, but takes the tree rule's random
+ * numbers, not Algorithm 1's: at T > 0 a chain step of a sequence whose
+ * neighbours draft trees in the same step may emit other tokens (with the
+ * same distribution) than a single engine would. Tree steps, steps without
+ * drafts, T = 0, and steps in which no sequence drafts a tree emit what a
+ * single engine emits.
  *
  * Per sequence, not shared: the drafters (each sequence brings
  * num_drafters drafter handles of its own, so an n-gram drafter's index or

@@ -86,17 +86,13 @@ void Sequence::draft(LmHeadRunner& runner) {
   }
   if (proposal_.parents.empty()) return;
   // Drafters check their trees; this guards the verify and the forward.
-  bool chain = true;
   bool valid = proposal_.parents.size() == proposal_.tokens.size() && !proposal_.has_logits;
-  for (size_t i = 0; valid && i < proposal_.parents.size(); ++i) {
+  for (size_t i = 0; valid && i < proposal_.parents.size(); ++i)
     valid = proposal_.parents[i] >= -1 && proposal_.parents[i] < int32_t(i);
-    chain = chain && proposal_.parents[i] == int32_t(i) - 1;
-  }
   if (!valid) {
     proposal_.clear();
     fail(FLASHSPEC_ERR_INTERNAL, "drafter: proposed a tree whose parents do not fit its tokens");
   }
-  if (chain) proposal_.parents.clear();
 }
 
 void Sequence::append_forward_tokens(std::vector<int32_t>& tokens, std::vector<int32_t>* parents) const {

@@ -96,13 +96,12 @@ class Sequence {
   bool finished_before_step();
 
   // Picks the step's arm and drafts. Throws what the drafter throws; the
-  // sequence is then as before the call, but for the policy's draw. A
-  // proposed tree that is a chain (every parent the node before) becomes a
-  // chain.
+  // sequence is then as before the call, but for the policy's draw.
   void draft(LmHeadRunner& runner);
   int32_t drafted() const { return int32_t(proposal_.tokens.size()); }
   const DraftProposal& proposal() const { return proposal_; }
-  // The step verifies a tree (flashspec.h, Tree steps).
+  // The step verifies a tree (flashspec.h, Tree steps): the drafter
+  // proposed one, of at least one node (even one shaped as a chain).
   bool tree() const { return !proposal_.parents.empty(); }
 
   // The target forward of the step: the tokens the cache lacks, then the

@@ -1,13 +1,17 @@
 // Shared by the engine tests (and the GPU suite's engine test): a
 // synthetic target model (a fixed random LM head, hidden rows a
-// deterministic function of the context) with a host KV cache that checks
-// the engine's forward/rollback protocol, and exact reference decoders.
+// deterministic function of the context) with host KV caches (one sequence,
+// or a ragged batch) that check the engine's forward/rollback/keep
+// protocol and run tree forwards (each row a function of its token's path),
+// and exact reference decoders.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -35,11 +39,25 @@ class SyntheticModel {
     for (float& e : embed_) e = float(rng.normal());
     for (float& u : drift_) u = float(rng.normal()) * 0.1f;
   }
+
+  // A target whose greedy next token is rule(context): W = 4·I (V = d) and
+  // the hidden row is the one-hot of rule(context), so the test writes the
+  // text the target wants.
+  using Rule = std::function<int32_t(const int32_t* context, int32_t length)>;
+  SyntheticModel(int32_t vocab, Rule rule)
+      : vocab_(vocab), hidden_(vocab), weight_(size_t(vocab) * size_t(vocab), 0.0f), rule_(std::move(rule)) {
+    for (int32_t v = 0; v < vocab; ++v) weight_[size_t(v) * size_t(vocab) + size_t(v)] = 4.0f;
+  }
   int32_t vocab() const { return vocab_; }
   int32_t hidden() const { return hidden_; }
   const std::vector<float>& weight() const { return weight_; }
 
   void hidden_row(const int32_t* context, int32_t length, float* out) const {
+    if (rule_) {
+      for (int32_t c = 0; c < hidden_; ++c) out[c] = 0.0f;
+      out[rule_(context, length)] = 1.0f;
+      return;
+    }
     static const float kDecay[3] = {1.0f, 0.6f, 0.3f};
     for (int32_t c = 0; c < hidden_; ++c) out[c] = drift_[size_t(c)] * float(length % 7);
     for (int32_t back = 0; back < 3 && back < length; ++back) {
@@ -75,7 +93,50 @@ class SyntheticModel {
  private:
   int32_t vocab_, hidden_;
   std::vector<float> weight_, embed_, drift_;
+  Rule rule_;
 };
+
+// The context that row of token t of a forward scores: the cache's first
+// num_past tokens, then the call's tokens on the path to t (token t's
+// predecessor: parents[t] when parents is set and parents[t] ≥ 0, else
+// t − 1), t included. A tree forward's rows so depend on each node's
+// ancestors, never on its place among the call's tokens.
+inline std::vector<int32_t> path_context(const int32_t* cache, int32_t num_past, const int32_t* tokens,
+                                         const int32_t* parents, int32_t t) {
+  std::vector<int32_t> path;
+  for (int32_t i = t; i >= 0; i = parents && parents[i] >= 0 ? parents[i] : i - 1) path.push_back(tokens[i]);
+  std::vector<int32_t> context(cache, cache + num_past);
+  context.insert(context.end(), path.rbegin(), path.rend());
+  return context;
+}
+
+// Checks a forward's parents (flashspec.h, Tree steps): −1 for the tokens
+// before the root's children, a node's parent at or after the root and
+// before the node. Returns "" or what is wrong.
+inline std::string check_parents(const int32_t* parents, int32_t num_tokens, int32_t num_rows) {
+  if (!parents) return "";
+  const int32_t root = num_tokens - num_rows;
+  for (int32_t t = 0; t < num_tokens; ++t) {
+    const int32_t p = parents[t];
+    if (t <= root ? p != -1 : (p != -1 && (p < root || p >= t))) return "parents[" + std::to_string(t) + "] = " + std::to_string(p);
+  }
+  return "";
+}
+
+// A keep callback's protocol (flashspec.h, Tree steps) on one cache whose
+// last forward started at num_past with num_tokens tokens: applies it.
+inline std::string apply_keep(std::vector<int32_t>& cache, int32_t last_past, int32_t last_tokens, int32_t num_past,
+                              const int32_t* keep, int32_t num_keep) {
+  if (num_past != last_past) return "keep: num_past is not the forward's";
+  if (size_t(num_past) + size_t(last_tokens) != cache.size()) return "keep: not after a forward";
+  std::vector<int32_t> kept(cache.begin(), cache.begin() + num_past);
+  for (int32_t i = 0; i < num_keep; ++i) {
+    if (keep[i] < 0 || keep[i] >= last_tokens || (i > 0 && keep[i] <= keep[i - 1])) return "keep: bad index";
+    kept.push_back(cache[size_t(num_past + keep[i])]);
+  }
+  cache = kept;
+  return "";
+}
 
 // The host side of the target: a KV cache of tokens; hidden rows from the
 // model. Checks the engine's protocol on every call.
@@ -86,6 +147,11 @@ struct TargetHost {
   bool rollback_enabled = true;  // engine told to call rollback
   int forwards = 0;
   int rollbacks = 0;
+  int keeps = 0;
+  int tree_forwards = 0;         // forwards with parents
+  int refeeds = 0;               // forwards after the first that sent more than the root again
+  int32_t last_past = 0, last_tokens = 0;
+  int keep_fail_at = -1;
   std::string protocol_error;    // first violation seen
   // Fault injection: at forward call number fail_at (0-based), do `fault`.
   enum class Fault { kNone, kReturnError, kThrow, kWrongRows, kWrongCols, kNullData, kNaN, kWrongMemory };
@@ -108,6 +174,13 @@ struct TargetHost {
     self->cache.resize(size_t(std::max(0, keep)));
     return 0;
   }
+  static int keep(void* user_data, int32_t num_past, const int32_t* keep, int32_t num_keep) {
+    auto* self = static_cast<TargetHost*>(user_data);
+    if (self->keeps++ == self->keep_fail_at) return 7;
+    const std::string error = apply_keep(self->cache, self->last_past, self->last_tokens, num_past, keep, num_keep);
+    if (!error.empty()) self->note(error);
+    return 0;
+  }
 
   int do_forward(flashspec_target_call* call) {
     const int index = forwards++;
@@ -116,13 +189,20 @@ struct TargetHost {
     if (call->num_past < 0 || size_t(call->num_past) > cache.size()) note("num_past beyond the cache");
     if (rollback_enabled && call->num_past != 0 && size_t(call->num_past) != cache.size()) note("cache not rolled back to num_past");
     cache.resize(size_t(std::min<int64_t>(call->num_past, int64_t(cache.size()))));
-    cache.insert(cache.end(), call->tokens, call->tokens + call->num_tokens);
+    const std::string parents_error = check_parents(call->parents, call->num_tokens, call->num_rows);
+    if (!parents_error.empty()) note(parents_error);
+    if (call->parents) tree_forwards++;
+    if (call->num_past > 0 && call->num_tokens - call->num_rows > 0) refeeds++;
+    last_past = int32_t(cache.size());
+    last_tokens = call->num_tokens;
     const int32_t d = model->hidden();
     rows.assign(size_t(call->num_rows) * size_t(d), 0.0f);
     for (int32_t r = 0; r < call->num_rows; ++r) {
-      const int32_t length = int32_t(cache.size()) - call->num_rows + 1 + r;
-      model->hidden_row(cache.data(), length, rows.data() + size_t(r) * size_t(d));
+      const std::vector<int32_t> context = path_context(cache.data(), int32_t(cache.size()), call->tokens,
+                                                        call->parents, call->num_tokens - call->num_rows + r);
+      model->hidden_row(context.data(), int32_t(context.size()), rows.data() + size_t(r) * size_t(d));
     }
+    cache.insert(cache.end(), call->tokens, call->tokens + call->num_tokens);
     call->hidden = flashspec_tensor_make(rows.data(), FLASHSPEC_DTYPE_F32, FLASHSPEC_MEMORY_HOST, call->num_rows, d);
     if (index == fail_at) {
       switch (fault) {
@@ -136,6 +216,87 @@ struct TargetHost {
         case Fault::kNone: break;
       }
     }
+    return 0;
+  }
+};
+
+struct BatchEngineDeleter {
+  void operator()(flashspec_batch_engine* e) const { flashspec_batch_engine_destroy(e); }
+};
+using BatchEnginePtr = std::unique_ptr<flashspec_batch_engine, BatchEngineDeleter>;
+
+// The host side of a batched target: one KV cache of tokens per sequence
+// id, hidden rows from the model (tree forwards too). Checks the ragged
+// forward's protocol.
+struct BatchTargetHost {
+  const SyntheticModel* model = nullptr;
+  std::map<uint64_t, std::vector<int32_t>> caches;
+  std::map<uint64_t, std::pair<int32_t, int32_t>> last_forward;  // num_past, num_tokens
+  std::vector<float> rows;
+  std::string protocol_error;
+  int forwards = 0;
+  int tree_forwards = 0;               // forwards with parents
+  int keeps = 0;
+  int fail_forward_at = -1;            // forward call index that returns an error
+  uint64_t fail_rollback_of = ~0ull;   // sequence whose rollbacks fail
+  uint64_t fail_keep_of = ~0ull;       // sequence whose keeps fail
+  std::vector<int32_t> batch_sizes;    // sequences per forward
+
+  void note(const std::string& what) {
+    if (protocol_error.empty()) protocol_error = what;
+  }
+
+  static int forward(void* user_data, flashspec_batch_target_call* call) {
+    auto* self = static_cast<BatchTargetHost*>(user_data);
+    if (self->forwards++ == self->fail_forward_at) return 9;
+    if (call->struct_size != sizeof(flashspec_batch_target_call)) self->note("struct_size");
+    if (call->token_offsets[0] != 0 || call->row_offsets[0] != 0) self->note("offsets start at 0");
+    if (call->parents) self->tree_forwards++;
+    self->batch_sizes.push_back(call->num_sequences);
+    const int32_t d = self->model->hidden();
+    self->rows.assign(size_t(call->num_rows) * size_t(d), 0.0f);
+    for (int32_t s = 0; s < call->num_sequences; ++s) {
+      std::vector<int32_t>& cache = self->caches[call->sequence_ids[s]];
+      const int32_t past = call->num_past[s];
+      if (past < 0 || size_t(past) > cache.size()) self->note("num_past beyond the cache");
+      cache.resize(size_t(std::min<int64_t>(past, int64_t(cache.size()))));
+      const int32_t* tokens = call->tokens + call->token_offsets[s];
+      const int32_t* parents = call->parents ? call->parents + call->token_offsets[s] : nullptr;
+      const int32_t n = call->token_offsets[s + 1] - call->token_offsets[s];
+      const int32_t num_rows = call->row_offsets[s + 1] - call->row_offsets[s];
+      if (num_rows < 1 || num_rows > n) self->note("rows of a sequence");
+      const std::string parents_error = check_parents(parents, n, num_rows);
+      if (!parents_error.empty()) self->note(parents_error);
+      self->last_forward[call->sequence_ids[s]] = {int32_t(cache.size()), n};
+      for (int32_t r = 0; r < num_rows; ++r) {
+        const std::vector<int32_t> context =
+            path_context(cache.data(), int32_t(cache.size()), tokens, parents, n - num_rows + r);
+        self->model->hidden_row(context.data(), int32_t(context.size()),
+                                self->rows.data() + size_t(call->row_offsets[s] + r) * size_t(d));
+      }
+      cache.insert(cache.end(), tokens, tokens + n);
+    }
+    call->hidden = flashspec_tensor_make(self->rows.data(), FLASHSPEC_DTYPE_F32, FLASHSPEC_MEMORY_HOST,
+                                         call->num_rows, d);
+    return 0;
+  }
+
+  static int rollback(void* user_data, uint64_t id, int32_t keep) {
+    auto* self = static_cast<BatchTargetHost*>(user_data);
+    if (id == self->fail_rollback_of) return 3;
+    std::vector<int32_t>& cache = self->caches[id];
+    if (keep < 0 || size_t(keep) > cache.size()) self->note("rollback past the cache");
+    cache.resize(size_t(std::max(0, keep)));
+    return 0;
+  }
+
+  static int keep(void* user_data, uint64_t id, int32_t num_past, const int32_t* keep, int32_t num_keep) {
+    auto* self = static_cast<BatchTargetHost*>(user_data);
+    self->keeps++;
+    if (id == self->fail_keep_of) return 5;
+    const std::pair<int32_t, int32_t> last = self->last_forward[id];
+    const std::string error = apply_keep(self->caches[id], last.first, last.second, num_past, keep, num_keep);
+    if (!error.empty()) self->note(error);
     return 0;
   }
 };

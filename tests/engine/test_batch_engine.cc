@@ -21,65 +21,6 @@ namespace {
 
 using namespace fstest;
 
-struct BatchEngineDeleter {
-  void operator()(flashspec_batch_engine* e) const { flashspec_batch_engine_destroy(e); }
-};
-using BatchEnginePtr = std::unique_ptr<flashspec_batch_engine, BatchEngineDeleter>;
-
-// The host side of a batched target: one KV cache of tokens per sequence
-// id, hidden rows from the model. Checks the ragged forward's protocol.
-struct BatchTargetHost {
-  const SyntheticModel* model = nullptr;
-  std::map<uint64_t, std::vector<int32_t>> caches;
-  std::vector<float> rows;
-  std::string protocol_error;
-  int forwards = 0;
-  int fail_forward_at = -1;            // forward call index that returns an error
-  uint64_t fail_rollback_of = ~0ull;   // sequence whose rollbacks fail
-  std::vector<int32_t> batch_sizes;    // sequences per forward
-
-  void note(const std::string& what) {
-    if (protocol_error.empty()) protocol_error = what;
-  }
-
-  static int forward(void* user_data, flashspec_batch_target_call* call) {
-    auto* self = static_cast<BatchTargetHost*>(user_data);
-    if (self->forwards++ == self->fail_forward_at) return 9;
-    if (call->struct_size != sizeof(flashspec_batch_target_call)) self->note("struct_size");
-    if (call->token_offsets[0] != 0 || call->row_offsets[0] != 0) self->note("offsets start at 0");
-    self->batch_sizes.push_back(call->num_sequences);
-    const int32_t d = self->model->hidden();
-    self->rows.assign(size_t(call->num_rows) * size_t(d), 0.0f);
-    for (int32_t s = 0; s < call->num_sequences; ++s) {
-      std::vector<int32_t>& cache = self->caches[call->sequence_ids[s]];
-      const int32_t past = call->num_past[s];
-      if (past < 0 || size_t(past) > cache.size()) self->note("num_past beyond the cache");
-      cache.resize(size_t(std::min<int64_t>(past, int64_t(cache.size()))));
-      cache.insert(cache.end(), call->tokens + call->token_offsets[s], call->tokens + call->token_offsets[s + 1]);
-      const int32_t n = call->token_offsets[s + 1] - call->token_offsets[s];
-      const int32_t num_rows = call->row_offsets[s + 1] - call->row_offsets[s];
-      if (num_rows < 1 || num_rows > n) self->note("rows of a sequence");
-      for (int32_t r = 0; r < num_rows; ++r) {
-        const int32_t length = int32_t(cache.size()) - num_rows + 1 + r;
-        self->model->hidden_row(cache.data(), length,
-                                self->rows.data() + size_t(call->row_offsets[s] + r) * size_t(d));
-      }
-    }
-    call->hidden = flashspec_tensor_make(self->rows.data(), FLASHSPEC_DTYPE_F32, FLASHSPEC_MEMORY_HOST,
-                                         call->num_rows, d);
-    return 0;
-  }
-
-  static int rollback(void* user_data, uint64_t id, int32_t keep) {
-    auto* self = static_cast<BatchTargetHost*>(user_data);
-    if (id == self->fail_rollback_of) return 3;
-    std::vector<int32_t>& cache = self->caches[id];
-    if (keep < 0 || size_t(keep) > cache.size()) self->note("rollback past the cache");
-    cache.resize(size_t(std::max(0, keep)));
-    return 0;
-  }
-};
-
 // A TOKENS drafter: proposes pseudo-random tokens, a function of the
 // context only (so a fresh copy in a single engine proposes the same).
 // Fails from call fail_at on when set.
