@@ -364,10 +364,10 @@ void op_drafter(Input& in, flashspec_context* ctx, const flashspec_lm_head* head
     flashspec_callback_drafter_params p;
     flashspec_callback_drafter_params_init(&p);
     const uint8_t k = in.u8();
-    static const int32_t kinds[] = {0, 1, 2, 3, -1, 0x7fffffff};
-    const int32_t kind = k < 240 ? int32_t(k % 3) : kinds[k % 6];
+    static const int32_t kinds[] = {0, 1, 2, 3, 4, -1, 0x7fffffff};
+    const int32_t kind = k < 240 ? int32_t(k % 4) : kinds[k % 7];
     set_raw(p.kind, kind);
-    if (kind < 0 || kind > 2) expect.violate(FLASHSPEC_ERR_INVALID_ARGUMENT, "params->kind unknown");
+    if (kind < 0 || kind > 3) expect.violate(FLASHSPEC_ERR_INVALID_ARGUMENT, "params->kind unknown");
     const uint8_t fn = in.u8();
     p.draft = fn == 255 ? nullptr : never_called;
     if (!p.draft) expect.violate(FLASHSPEC_ERR_NULL_POINTER, "params->draft NULL");
