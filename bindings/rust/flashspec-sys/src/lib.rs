@@ -71,6 +71,7 @@ pub type flashspec_draft_kind = c_uint;
 pub const FLASHSPEC_DRAFT_TOKENS: flashspec_draft_kind = 0;
 pub const FLASHSPEC_DRAFT_LOGITS: flashspec_draft_kind = 1;
 pub const FLASHSPEC_DRAFT_HIDDEN: flashspec_draft_kind = 2;
+pub const FLASHSPEC_DRAFT_TREE: flashspec_draft_kind = 3;
 pub type flashspec_bandit_policy = c_uint;
 pub const FLASHSPEC_BANDIT_UCB1: flashspec_bandit_policy = 0;
 pub const FLASHSPEC_BANDIT_THOMPSON: flashspec_bandit_policy = 1;
@@ -106,11 +107,17 @@ pub type flashspec_target_forward_fn =
     Option<unsafe extern "C" fn(user_data: *mut c_void, call: *mut flashspec_target_call) -> c_int>;
 pub type flashspec_target_rollback_fn =
     Option<unsafe extern "C" fn(user_data: *mut c_void, num_keep: i32) -> c_int>;
+pub type flashspec_target_keep_fn = Option<
+    unsafe extern "C" fn(user_data: *mut c_void, num_past: i32, keep: *const i32, num_keep: i32) -> c_int,
+>;
 pub type flashspec_token_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, token: i32) -> c_int>;
 pub type flashspec_batch_target_forward_fn =
     Option<unsafe extern "C" fn(user_data: *mut c_void, call: *mut flashspec_batch_target_call) -> c_int>;
 pub type flashspec_batch_target_rollback_fn =
     Option<unsafe extern "C" fn(user_data: *mut c_void, sequence_id: u64, num_keep: i32) -> c_int>;
+pub type flashspec_batch_target_keep_fn = Option<
+    unsafe extern "C" fn(user_data: *mut c_void, sequence_id: u64, num_past: i32, keep: *const i32, num_keep: i32) -> c_int,
+>;
 pub type flashspec_sequence_token_fn =
     Option<unsafe extern "C" fn(user_data: *mut c_void, sequence_id: u64, token: i32) -> c_int>;
 
@@ -236,6 +243,7 @@ pub struct flashspec_suffix_params {
     pub cache_max_tokens: i32,
     pub call_cost: f64,
     pub token_cost: f64,
+    pub propose_trees: i32,
 }
 
 #[repr(C)]
@@ -252,6 +260,7 @@ pub struct flashspec_draft_call {
     pub num_tokens: i32,
     pub logits: flashspec_tensor,
     pub hidden: flashspec_tensor,
+    pub parents: *mut i32,
 }
 
 #[repr(C)]
@@ -277,6 +286,7 @@ pub struct flashspec_target_call {
     pub num_rows: i32,
     pub step: u64,
     pub hidden: flashspec_tensor,
+    pub parents: *const i32,
 }
 
 #[repr(C)]
@@ -309,6 +319,7 @@ pub struct flashspec_engine_params {
     /* Appended in 0.3. */
     pub draft_len_memory: f64,
     pub draft_len_rule: flashspec_draft_len_rule,
+    pub target_keep: flashspec_target_keep_fn,
 }
 
 #[repr(C)]
@@ -379,6 +390,7 @@ pub struct flashspec_batch_target_call {
     pub num_rows: i32,
     pub step: u64,
     pub hidden: flashspec_tensor,
+    pub parents: *const i32,
 }
 
 #[repr(C)]
@@ -403,6 +415,7 @@ pub struct flashspec_batch_engine_params {
     pub max_sequences: i32,
     pub draft_len_memory: f64,
     pub draft_len_rule: flashspec_draft_len_rule,
+    pub target_keep: flashspec_batch_target_keep_fn,
 }
 
 #[repr(C)]

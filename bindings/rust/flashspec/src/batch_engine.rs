@@ -46,6 +46,11 @@ pub struct BatchForward<'c> {
     pub row_offsets: &'c [i32],
     /// The batched engine's step count.
     pub step: u64,
+    /// `None` unless a sequence of this step drafted a tree; then
+    /// `[num_tokens]`, per sequence those of [`TargetCall`](crate::TargetCall)
+    /// for its own tokens (indices from its first token; a chain's all -1).
+    /// Run the tree steps with tree attention (flashspec.h, Tree steps).
+    pub parents: Option<&'c [i32]>,
 }
 
 impl BatchForward<'_> {
@@ -57,6 +62,11 @@ impl BatchForward<'_> {
     /// The tokens sequence `s` appends.
     pub fn tokens_of(&self, s: usize) -> &[i32] {
         &self.tokens[self.token_offsets[s] as usize..self.token_offsets[s + 1] as usize]
+    }
+
+    /// Sequence `s`'s parents (see `parents`), indices into [`tokens_of(s)`](BatchForward::tokens_of).
+    pub fn parents_of(&self, s: usize) -> Option<&[i32]> {
+        self.parents.map(|p| &p[self.token_offsets[s] as usize..self.token_offsets[s + 1] as usize])
     }
 
     /// The hidden rows sequence `s` wants.
@@ -72,6 +82,7 @@ impl BatchForward<'_> {
 
 type BatchForwardFn<'a> = Box<dyn FnMut(&BatchForward<'_>) -> CallbackResult<Vec<f32>> + 'a>;
 type BatchRollbackFn<'a> = Box<dyn FnMut(u64, usize) -> CallbackResult<()> + 'a>;
+type BatchKeepFn<'a> = Box<dyn FnMut(u64, usize, &[i32]) -> CallbackResult<()> + 'a>;
 type SequenceTokenFn<'a> = Box<dyn FnMut(i32) -> bool + 'a>;
 
 /// Batched engine parameters; `Default` gives the library's defaults.
@@ -82,6 +93,11 @@ pub struct BatchEngineOptions<'a> {
     /// Truncate sequence `sequence_id`'s KV cache to its first `num_keep`
     /// tokens (optional); its failure ends that sequence.
     pub rollback: Option<BatchRollbackFn<'a>>,
+    /// After a tree step of sequence `sequence_id`, `keep(sequence_id,
+    /// num_past, keep)` as [`EngineOptions::keep`](crate::EngineOptions)
+    /// (indices into its tokens of the last forward; optional); its
+    /// failure ends that sequence.
+    pub keep: Option<BatchKeepFn<'a>>,
     /// Drafters each sequence brings (`add_sequence`'s `drafters`).
     pub num_drafters: usize,
     /// `None`: one arm per drafter of length `default_draft_len`; an arm's
@@ -113,6 +129,7 @@ impl Default for BatchEngineOptions<'_> {
         let p = batch_params_default();
         BatchEngineOptions {
             rollback: None,
+            keep: None,
             num_drafters: p.num_drafters.max(0) as usize,
             arms: None,
             default_draft_len: p.default_draft_len,
@@ -130,11 +147,12 @@ impl Default for BatchEngineOptions<'_> {
 struct BatchState<'a> {
     forward: BatchForwardFn<'a>,
     rollback: Option<BatchRollbackFn<'a>>,
+    keep: Option<BatchKeepFn<'a>>,
     hidden_size: usize,
     hidden: Vec<f32>, // read by the library until the step ends
     failure: Failure,
-    /// Rollback failures, each of which ends its sequence.
-    rollback_failures: Vec<(u64, BoxError)>,
+    /// Rollback and keep failures, each of which ends its sequence.
+    rollback_failures: Vec<(u64, &'static str, BoxError)>,
 }
 
 unsafe extern "C" fn batch_forward_trampoline(user_data: *mut c_void, call: *mut sys::flashspec_batch_target_call) -> c_int {
@@ -153,6 +171,7 @@ unsafe extern "C" fn batch_forward_trampoline(user_data: *mut c_void, call: *mut
                 tokens: std::slice::from_raw_parts(call.tokens, call.num_tokens.max(0) as usize),
                 row_offsets: std::slice::from_raw_parts(call.row_offsets, s + 1),
                 step: call.step,
+                parents: (!call.parents.is_null()).then(|| std::slice::from_raw_parts(call.parents, call.num_tokens.max(0) as usize)),
             }
         };
         let rows = forward(&view)?;
@@ -176,7 +195,23 @@ unsafe extern "C" fn batch_rollback_trampoline(user_data: *mut c_void, sequence_
         Ok(0)
     });
     if let Some((_, e)) = failure.0 {
-        state.rollback_failures.push((sequence_id, e));
+        state.rollback_failures.push((sequence_id, "target rollback", e));
+    }
+    rc
+}
+
+unsafe extern "C" fn batch_keep_trampoline(user_data: *mut c_void, sequence_id: u64, num_past: i32, keep: *const i32, num_keep: i32) -> c_int {
+    // SAFETY: as batch_forward_trampoline; keep holds num_keep indices.
+    let state = unsafe { &mut *(user_data as *mut BatchState<'_>) };
+    let indices = if num_keep > 0 { unsafe { std::slice::from_raw_parts(keep, num_keep as usize) } } else { &[] };
+    let mut failure = Failure::default();
+    let keep = state.keep.as_mut().expect("keep trampoline without a keep closure");
+    let rc = guarded(&mut failure, "target keep", || {
+        keep(sequence_id, num_past.max(0) as usize, indices)?;
+        Ok(0)
+    });
+    if let Some((_, e)) = failure.0 {
+        state.rollback_failures.push((sequence_id, "target keep", e));
     }
     rc
 }
@@ -329,12 +364,14 @@ impl Drop for BatchEngine<'_> {
 
 impl<'a> BatchEngine<'a> {
     fn new(ctx: &'a Context, head: &'a LmHead<'_>, forward: BatchForwardFn<'a>, options: BatchEngineOptions<'a>) -> Result<BatchEngine<'a>> {
-        let BatchEngineOptions { rollback, num_drafters, arms, default_draft_len, policy, target_step_cost, target_row_cost, max_context, max_sequences, draft_len_rule, draft_len_memory } = options;
+        let BatchEngineOptions { rollback, keep, num_drafters, arms, default_draft_len, policy, target_step_cost, target_row_cost, max_context, max_sequences, draft_len_rule, draft_len_memory } = options;
         let has_rollback = rollback.is_some();
-        let mut state = Box::new(BatchState { forward, rollback, hidden_size: head.hidden, hidden: Vec::new(), failure: Failure::default(), rollback_failures: Vec::new() });
+        let has_keep = keep.is_some();
+        let mut state = Box::new(BatchState { forward, rollback, keep, hidden_size: head.hidden, hidden: Vec::new(), failure: Failure::default(), rollback_failures: Vec::new() });
         let mut p = batch_params_default();
         p.target_forward = Some(batch_forward_trampoline);
         p.target_rollback = if has_rollback { Some(batch_rollback_trampoline) } else { None };
+        p.target_keep = if has_keep { Some(batch_keep_trampoline) } else { None };
         p.target_user_data = (&mut *state as *mut BatchState<'a>).cast();
         p.num_drafters = i32::try_from(num_drafters).unwrap_or(i32::MAX);
         let arm_table = arm_table(arms.as_deref());
@@ -434,9 +471,9 @@ impl<'a> BatchEngine<'a> {
         let mut active = 0i32;
         let status = unsafe { sys::flashspec_batch_engine_step(self.raw, &mut active) };
         let outcome = check(status, self.ctx.raw);
-        for (id, e) in std::mem::take(&mut self.state.rollback_failures) {
+        for (id, name, e) in std::mem::take(&mut self.state.rollback_failures) {
             if let Some(seq) = self.sequences.get_mut(&id) {
-                seq.note(Some(("target rollback", e)));
+                seq.note(Some((name, e)));
             }
         }
         for seq in self.sequences.values_mut() {

@@ -127,6 +127,10 @@ pub struct SuffixOptions {
     /// Costs in units of one target forward.
     pub call_cost: f64,
     pub token_cost: f64,
+    /// In an engine: draft trees of at most k nodes (the tree of
+    /// [`Drafter::propose_tree`]) instead of chains; the engine's forward
+    /// then sees the tree ([`Context::tree_engine`]).
+    pub propose_trees: bool,
 }
 
 fn suffix_params_default() -> sys::flashspec_suffix_params {
@@ -141,7 +145,7 @@ fn suffix_params_default() -> sys::flashspec_suffix_params {
 impl Default for SuffixOptions {
     fn default() -> Self {
         let p = suffix_params_default();
-        SuffixOptions { max_match_len: p.max_match_len, max_depth: p.max_depth, min_probability: p.min_probability, cache_max_tokens: p.cache_max_tokens, call_cost: p.call_cost, token_cost: p.token_cost }
+        SuffixOptions { max_match_len: p.max_match_len, max_depth: p.max_depth, min_probability: p.min_probability, cache_max_tokens: p.cache_max_tokens, call_cost: p.call_cost, token_cost: p.token_cost, propose_trees: p.propose_trees != 0 }
     }
 }
 
@@ -157,10 +161,12 @@ pub struct DraftTree {
 
 type TokensFn<'a> = Box<dyn FnMut(&[i32], usize) -> CallbackResult<Vec<i32>> + 'a>;
 type LogitsFn<'a> = Box<dyn FnMut(&[i32], usize) -> CallbackResult<(Vec<i32>, Vec<f32>)> + 'a>;
+type TreeFn<'a> = Box<dyn FnMut(&[i32], usize) -> CallbackResult<DraftTree> + 'a>;
 
 enum DraftClosure<'a> {
     Tokens(TokensFn<'a>),
     Logits(LogitsFn<'a>),
+    Tree(TreeFn<'a>),
 }
 
 struct DrafterState<'a> {
@@ -178,11 +184,15 @@ unsafe extern "C" fn draft_trampoline(user_data: *mut c_void, call: *mut sys::fl
         // SAFETY: the library passes context_len valid tokens and a buffer of max_tokens.
         let context = unsafe { std::slice::from_raw_parts(call.context, call.context_len.max(0) as usize) };
         let max = call.max_tokens.max(0) as usize;
-        let (tokens, rows) = match closure {
-            DraftClosure::Tokens(f) => (f(context, max)?, None),
+        let (tokens, rows, parents) = match closure {
+            DraftClosure::Tokens(f) => (f(context, max)?, None, None),
             DraftClosure::Logits(f) => {
                 let (t, l) = f(context, max)?;
-                (t, Some(l))
+                (t, Some(l), None)
+            }
+            DraftClosure::Tree(f) => {
+                let tree = f(context, max)?;
+                (tree.tokens, None, Some(tree.parents))
             }
         };
         if tokens.len() > max {
@@ -190,6 +200,17 @@ unsafe extern "C" fn draft_trampoline(user_data: *mut c_void, call: *mut sys::fl
         }
         let buffer = unsafe { std::slice::from_raw_parts_mut(call.tokens, max) };
         buffer[..tokens.len()].copy_from_slice(&tokens);
+        if let Some(parents) = parents {
+            if parents.len() != tokens.len() {
+                return Err(format!("returned {} parents for {} tokens", parents.len(), tokens.len()).into());
+            }
+            if call.parents.is_null() {
+                return Err("the library passed no parents buffer".into());
+            }
+            // SAFETY: a TREE call's parents buffer holds max_tokens entries.
+            let buffer = unsafe { std::slice::from_raw_parts_mut(call.parents, max) };
+            buffer[..parents.len()].copy_from_slice(&parents);
+        }
         if let (Some(rows), n) = (rows, tokens.len()) {
             if n > 0 {
                 if rows.is_empty() || rows.len() % n != 0 {
@@ -285,6 +306,7 @@ impl Context {
         p.cache_max_tokens = options.cache_max_tokens;
         p.call_cost = options.call_cost;
         p.token_cost = options.token_cost;
+        p.propose_trees = i32::from(options.propose_trees);
         let mut raw = ptr::null_mut();
         check(unsafe { sys::flashspec_drafter_create_suffix(self.raw, &p, &mut raw) }, self.raw)?;
         Ok(Drafter { raw, state: None, ctx: self })
@@ -294,6 +316,7 @@ impl Context {
         let kind = match closure {
             DraftClosure::Tokens(_) => sys::FLASHSPEC_DRAFT_TOKENS,
             DraftClosure::Logits(_) => sys::FLASHSPEC_DRAFT_LOGITS,
+            DraftClosure::Tree(_) => sys::FLASHSPEC_DRAFT_TREE,
         };
         let mut state = Box::new(DrafterState { closure, failure: Failure::default(), logits: Vec::new() });
         let mut p = std::mem::MaybeUninit::<sys::flashspec_callback_drafter_params>::zeroed();
@@ -327,14 +350,53 @@ impl Context {
         self.callback_drafter_with(DraftClosure::Logits(Box::new(f)), options)
     }
 
+    /// A drafter backed by `f(context, max_tokens)`, which returns a tree
+    /// of up to `max_tokens` point-mass draft tokens after `context`: node
+    /// `i` has token `tokens[i]` and parent `parents[i]` in `[-1, i)` (-1:
+    /// a child of the last context token; parents before children). Its
+    /// engine runs tree steps, whose forward sees the tree
+    /// ([`Context::tree_engine`]). A parent out of range fails the
+    /// generation with CALLBACK, the message naming the node.
+    pub fn tree_drafter<'a>(&'a self, f: impl FnMut(&[i32], usize) -> CallbackResult<DraftTree> + 'a, options: &CallbackDrafterOptions) -> Result<Drafter<'a>> {
+        self.callback_drafter_with(DraftClosure::Tree(Box::new(f)), options)
+    }
+
     /// An engine whose target model has LM head `head` and runs as
     /// `forward(tokens, num_past, num_rows)`: drop cached tokens beyond
     /// `num_past` (0: a new sequence), append `tokens` to the KV cache and
     /// return the final hidden rows of the last `num_rows` tokens,
     /// `[num_rows, d]` row-major. The context must use the CPU backend.
+    /// This forward runs chains only: a tree step (a tree drafter) fails
+    /// with CALLBACK; use [`Context::tree_engine`] for trees.
     pub fn engine<'a>(&'a self, head: &'a LmHead<'_>, forward: impl FnMut(&[i32], usize, usize) -> CallbackResult<Vec<f32>> + 'a, options: EngineOptions<'a>) -> Result<Engine<'a>> {
-        Engine::new(self, head, Box::new(forward), options)
+        Engine::new(self, head, ForwardFn::Chain(Box::new(forward)), options)
     }
+
+    /// An engine whose forward sees the whole target call, trees included
+    /// (flashspec.h, Tree steps): for a tree step `call.parents` holds, per
+    /// token, -1 (it follows the token before it) or the index in
+    /// `call.tokens` of its parent; run it with tree attention and return
+    /// the rows of the last `num_rows` tokens (the root's, then one per
+    /// node). Chain steps have `parents: None`.
+    pub fn tree_engine<'a>(&'a self, head: &'a LmHead<'_>, forward: impl FnMut(&TargetCall<'_>) -> CallbackResult<Vec<f32>> + 'a, options: EngineOptions<'a>) -> Result<Engine<'a>> {
+        Engine::new(self, head, ForwardFn::Tree(Box::new(forward)), options)
+    }
+}
+
+/// One target forward as [`Context::tree_engine`]'s closure sees it
+/// (flashspec_target_call).
+#[derive(Debug, Clone, Copy)]
+pub struct TargetCall<'c> {
+    /// Tokens to append to the KV cache.
+    pub tokens: &'c [i32],
+    /// A tree step's parents, one per token; `None` for a chain step.
+    pub parents: Option<&'c [i32]>,
+    /// Tokens the cache must hold before these (drop any beyond; 0: a new sequence).
+    pub num_past: usize,
+    /// Hidden rows wanted: those of the last `num_rows` tokens.
+    pub num_rows: usize,
+    /// The engine's step within the generation.
+    pub step: u64,
 }
 
 // ---- the engine -------------------------------------------------------------------
@@ -428,12 +490,22 @@ macro_rules! set_policy {
 pub(crate) use set_policy;
 
 type RollbackFn<'a> = Box<dyn FnMut(usize) -> CallbackResult<()> + 'a>;
-type ForwardFn<'a> = Box<dyn FnMut(&[i32], usize, usize) -> CallbackResult<Vec<f32>> + 'a>;
+type KeepFn<'a> = Box<dyn FnMut(usize, &[i32]) -> CallbackResult<()> + 'a>;
+
+enum ForwardFn<'a> {
+    Chain(Box<dyn FnMut(&[i32], usize, usize) -> CallbackResult<Vec<f32>> + 'a>),
+    Tree(Box<dyn FnMut(&TargetCall<'_>) -> CallbackResult<Vec<f32>> + 'a>),
+}
 
 /// Engine parameters; `Default` gives the library's defaults.
 pub struct EngineOptions<'a> {
     /// Truncate the target's KV cache to its first `num_keep` tokens (optional).
     pub rollback: Option<RollbackFn<'a>>,
+    /// After a tree step, `keep(num_past, keep)`: keep the cache's first
+    /// `num_past` tokens, then of the last forward's tokens those at the
+    /// indices `keep` (increasing), dropping the rest (optional; without
+    /// it the engine sends the accepted path again).
+    pub keep: Option<KeepFn<'a>>,
     /// The drafters; the engine owns them.
     pub drafters: Vec<Drafter<'a>>,
     /// `None`: one arm per drafter of length `default_draft_len`.
@@ -464,13 +536,14 @@ fn engine_params_default() -> sys::flashspec_engine_params {
 impl Default for EngineOptions<'_> {
     fn default() -> Self {
         let p = engine_params_default();
-        EngineOptions { rollback: None, drafters: Vec::new(), arms: None, default_draft_len: p.default_draft_len, policy: Policy::Ucb1 { exploration: p.ucb_exploration }, target_step_cost: p.target_step_cost, target_row_cost: p.target_row_cost, max_context: p.max_context, draft_len_rule: DraftLenRule::from_raw(p.draft_len_rule), draft_len_memory: p.draft_len_memory }
+        EngineOptions { rollback: None, keep: None, drafters: Vec::new(), arms: None, default_draft_len: p.default_draft_len, policy: Policy::Ucb1 { exploration: p.ucb_exploration }, target_step_cost: p.target_step_cost, target_row_cost: p.target_row_cost, max_context: p.max_context, draft_len_rule: DraftLenRule::from_raw(p.draft_len_rule), draft_len_memory: p.draft_len_memory }
     }
 }
 
 struct EngineState<'a> {
     forward: ForwardFn<'a>,
     rollback: Option<RollbackFn<'a>>,
+    keep: Option<KeepFn<'a>>,
     hidden_size: usize,
     hidden: Vec<f32>, // read by the library until the step ends
     failure: Failure,
@@ -483,7 +556,16 @@ unsafe extern "C" fn forward_trampoline(user_data: *mut c_void, call: *mut sys::
     let EngineState { forward, hidden_size, hidden, failure, .. } = state;
     guarded(failure, "target forward", || {
         let tokens = unsafe { std::slice::from_raw_parts(call.tokens, call.num_tokens.max(0) as usize) };
-        let rows = forward(tokens, call.num_past.max(0) as usize, call.num_rows.max(0) as usize)?;
+        // SAFETY: a tree step's parents has num_tokens entries.
+        let parents = (!call.parents.is_null()).then(|| unsafe { std::slice::from_raw_parts(call.parents, tokens.len()) });
+        let (num_past, num_rows) = (call.num_past.max(0) as usize, call.num_rows.max(0) as usize);
+        let rows = match forward {
+            ForwardFn::Chain(_) if parents.is_some() => {
+                return Err("a tree step needs a forward that sees the parents (Context::tree_engine)".into());
+            }
+            ForwardFn::Chain(f) => f(tokens, num_past, num_rows)?,
+            ForwardFn::Tree(f) => f(&TargetCall { tokens, parents, num_past, num_rows, step: call.step })?,
+        };
         if rows.is_empty() || rows.len() % *hidden_size != 0 {
             return Err(format!("returned {} values, not whole rows of d = {hidden_size}", rows.len()).into());
         }
@@ -499,6 +581,17 @@ unsafe extern "C" fn rollback_trampoline(user_data: *mut c_void, num_keep: i32) 
     let EngineState { rollback, failure, .. } = state;
     guarded(failure, "target rollback", || {
         (rollback.as_mut().expect("rollback trampoline without a rollback closure"))(num_keep.max(0) as usize)?;
+        Ok(0)
+    })
+}
+
+unsafe extern "C" fn keep_trampoline(user_data: *mut c_void, num_past: i32, keep: *const i32, num_keep: i32) -> c_int {
+    // SAFETY: as forward_trampoline; keep holds num_keep indices.
+    let state = unsafe { &mut *(user_data as *mut EngineState<'_>) };
+    let indices = if num_keep > 0 { unsafe { std::slice::from_raw_parts(keep, num_keep as usize) } } else { &[] };
+    let EngineState { keep, failure, .. } = state;
+    guarded(failure, "target keep", || {
+        (keep.as_mut().expect("keep trampoline without a keep closure"))(num_past.max(0) as usize, indices)?;
         Ok(0)
     })
 }
@@ -724,12 +817,14 @@ impl Drop for Engine<'_> {
 
 impl<'a> Engine<'a> {
     fn new(ctx: &'a Context, head: &'a LmHead<'_>, forward: ForwardFn<'a>, options: EngineOptions<'a>) -> Result<Engine<'a>> {
-        let EngineOptions { rollback, drafters, arms, default_draft_len, policy, target_step_cost, target_row_cost, max_context, draft_len_rule, draft_len_memory } = options;
+        let EngineOptions { rollback, keep, drafters, arms, default_draft_len, policy, target_step_cost, target_row_cost, max_context, draft_len_rule, draft_len_memory } = options;
         let has_rollback = rollback.is_some();
-        let mut state = Box::new(EngineState { forward, rollback, hidden_size: head.hidden, hidden: Vec::new(), failure: Failure::default() });
+        let has_keep = keep.is_some();
+        let mut state = Box::new(EngineState { forward, rollback, keep, hidden_size: head.hidden, hidden: Vec::new(), failure: Failure::default() });
         let mut p = engine_params_default();
         p.target_forward = Some(forward_trampoline);
         p.target_rollback = if has_rollback { Some(rollback_trampoline) } else { None };
+        p.target_keep = if has_keep { Some(keep_trampoline) } else { None };
         p.target_user_data = (&mut *state as *mut EngineState<'a>).cast();
         let raws: Vec<*mut sys::flashspec_drafter> = drafters.iter().map(|d| d.raw).collect();
         p.drafters = if raws.is_empty() { ptr::null() } else { raws.as_ptr() };

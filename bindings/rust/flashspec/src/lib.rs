@@ -36,7 +36,7 @@ pub use controls::{pack_token_mask, LogitBias, LogitBiasBuf, SamplingControls, T
 mod batch_engine;
 pub use batch_engine::{BatchEngine, BatchEngineOptions, BatchForward, SequenceError, SequenceState, SharedError, StepError};
 mod engine;
-pub use engine::{Arm, ArmMetrics, BoxError, CallbackDrafterOptions, CallbackPanic, CallbackResult, Canceller, DraftLenRule, DraftTree, Drafter, Engine, EngineMetrics, EngineOptions, FinishReason, GenerateError, GenerateOptions, Generation, NgramOptions, Policy, SuffixOptions};
+pub use engine::{Arm, ArmMetrics, BoxError, CallbackDrafterOptions, CallbackPanic, CallbackResult, Canceller, DraftLenRule, DraftTree, Drafter, Engine, EngineMetrics, EngineOptions, FinishReason, GenerateError, GenerateOptions, Generation, NgramOptions, Policy, SuffixOptions, TargetCall};
 
 /// Most draft tokens per request, and most nodes of a proposed tree
 /// (FLASHSPEC_MAX_DRAFT_LEN).
