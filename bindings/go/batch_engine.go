@@ -22,9 +22,11 @@ package flashspec
 // #include "flashspec.h"
 // extern int flashspecGoBatchTargetForward(void*, flashspec_batch_target_call*);
 // extern int flashspecGoBatchTargetRollback(void*, uint64_t, int32_t);
+// extern int flashspecGoBatchTargetKeep(void*, uint64_t, int32_t, int32_t*, int32_t);
 // extern int flashspecGoSequenceToken(void*, uint64_t, int32_t);
 // static uintptr_t flashspec_go_batch_target_forward_fn(void) { return (uintptr_t)&flashspecGoBatchTargetForward; }
 // static uintptr_t flashspec_go_batch_target_rollback_fn(void) { return (uintptr_t)&flashspecGoBatchTargetRollback; }
+// static uintptr_t flashspec_go_batch_target_keep_fn(void) { return (uintptr_t)&flashspecGoBatchTargetKeep; }
 // static uintptr_t flashspec_go_sequence_token_fn(void) { return (uintptr_t)&flashspecGoSequenceToken; }
 import "C"
 
@@ -49,6 +51,20 @@ type BatchForwardCall struct {
 	Tokens       []int32
 	RowOffsets   []int32 // len(SequenceIDs) + 1
 	Step         uint64
+	// Parents is nil unless a sequence of this step drafted a tree; then
+	// one entry per token, per sequence those of TargetCall.Parents for its
+	// own tokens (indices from its first token; a chain's all -1). Run the
+	// tree steps with tree attention.
+	Parents []int32
+}
+
+// ParentsOf is sequence s's parents (nil for a step without trees),
+// indices into TokensOf(s).
+func (c *BatchForwardCall) ParentsOf(s int) []int32 {
+	if c.Parents == nil {
+		return nil
+	}
+	return c.Parents[c.TokenOffsets[s]:c.TokenOffsets[s+1]]
 }
 
 // TokensOf is the tokens sequence s appends.
@@ -70,6 +86,10 @@ type BatchTargetForward func(call *BatchForwardCall) ([]float32, error)
 // numKeep tokens.
 type BatchTargetRollback func(sequenceID uint64, numKeep int) error
 
+// BatchTargetKeep, after a tree step of one sequence, does what TargetKeep
+// does to its cache (keep indexes its tokens of the last forward).
+type BatchTargetKeep func(sequenceID uint64, numPast int, keep []int32) error
+
 // BatchArm is an arm of the batched engine: an index into the drafters
 // each sequence brings (-1 with DraftLen 0: no drafting) and a draft length.
 type BatchArm struct {
@@ -84,6 +104,7 @@ type BatchArm struct {
 // holds).
 type BatchEngineOptions struct {
 	Rollback        BatchTargetRollback // optional
+	Keep            BatchTargetKeep     // optional: a sequence's cache after its tree steps
 	NumDrafters     int
 	Arms            []BatchArm // nil: one arm per drafter of length DefaultDraftLen
 	DefaultDraftLen int
@@ -117,6 +138,7 @@ type batchEngineState struct {
 	failure  failure
 	fwd      BatchTargetForward
 	rollback BatchTargetRollback
+	keeper   BatchTargetKeep
 	hidden   int
 	buffer   cbuffer
 }
@@ -131,6 +153,9 @@ func (st *batchEngineState) forward(call *C.flashspec_batch_target_call) error {
 		RowOffsets:   back[int32](unsafe.Pointer(call.row_offsets), s+1),
 		Step:         uint64(call.step),
 	}
+	if call.parents != nil {
+		c.Parents = back[int32](unsafe.Pointer(call.parents), int(call.num_tokens))
+	}
 	rows, err := st.fwd(c)
 	if err != nil {
 		return err
@@ -144,6 +169,10 @@ func (st *batchEngineState) forward(call *C.flashspec_batch_target_call) error {
 
 func (st *batchEngineState) back(sequenceID uint64, numKeep int) error {
 	return st.rollback(sequenceID, numKeep)
+}
+
+func (st *batchEngineState) keep(sequenceID uint64, numPast int, keep []int32) error {
+	return st.keeper(sequenceID, numPast, keep)
 }
 
 // batchSequence is what the binding holds for one sequence in the engine.
@@ -202,11 +231,14 @@ func (c *Context) NewBatchEngine(head *LMHead, forward BatchTargetForward, o *Ba
 	p := capi.NewFlashspec_batch_engine_params()
 	defer capi.DeleteFlashspec_batch_engine_params(p)
 	capi.Flashspec_batch_engine_params_init(p)
-	st := &batchEngineState{fwd: forward, rollback: o.Rollback, hidden: head.hidden}
+	st := &batchEngineState{fwd: forward, rollback: o.Rollback, keeper: o.Keep, hidden: head.hidden}
 	h := cgo.NewHandle(st)
 	p.SetTarget_forward(uintptr(C.flashspec_go_batch_target_forward_fn()))
 	if o.Rollback != nil {
 		p.SetTarget_rollback(uintptr(C.flashspec_go_batch_target_rollback_fn()))
+	}
+	if o.Keep != nil {
+		p.SetTarget_keep(uintptr(C.flashspec_go_batch_target_keep_fn()))
 	}
 	p.SetTarget_user_data(uintptr(h))
 	p.SetNum_drafters(o.NumDrafters)
@@ -395,7 +427,7 @@ func (e *BatchEngine) SequenceIDs() []uint64 { return append([]uint64(nil), e.or
 // Step runs one step for every active sequence and returns how many are
 // still active. A sequence's own failure ends that sequence (see Sequence)
 // and is not returned here. When the step as a whole fails (the target
-// forward or rollback failing is a *CallbackError), no sequence emitted a
+// forward, rollback or keep failing is a *CallbackError), no sequence emitted a
 // token and the next Step repeats it.
 func (e *BatchEngine) Step() (int, error) {
 	if err := e.enter(); err != nil {

@@ -22,10 +22,12 @@ package flashspec
 // #include "flashspec.h"
 // extern int flashspecGoTargetForward(void*, flashspec_target_call*);
 // extern int flashspecGoTargetRollback(void*, int32_t);
+// extern int flashspecGoTargetKeep(void*, int32_t, int32_t*, int32_t);
 // extern int flashspecGoToken(void*, int32_t);
 // extern int flashspecGoDraft(void*, flashspec_draft_call*);
 // static uintptr_t flashspec_go_target_forward_fn(void) { return (uintptr_t)&flashspecGoTargetForward; }
 // static uintptr_t flashspec_go_target_rollback_fn(void) { return (uintptr_t)&flashspecGoTargetRollback; }
+// static uintptr_t flashspec_go_target_keep_fn(void) { return (uintptr_t)&flashspecGoTargetKeep; }
 // static uintptr_t flashspec_go_token_fn(void) { return (uintptr_t)&flashspecGoToken; }
 // static uintptr_t flashspec_go_draft_fn(void) { return (uintptr_t)&flashspecGoDraft; }
 import "C"
@@ -174,6 +176,14 @@ type DraftFunc func(context []int32, maxTokens int) ([]int32, error)
 // stays exact.
 type LogitsDraftFunc func(context []int32, maxTokens int) (tokens []int32, logits []float32, err error)
 
+// TreeDraftFunc proposes a tree of up to maxNodes point-mass draft tokens
+// after context: node i has token tokens[i] and parent parents[i] in
+// [-1, i) (-1: a child of the last context token; parents before
+// children). Its engine runs tree steps, whose forward sees the tree
+// (NewTreeEngine). A parent out of range fails the generation with
+// ErrCallback, the message naming the node.
+type TreeDraftFunc func(context []int32, maxNodes int) (tokens, parents []int32, err error)
+
 // CallbackDrafterOptions: DraftTemperature (logits drafters; 0 keeps the
 // default 1) and the drafter's costs in units of one target forward.
 type CallbackDrafterOptions struct {
@@ -185,18 +195,22 @@ type drafterState struct {
 	failure failure
 	tokens  DraftFunc
 	logits  LogitsDraftFunc
+	tree    TreeDraftFunc
 	buffer  cbuffer
 }
 
 func (st *drafterState) draft(call *C.flashspec_draft_call) error {
 	context := back[int32](unsafe.Pointer(call.context), int(call.context_len))
 	max := int(call.max_tokens)
-	var tokens []int32
+	var tokens, parents []int32
 	var logits []float32
 	var err error
-	if st.logits != nil {
+	switch {
+	case st.logits != nil:
 		tokens, logits, err = st.logits(context, max)
-	} else {
+	case st.tree != nil:
+		tokens, parents, err = st.tree(context, max)
+	default:
 		tokens, err = st.tokens(context, max)
 	}
 	if err != nil {
@@ -207,6 +221,15 @@ func (st *drafterState) draft(call *C.flashspec_draft_call) error {
 		return fmt.Errorf("returned %d tokens, more than maxTokens = %d", n, max)
 	}
 	copy(unsafe.Slice((*int32)(unsafe.Pointer(call.tokens)), max), tokens)
+	if st.tree != nil {
+		if len(parents) != n {
+			return fmt.Errorf("returned %d parents for %d tokens", len(parents), n)
+		}
+		if call.parents == nil {
+			return fmt.Errorf("the library passed no parents buffer")
+		}
+		copy(unsafe.Slice((*int32)(unsafe.Pointer(call.parents)), max), parents)
+	}
 	if st.logits != nil && n > 0 {
 		if len(logits) == 0 || len(logits)%n != 0 {
 			return fmt.Errorf("returned %d logits, not whole rows for %d tokens", len(logits), n)
@@ -221,9 +244,12 @@ func (c *Context) newCallbackDrafter(st *drafterState, o *CallbackDrafterOptions
 	p := capi.NewFlashspec_callback_drafter_params()
 	defer capi.DeleteFlashspec_callback_drafter_params(p)
 	capi.Flashspec_callback_drafter_params_init(p)
-	if st.logits != nil {
+	switch {
+	case st.logits != nil:
 		p.SetKind(capi.FLASHSPEC_DRAFT_LOGITS)
-	} else {
+	case st.tree != nil:
+		p.SetKind(capi.FLASHSPEC_DRAFT_TREE)
+	default:
 		p.SetKind(capi.FLASHSPEC_DRAFT_TOKENS)
 	}
 	h := cgo.NewHandle(st)
@@ -267,6 +293,15 @@ func (c *Context) NewLogitsDrafter(fn LogitsDraftFunc, o *CallbackDrafterOptions
 	return c.newCallbackDrafter(&drafterState{logits: fn}, o)
 }
 
+// NewTreeDrafter creates a drafter backed by fn, which proposes trees
+// (Medusa / EAGLE-style token trees). o may be nil.
+func (c *Context) NewTreeDrafter(fn TreeDraftFunc, o *CallbackDrafterOptions) (*Drafter, error) {
+	if fn == nil {
+		return nil, &Error{Status: ErrNullPointer, Message: "fn: is nil"}
+	}
+	return c.newCallbackDrafter(&drafterState{tree: fn}, o)
+}
+
 // Close frees the drafter. It fails while an engine that is not closed
 // uses it. Closing twice is a no-op.
 func (d *Drafter) Close() error {
@@ -296,6 +331,28 @@ type TargetForward func(tokens []int32, numPast, numRows int) ([]float32, error)
 
 // TargetRollback truncates the target's KV cache to its first numKeep tokens.
 type TargetRollback func(numKeep int) error
+
+// TargetCall is one target forward as NewTreeEngine's forward sees it
+// (copies): Parents is nil for a chain step; for a tree step it has one
+// entry per token, -1 (the token follows the one before it) or the index in
+// Tokens of its parent. Run a tree step with tree attention (each token
+// sees the cache, the tokens before the first node and its ancestors) and
+// return the rows of the last NumRows tokens (the root's, then one per
+// node; see Tree steps in flashspec.h).
+type TargetCall struct {
+	Tokens, Parents []int32
+	NumPast         int
+	NumRows         int
+	Step            uint64
+}
+
+// TreeTargetForward is the host's target model for trees and chains.
+type TreeTargetForward func(call *TargetCall) ([]float32, error)
+
+// TargetKeep, after a tree step, keeps the cache's first numPast tokens,
+// then of the last forward's tokens those at the indices keep (increasing),
+// dropping the rest.
+type TargetKeep func(numPast int, keep []int32) error
 
 // Policy chooses an arm each step.
 type Policy int
@@ -356,6 +413,7 @@ type Arm struct {
 // library defaults), since zero costs are meaningful.
 type EngineOptions struct {
 	Rollback        TargetRollback // optional
+	Keep            TargetKeep     // optional: the cache after a tree step; nil: the path is sent again
 	Drafters        []*Drafter     // each serves one engine
 	Arms            []Arm          // nil: one arm per drafter of length DefaultDraftLen
 	DefaultDraftLen int
@@ -385,7 +443,9 @@ func DefaultEngineOptions() EngineOptions {
 type engineState struct {
 	failure failure
 	fwd     TargetForward
+	tree    TreeTargetForward
 	back    TargetRollback
+	keeper  TargetKeep
 	onToken func(int32) bool
 	hidden  int
 	buffer  cbuffer
@@ -393,7 +453,21 @@ type engineState struct {
 
 func (st *engineState) forward(call *C.flashspec_target_call) error {
 	tokens := back[int32](unsafe.Pointer(call.tokens), int(call.num_tokens))
-	rows, err := st.fwd(tokens, int(call.num_past), int(call.num_rows))
+	var parents []int32
+	if call.parents != nil {
+		parents = back[int32](unsafe.Pointer(call.parents), int(call.num_tokens))
+	}
+	var rows []float32
+	var err error
+	switch {
+	case st.tree != nil:
+		rows, err = st.tree(&TargetCall{Tokens: tokens, Parents: parents, NumPast: int(call.num_past),
+			NumRows: int(call.num_rows), Step: uint64(call.step)})
+	case parents != nil:
+		return fmt.Errorf("a tree step needs a forward that sees the parents (NewTreeEngine)")
+	default:
+		rows, err = st.fwd(tokens, int(call.num_past), int(call.num_rows))
+	}
 	if err != nil {
 		return err
 	}
@@ -405,6 +479,8 @@ func (st *engineState) forward(call *C.flashspec_target_call) error {
 }
 
 func (st *engineState) rollback(numKeep int) error { return st.back(numKeep) }
+
+func (st *engineState) keep(numPast int, keep []int32) error { return st.keeper(numPast, keep) }
 
 // Engine runs speculative decoding of one sequence at a time.
 type Engine struct {
@@ -422,13 +498,30 @@ type Engine struct {
 // run by forward. o nil takes DefaultEngineOptions(). The context must use
 // the CPU backend. The engine borrows the context, head and drafters:
 // Close it first.
+//
+// This forward runs chains only: a tree step (a tree drafter, a suffix
+// drafter with ProposeTrees) fails with ErrCallback; see NewTreeEngine.
 func (c *Context) NewEngine(head *LMHead, forward TargetForward, o *EngineOptions) (*Engine, error) {
+	if forward == nil {
+		return nil, &Error{Status: ErrNullPointer, Message: "forward: is nil"}
+	}
+	return c.newEngine(head, &engineState{fwd: forward}, o)
+}
+
+// NewTreeEngine creates an engine whose forward sees each call's tree (see
+// TargetCall); it runs chain steps too (Parents nil). Otherwise as
+// NewEngine.
+func (c *Context) NewTreeEngine(head *LMHead, forward TreeTargetForward, o *EngineOptions) (*Engine, error) {
+	if forward == nil {
+		return nil, &Error{Status: ErrNullPointer, Message: "forward: is nil"}
+	}
+	return c.newEngine(head, &engineState{tree: forward}, o)
+}
+
+func (c *Context) newEngine(head *LMHead, st *engineState, o *EngineOptions) (*Engine, error) {
 	hr, err := head.handle()
 	if err != nil {
 		return nil, err
-	}
-	if forward == nil {
-		return nil, &Error{Status: ErrNullPointer, Message: "forward: is nil"}
 	}
 	if o == nil {
 		d := DefaultEngineOptions()
@@ -453,11 +546,14 @@ func (c *Context) NewEngine(head *LMHead, forward TargetForward, o *EngineOption
 	p := capi.NewFlashspec_engine_params()
 	defer capi.DeleteFlashspec_engine_params(p)
 	capi.Flashspec_engine_params_init(p)
-	st := &engineState{fwd: forward, back: o.Rollback, hidden: head.hidden}
+	st.back, st.keeper, st.hidden = o.Rollback, o.Keep, head.hidden
 	h := cgo.NewHandle(st)
 	p.SetTarget_forward(uintptr(C.flashspec_go_target_forward_fn()))
 	if o.Rollback != nil {
 		p.SetTarget_rollback(uintptr(C.flashspec_go_target_rollback_fn()))
+	}
+	if o.Keep != nil {
+		p.SetTarget_keep(uintptr(C.flashspec_go_target_keep_fn()))
 	}
 	p.SetTarget_user_data(uintptr(h))
 	raws := make([]uintptr, len(o.Drafters))

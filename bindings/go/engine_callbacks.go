@@ -50,6 +50,13 @@ func flashspecGoTargetRollback(userData unsafe.Pointer, numKeep C.int32_t) C.int
 	return guard(&st.failure, "target rollback", func() error { return st.rollback(int(numKeep)) })
 }
 
+//export flashspecGoTargetKeep
+func flashspecGoTargetKeep(userData unsafe.Pointer, numPast C.int32_t, keep *C.int32_t, numKeep C.int32_t) C.int {
+	st := cgo.Handle(uintptr(userData)).Value().(*engineState)
+	indices := back[int32](unsafe.Pointer(keep), int(numKeep))
+	return guard(&st.failure, "target keep", func() error { return st.keep(int(numPast), indices) })
+}
+
 //export flashspecGoToken
 func flashspecGoToken(userData unsafe.Pointer, token C.int32_t) C.int {
 	st := cgo.Handle(uintptr(userData)).Value().(*engineState)
@@ -82,6 +89,13 @@ func flashspecGoBatchTargetForward(userData unsafe.Pointer, call *C.flashspec_ba
 func flashspecGoBatchTargetRollback(userData unsafe.Pointer, sequenceID C.uint64_t, numKeep C.int32_t) C.int {
 	st := cgo.Handle(uintptr(userData)).Value().(*batchEngineState)
 	return guard(&st.failure, "target rollback", func() error { return st.back(uint64(sequenceID), int(numKeep)) })
+}
+
+//export flashspecGoBatchTargetKeep
+func flashspecGoBatchTargetKeep(userData unsafe.Pointer, sequenceID C.uint64_t, numPast C.int32_t, keep *C.int32_t, numKeep C.int32_t) C.int {
+	st := cgo.Handle(uintptr(userData)).Value().(*batchEngineState)
+	indices := back[int32](unsafe.Pointer(keep), int(numKeep))
+	return guard(&st.failure, "target keep", func() error { return st.keep(uint64(sequenceID), int(numPast), indices) })
 }
 
 //export flashspecGoSequenceToken

@@ -26,6 +26,10 @@ type SuffixOptions struct {
 	MinProbability      float64 // least score of a proposed token
 	CacheMaxTokens      int     // tokens of earlier outputs kept
 	CallCost, TokenCost float64
+	// ProposeTrees: in an engine, draft trees of at most k nodes (the tree
+	// of ProposeTree) instead of chains; the engine's forward then sees the
+	// tree (NewTreeEngine, BatchForwardCall.Parents).
+	ProposeTrees bool
 }
 
 // DefaultSuffixOptions are the library's defaults (flashspec_suffix_params_init).
@@ -35,7 +39,7 @@ func DefaultSuffixOptions() SuffixOptions {
 	capi.Flashspec_suffix_params_init(p)
 	return SuffixOptions{MaxMatchLen: p.GetMax_match_len(), MaxDepth: p.GetMax_depth(),
 		MinProbability: p.GetMin_probability(), CacheMaxTokens: p.GetCache_max_tokens(),
-		CallCost: p.GetCall_cost(), TokenCost: p.GetToken_cost()}
+		CallCost: p.GetCall_cost(), TokenCost: p.GetToken_cost(), ProposeTrees: p.GetPropose_trees() != 0}
 }
 
 // int32Field refuses a Go int that the int32_t field it fills cannot hold:
@@ -77,6 +81,9 @@ func (c *Context) NewSuffixDrafter(o *SuffixOptions) (*Drafter, error) {
 	p.SetCache_max_tokens(o.CacheMaxTokens)
 	p.SetCall_cost(o.CallCost)
 	p.SetToken_cost(o.TokenCost)
+	if o.ProposeTrees {
+		p.SetPropose_trees(1)
+	}
 	var a arena
 	defer a.free()
 	slot := out[uintptr](&a, 1)
