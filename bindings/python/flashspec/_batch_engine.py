@@ -35,11 +35,14 @@ class _BatchTargetCall(ctypes.Structure):
                 ("sequence_ids", ctypes.POINTER(ctypes.c_uint64)), ("num_past", ctypes.POINTER(ctypes.c_int32)),
                 ("token_offsets", ctypes.POINTER(ctypes.c_int32)), ("tokens", ctypes.POINTER(ctypes.c_int32)),
                 ("row_offsets", ctypes.POINTER(ctypes.c_int32)), ("num_tokens", ctypes.c_int32),
-                ("num_rows", ctypes.c_int32), ("step", ctypes.c_uint64), ("hidden", _Tensor)]
+                ("num_rows", ctypes.c_int32), ("step", ctypes.c_uint64), ("hidden", _Tensor),
+                ("parents", ctypes.POINTER(ctypes.c_int32))]
 
 
 _BATCH_FORWARD_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_BatchTargetCall))
 _BATCH_ROLLBACK_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int32)
+_BATCH_KEEP_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int32,
+                                  ctypes.POINTER(ctypes.c_int32), ctypes.c_int32)
 _SEQUENCE_TOKEN_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int32)
 
 
@@ -50,13 +53,18 @@ class BatchForward(NamedTuple):
     drop its cached tokens beyond ``num_past[s]`` (0: a new sequence), append
     ``tokens_of(s)``, and give the hidden rows of its last ``rows_of(s)``
     tokens; they go at rows ``row_offsets[s] .. row_offsets[s + 1]`` of the
-    ``[num_rows, d]`` array the callback returns."""
+    ``[num_rows, d]`` array the callback returns. ``parents`` is None
+    unless a sequence of this step drafted a tree; then one entry per token,
+    per sequence those of Engine's ``parents`` for its own tokens (indices
+    from its first token; a chain's all -1): run its tree with tree
+    attention (see Tree steps in flashspec.h)."""
     sequence_ids: np.ndarray  # uint64 [S]
     num_past: np.ndarray      # int32 [S]
     token_offsets: np.ndarray  # int32 [S + 1]
     tokens: np.ndarray        # int32 [token_offsets[S]]
     row_offsets: np.ndarray   # int32 [S + 1]
     step: int
+    parents: object = None    # int32 [token_offsets[S]] or None
 
     @property
     def num_rows(self):
@@ -67,6 +75,12 @@ class BatchForward(NamedTuple):
 
     def rows_of(self, s):
         return int(self.row_offsets[s + 1] - self.row_offsets[s])
+
+    def parents_of(self, s):
+        """Sequence s's parents (indices into tokens_of(s)), or None."""
+        if self.parents is None:
+            return None
+        return self.parents[self.token_offsets[s]:self.token_offsets[s + 1]]
 
 
 class SequenceState(NamedTuple):
@@ -100,7 +114,9 @@ class BatchEngine:
     ``target_forward(call)`` gets a BatchForward and returns the hidden rows
     of every sequence, ``[call.num_rows, d]`` (float32, float16 or bfloat16
     host array; kept alive until the step ends). ``target_rollback(sequence_id,
-    num_keep)`` (optional) truncates one sequence's cache after a rejection.
+    num_keep)`` (optional) truncates one sequence's cache after a rejection;
+    ``target_keep(sequence_id, num_past, keep)`` (optional) keeps a
+    sequence's accepted path after its tree steps, as Engine's.
 
     Each sequence brings ``num_drafters`` drafters of its own
     (``add_sequence(..., drafters=)``); ``arms`` lists (drafter index,
@@ -122,11 +138,13 @@ class BatchEngine:
     def __init__(self, context, head, target_forward, *, target_rollback=None, num_drafters=0, arms=None,
                  default_draft_len=4, policy="ucb1", bandit_seed=0, ucb_exploration=1.0, fixed_arm=0,
                  oracle_rewards=None, target_step_cost=1.0, target_row_cost=0.02, max_context=0, max_sequences=0,
-                 draft_len_rule="arm", draft_len_memory=64.0):
+                 draft_len_rule="arm", draft_len_memory=64.0, target_keep=None):
         if not callable(target_forward):
             raise TypeError("target_forward must be callable")
         if target_rollback is not None and not callable(target_rollback):
             raise TypeError("target_rollback must be callable or None")
+        if target_keep is not None and not callable(target_keep):
+            raise TypeError("target_keep must be callable or None")
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {sorted(POLICIES)}, not {policy!r}")
         if draft_len_rule not in DRAFT_LEN_RULES:
@@ -137,6 +155,7 @@ class BatchEngine:
         self.num_drafters = int(num_drafters)
         self._target_forward = target_forward
         self._target_rollback = target_rollback
+        self._target_keep = target_keep
         self._failure = _Failure()
         self._held = None  # the hidden rows of the current step
         self._sequences = {}
@@ -144,11 +163,14 @@ class BatchEngine:
         self._forward_tramp = _BATCH_FORWARD_FN(_guarded(self._failure, "target forward", self._forward))
         self._rollback_tramp = (_BATCH_ROLLBACK_FN(_guarded(self._failure, "target rollback", self._rollback))
                                 if target_rollback is not None else None)
+        self._keep_tramp = (_BATCH_KEEP_FN(_guarded(self._failure, "target keep", self._keep))
+                            if target_keep is not None else None)
 
         params = _capi.flashspec_batch_engine_params()
         _capi.flashspec_batch_engine_params_init(params)
         params.target_forward = _address(self._forward_tramp)
         params.target_rollback = _address(self._rollback_tramp) if self._rollback_tramp else None
+        params.target_keep = _address(self._keep_tramp) if self._keep_tramp else None
         params.num_drafters = self.num_drafters
         self.arms = None
         if arms is not None:
@@ -237,13 +259,18 @@ class BatchEngine:
                              np.ctypeslib.as_array(call.num_past, (s,)).copy(),
                              np.ctypeslib.as_array(call.token_offsets, (s + 1,)).copy(),
                              np.ctypeslib.as_array(call.tokens, (call.num_tokens,)).copy(),
-                             np.ctypeslib.as_array(call.row_offsets, (s + 1,)).copy(), int(call.step))
+                             np.ctypeslib.as_array(call.row_offsets, (s + 1,)).copy(), int(call.step),
+                             np.ctypeslib.as_array(call.parents, (call.num_tokens,)).copy() if call.parents else None)
         view = _arrays.tensor(self._target_forward(batch), "target forward: hidden")
         self._held = view
         _set_tensor(call.hidden, view)
 
     def _rollback(self, _user_data, sequence_id, num_keep):
         self._target_rollback(int(sequence_id), int(num_keep))
+
+    def _keep(self, _user_data, sequence_id, num_past, keep, num_keep):
+        self._target_keep(int(sequence_id), int(num_past),
+                          np.ctypeslib.as_array(keep, (num_keep,)).copy() if num_keep else np.zeros(0, dtype=np.int32))
 
     # ---- sequences ---------------------------------------------------------
     def add_sequence(self, sequence_id, prompt, *, drafters=(), temperature=1.0, seed=0, request_id=0,

@@ -56,18 +56,20 @@ class _DraftCall(ctypes.Structure):
                 ("context_len", ctypes.c_int32), ("drafted", ctypes.POINTER(ctypes.c_int32)),
                 ("num_drafted", ctypes.c_int32), ("max_tokens", ctypes.c_int32), ("step", ctypes.c_uint64),
                 ("tokens", ctypes.POINTER(ctypes.c_int32)), ("num_tokens", ctypes.c_int32),
-                ("logits", _Tensor), ("hidden", _Tensor)]
+                ("logits", _Tensor), ("hidden", _Tensor), ("parents", ctypes.POINTER(ctypes.c_int32))]
 
 
 class _TargetCall(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("tokens", ctypes.POINTER(ctypes.c_int32)),
                 ("num_tokens", ctypes.c_int32), ("num_past", ctypes.c_int32), ("num_rows", ctypes.c_int32),
-                ("step", ctypes.c_uint64), ("hidden", _Tensor)]
+                ("step", ctypes.c_uint64), ("hidden", _Tensor), ("parents", ctypes.POINTER(ctypes.c_int32))]
 
 
 _DRAFT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_DraftCall))
 _TARGET_FORWARD_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_TargetCall))
 _TARGET_ROLLBACK_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int32)
+_TARGET_KEEP_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32),
+                                   ctypes.c_int32)
 _TOKEN_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int32)
 
 
@@ -206,15 +208,18 @@ class SuffixDrafter(Drafter):
     over the outputs of this drafter's earlier generations (at most
     ``cache_max_tokens`` tokens), as deep as the counts are confident
     (``min_probability``, at most ``max_depth`` tokens); see
-    flashspec_drafter_create_suffix."""
+    flashspec_drafter_create_suffix. With ``propose_trees=True`` it drafts
+    trees of at most k nodes in an engine (the tree of ``propose_tree``),
+    whose forward then sees them (``Engine(with_parents=True)``)."""
 
     def __init__(self, context, *, max_match_len=16, max_depth=16, min_probability=0.1, cache_max_tokens=16384,
-                 call_cost=0.0, token_cost=0.0):
+                 call_cost=0.0, token_cost=0.0, propose_trees=False):
         params = _capi.flashspec_suffix_params()
         _capi.flashspec_suffix_params_init(params)
         params.max_match_len, params.max_depth = max_match_len, max_depth
         params.min_probability, params.cache_max_tokens = min_probability, cache_max_tokens
         params.call_cost, params.token_cost = call_cost, token_cost
+        params.propose_trees = 1 if propose_trees else 0
         with context._lock:
             status, raw = _capi.flashspec_drafter_create_suffix(context.raw, params)
             check(status, context.raw)
@@ -255,20 +260,29 @@ class CallbackDrafter(Drafter):
     logits rows ``[len(tokens), V]`` they were sampled from, with
     q = softmax(row / draft_temperature); verification then uses the whole
     rows, so the result stays exact. Logits may be float32, float16 or
-    bfloat16 host arrays.
+    bfloat16 host arrays. With ``tree=True`` it returns ``(tokens, parents)``:
+    a tree of point-mass drafts, node i's parent in [-1, i) (-1: a child of
+    the context's last token; parents before children); its engine runs
+    tree steps (``Engine(with_parents=True)``), and a parent out of range
+    fails the generation with CallbackError naming the node.
     """
 
-    def __init__(self, context, fn, *, logits=False, draft_temperature=1.0, call_cost=0.0, token_cost=0.0):
+    def __init__(self, context, fn, *, logits=False, tree=False, draft_temperature=1.0, call_cost=0.0,
+                 token_cost=0.0):
         if not callable(fn):
             raise TypeError("fn must be callable")
+        if logits and tree:
+            raise ValueError("a drafter returns logits or a tree, not both")
         self._fn = fn
         self._logits = bool(logits)
+        self._tree = bool(tree)
         self._failure = _Failure()
         self._held = None  # the last logits view: the engine reads it until the step ends
         self._trampoline = _DRAFT_FN(_guarded(self._failure, "draft callback", self._draft))
         params = _capi.flashspec_callback_drafter_params()
         _capi.flashspec_callback_drafter_params_init(params)
-        params.kind = _capi.FLASHSPEC_DRAFT_LOGITS if self._logits else _capi.FLASHSPEC_DRAFT_TOKENS
+        params.kind = (_capi.FLASHSPEC_DRAFT_LOGITS if self._logits else
+                       _capi.FLASHSPEC_DRAFT_TREE if self._tree else _capi.FLASHSPEC_DRAFT_TOKENS)
         params.draft = _address(self._trampoline)
         params.draft_temperature = draft_temperature
         params.call_cost, params.token_cost = call_cost, token_cost
@@ -283,8 +297,11 @@ class CallbackDrafter(Drafter):
         self._held = None
         sequence = np.ctypeslib.as_array(call.context, (call.context_len,)).copy()
         out = self._fn(sequence, int(call.max_tokens))
+        parents = None
         if self._logits:
             tokens, logits = out
+        elif self._tree:
+            (tokens, parents), logits = out, None
         else:
             tokens, logits = out, None
         tokens = _int_tokens(tokens, "draft callback tokens")
@@ -293,6 +310,12 @@ class CallbackDrafter(Drafter):
             raise ValueError(f"draft callback returned {n} tokens, more than max_tokens = {call.max_tokens}")
         if n:
             np.ctypeslib.as_array(call.tokens, (call.max_tokens,))[:n] = tokens
+        if self._tree:
+            parents = _int_tokens(parents, "draft callback parents")
+            if parents.shape[0] != n:
+                raise ValueError(f"draft callback returned {parents.shape[0]} parents for {n} tokens")
+            if n:
+                np.ctypeslib.as_array(call.parents, (call.max_tokens,))[:n] = parents
         if self._logits and n:
             view = _arrays.tensor(logits, "draft callback logits")
             if view.shape[0] != n:
@@ -385,6 +408,18 @@ class Engine:
     ``target_rollback(num_keep)`` (optional) truncates the cache to its first
     ``num_keep`` tokens after a rejection.
 
+    Trees (drafters with ``tree=True``, ``SuffixDrafter(propose_trees=True)``;
+    see Tree steps in flashspec.h): with ``with_parents=True`` the forward is
+    ``target_forward(tokens, num_past, num_rows, parents)``, ``parents``
+    None for a chain step, else an int32 array with one entry per token, -1
+    (it follows the token before it) or the index in ``tokens`` of its
+    parent; run it with tree attention. A tree step reaching a forward
+    without ``with_parents`` fails with CallbackError.
+    ``target_keep(num_past, keep)`` (optional), after a tree step, keeps the
+    cache's first ``num_past`` tokens and then the last forward's tokens at
+    the indices ``keep`` (increasing), dropping the rest; without it the
+    engine sends the accepted path again.
+
     ``drafters`` are NgramDrafter / SuffixDrafter / CallbackDrafter objects (each serves one
     engine). ``arms`` lists (drafter, draft_len) pairs — drafter an object of
     ``drafters``, its index, or None for a k = 0 arm; None gives one arm per
@@ -403,11 +438,13 @@ class Engine:
     def __init__(self, context, head, target_forward, *, target_rollback=None, drafters=(), arms=None,
                  default_draft_len=4, policy="ucb1", bandit_seed=0, ucb_exploration=1.0, fixed_arm=0,
                  oracle_rewards=None, target_step_cost=1.0, target_row_cost=0.02, max_context=0,
-                 draft_len_rule="arm", draft_len_memory=64.0):
+                 draft_len_rule="arm", draft_len_memory=64.0, with_parents=False, target_keep=None):
         if not callable(target_forward):
             raise TypeError("target_forward must be callable")
         if target_rollback is not None and not callable(target_rollback):
             raise TypeError("target_rollback must be callable or None")
+        if target_keep is not None and not callable(target_keep):
+            raise TypeError("target_keep must be callable or None")
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {sorted(POLICIES)}, not {policy!r}")
         if draft_len_rule not in DRAFT_LEN_RULES:
@@ -424,6 +461,8 @@ class Engine:
         self.drafters = tuple(drafters)
         self._target_forward = target_forward
         self._target_rollback = target_rollback
+        self._target_keep = target_keep
+        self._with_parents = bool(with_parents)
         self._failure = _Failure()
         self._held = None  # the hidden rows of the current step
         # One generate at a time (re-entrant, so a nested call from a callback
@@ -433,11 +472,14 @@ class Engine:
         self._forward_tramp = _TARGET_FORWARD_FN(_guarded(self._failure, "target forward", self._forward))
         self._rollback_tramp = (_TARGET_ROLLBACK_FN(_guarded(self._failure, "target rollback", self._rollback))
                                 if target_rollback is not None else None)
+        self._keep_tramp = (_TARGET_KEEP_FN(_guarded(self._failure, "target keep", self._keep))
+                            if target_keep is not None else None)
 
         params = _capi.flashspec_engine_params()
         _capi.flashspec_engine_params_init(params)
         params.target_forward = _address(self._forward_tramp)
         params.target_rollback = _address(self._rollback_tramp) if self._rollback_tramp else None
+        params.target_keep = _address(self._keep_tramp) if self._keep_tramp else None
         self._drafter_array = np.array([int(d.raw) for d in drafters] or [0], dtype=np.uintp)
         params.drafters = self._drafter_array.ctypes.data if drafters else None
         params.num_drafters = len(drafters)
@@ -524,13 +566,23 @@ class Engine:
         _check_struct(call, _TargetCall, "target forward")
         self._held = None
         tokens = np.ctypeslib.as_array(call.tokens, (call.num_tokens,)).copy()
-        rows = self._target_forward(tokens, int(call.num_past), int(call.num_rows))
+        parents = np.ctypeslib.as_array(call.parents, (call.num_tokens,)).copy() if call.parents else None
+        if self._with_parents:
+            rows = self._target_forward(tokens, int(call.num_past), int(call.num_rows), parents)
+        elif parents is not None:
+            raise RuntimeError("a tree step needs a forward that takes the parents (Engine(with_parents=True))")
+        else:
+            rows = self._target_forward(tokens, int(call.num_past), int(call.num_rows))
         view = _arrays.tensor(rows, "target forward: hidden")
         self._held = view
         _set_tensor(call.hidden, view)
 
     def _rollback(self, _user_data, num_keep):
         self._target_rollback(int(num_keep))
+
+    def _keep(self, _user_data, num_past, keep, num_keep):
+        self._target_keep(int(num_past), np.ctypeslib.as_array(keep, (num_keep,)).copy() if num_keep else
+                          np.zeros(0, dtype=np.int32))
 
     # ---- generation --------------------------------------------------------
     def generate(self, prompt, *, temperature=1.0, seed=0, request_id=0, max_tokens=256, stop_tokens=(),

@@ -47,7 +47,7 @@ class NgramDrafter(Drafter):
 class SuffixDrafter(Drafter):
     def __init__(self, context: Context, *, max_match_len: int = 16, max_depth: int = 16,
                  min_probability: float = 0.1, cache_max_tokens: int = 16384, call_cost: float = 0.0,
-                 token_cost: float = 0.0) -> None: ...
+                 token_cost: float = 0.0, propose_trees: bool = False) -> None: ...
     def propose_tree(self, sequence: ArrayLike, max_nodes: int) -> tuple[NDArray[np.int32], NDArray[np.int32]]: ...
 
 # A draft callback gets the sequence so far (an int32 copy) and max_tokens;
@@ -57,12 +57,16 @@ _Sequence = NDArray[np.int32]
 class CallbackDrafter(Drafter):
     @overload
     def __init__(self, context: Context, fn: Callable[[_Sequence, int], ArrayLike], *,
-                 logits: Literal[False] = False, draft_temperature: float = 1.0, call_cost: float = 0.0,
-                 token_cost: float = 0.0) -> None: ...
+                 logits: Literal[False] = False, tree: Literal[False] = False, draft_temperature: float = 1.0,
+                 call_cost: float = 0.0, token_cost: float = 0.0) -> None: ...
     @overload
     def __init__(self, context: Context, fn: Callable[[_Sequence, int], tuple[ArrayLike, _ArrayInput]], *,
-                 logits: Literal[True], draft_temperature: float = 1.0, call_cost: float = 0.0,
-                 token_cost: float = 0.0) -> None: ...
+                 logits: Literal[True], tree: Literal[False] = False, draft_temperature: float = 1.0,
+                 call_cost: float = 0.0, token_cost: float = 0.0) -> None: ...
+    @overload
+    def __init__(self, context: Context, fn: Callable[[_Sequence, int], tuple[ArrayLike, ArrayLike]], *,
+                 logits: Literal[False] = False, tree: Literal[True], draft_temperature: float = 1.0,
+                 call_cost: float = 0.0, token_cost: float = 0.0) -> None: ...
 
 class Generation(NamedTuple):
     tokens: list[int]
@@ -98,8 +102,10 @@ class EngineMetrics:
     def position_acceptance(self) -> tuple[float, ...]: ...
     def as_dict(self) -> dict[str, Any]: ...
 
-# target_forward(tokens, num_past, num_rows) -> hidden rows [num_rows, d].
-_TargetForward = Callable[[_Sequence, int, int], _ArrayInput]
+# target_forward(tokens, num_past, num_rows) -> hidden rows [num_rows, d];
+# with with_parents=True also the parents (None for a chain step).
+_TargetForward = Union[Callable[[_Sequence, int, int], _ArrayInput],
+                       Callable[[_Sequence, int, int, _Sequence | None], _ArrayInput]]
 # An arm: (drafter object, its index, or None for k = 0; draft length).
 _Arm = tuple[Union[Drafter, int, None], int]
 
@@ -114,7 +120,9 @@ class Engine:
                  bandit_seed: int = 0, ucb_exploration: float = 1.0, fixed_arm: int = 0,
                  oracle_rewards: ArrayLike | None = None, target_step_cost: float = 1.0,
                  target_row_cost: float = 0.02, max_context: int = 0,
-                 draft_len_rule: Literal["arm", "adaptive"] = "arm", draft_len_memory: float = 64.0) -> None: ...
+                 draft_len_rule: Literal["arm", "adaptive"] = "arm", draft_len_memory: float = 64.0,
+                 with_parents: bool = False,
+                 target_keep: Callable[[int, _Sequence], object] | None = None) -> None: ...
     @property
     def raw(self) -> Any: ...
     @property
