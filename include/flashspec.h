@@ -1106,7 +1106,8 @@ typedef struct flashspec_draft_call {
   int32_t context_len;     /* ≥ 1; within one generation the context only grows */
   const int32_t* drafted;  /* HIDDEN: the tokens drafted earlier in this step */
   int32_t num_drafted;     /* HIDDEN: their count (0 on the first call of a step) */
-  int32_t max_tokens;      /* most tokens (TOKENS, LOGITS) or rows (HIDDEN) to return, ≥ 1 */
+  int32_t max_tokens;      /* most tokens (TOKENS, LOGITS), nodes (TREE) or rows (HIDDEN)
+                              to return, ≥ 1 */
   uint64_t step;           /* the engine's step within the generation */
   /* Outputs. */
   int32_t* tokens;         /* TOKENS, LOGITS, TREE: library buffer of max_tokens entries */
