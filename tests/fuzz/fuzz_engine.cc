@@ -1,5 +1,5 @@
-// Fuzzes the engine: drafters (n-gram and TOKENS / LOGITS / HIDDEN callback
-// drafters), engine creation with fuzzed params, and generations with fuzzed
+// Fuzzes the engine: drafters (n-gram and TOKENS / LOGITS / HIDDEN / TREE
+// callback drafters), engine creation with fuzzed params, and generations with fuzzed
 // prompts and params, on a synthetic target model whose callbacks follow a
 // fault schedule read from the input (failing returns, exceptions, bad
 // views, non-finite values, cancellation, nested calls).
@@ -8,7 +8,11 @@
 //   - creation calls: the status the planted argument calls for, *out
 //     untouched on error, a message;
 //   - the callback protocol: struct sizes, tokens in range, the first
-//     forward with num_past = 0, the cache rolled back to num_past, the
+//     forward with num_past = 0, a tree step's parents (−1 before the
+//     root's children, a node's parent at or after the root and before it;
+//     each row computed from its token's path), a keep after a tree step
+//     naming increasing indices of the last forward's tokens, the cache
+//     rolled back to num_past, the
 //     cache equal to the prompt, the streamed tokens and the drafts, never
 //     more than max_context tokens; the draft call's context equal to the
 //     sequence so far; max_tokens ≥ 1;
@@ -56,12 +60,12 @@ struct Fault {
   uint8_t kind;
 };
 
-enum DrafterKind : uint8_t { kNgram, kTokens, kLogits, kHidden, kDrafterKinds };
+enum DrafterKind : uint8_t { kNgram, kTokens, kLogits, kHidden, kTree, kDrafterKinds };
 
 struct DrafterSpec {
   DrafterKind kind = kNgram;
   int32_t min_n = 1, max_n = 4;
-  uint8_t mode = 0;          // callback drafters: what they propose
+  uint8_t mode = 0;          // callback drafters: what they propose (TREE: and its shape)
   float draft_temperature = 1.0f;
   int32_t logits_dtype = FLASHSPEC_DTYPE_F32;
   bool own_head = false;     // HIDDEN: a second head rather than the target's
@@ -100,6 +104,7 @@ struct Script {
   uint64_t bandit_seed = 0;
   int32_t max_context = 0;
   bool with_rollback = true;
+  bool with_keep = false;    // the keep callback of tree steps
   uint8_t create_plant = 0;  // 0: none
   std::vector<GenerationSpec> generations;
 };
@@ -151,7 +156,9 @@ Script read_script(Input& in) {
   for (int32_t a = 0; a < 4; ++a) s.oracle.push_back(double(in.u8()) / 16.0);
   const uint8_t mc = in.u8();
   s.max_context = mc < 160 ? 0 : int32_t(mc % 40);
-  s.with_rollback = !(in.u8() & 1);
+  const uint8_t cache_fix = in.u8();
+  s.with_rollback = !(cache_fix & 1);
+  s.with_keep = (cache_fix & 2) != 0;
   s.create_plant = in.u8() < 224 ? 0 : uint8_t(1 + in.u8() % 24);
   const int32_t gens = int32_t(1 + in.u8() % kMaxGenerations);
   for (int32_t g = 0; g < gens; ++g) {
@@ -273,6 +280,9 @@ class Run {
   // ---- callbacks ---------------------------------------------------------
   static int forward(void* user, flashspec_target_call* call) { return static_cast<Run*>(user)->on_forward(call); }
   static int rollback(void* user, int32_t keep) { return static_cast<Run*>(user)->on_rollback(keep); }
+  static int keep(void* user, int32_t num_past, const int32_t* keep, int32_t num_keep) {
+    return static_cast<Run*>(user)->on_keep(num_past, keep, num_keep);
+  }
   static int draft(void* user, flashspec_draft_call* call) {
     auto* cd = static_cast<CallbackDrafter*>(user);
     return cd->run->on_draft(*cd, call);
@@ -329,8 +339,20 @@ class Run {
     for (int32_t i = 0; i < call->num_tokens; ++i)
       FS_CHECK(call->tokens[i] >= 0 && call->tokens[i] < model_.vocab, "target call token %d is %d", i,
                call->tokens[i]);
+    // A tree step's parents: −1 up to the root, then a node's parent at or
+    // after the root and before the node (flashspec.h, Tree steps).
+    const int32_t root = call->num_tokens - call->num_rows;
+    if (call->parents) {
+      for (int32_t t = 0; t < call->num_tokens; ++t) {
+        const int32_t parent = call->parents[t];
+        FS_CHECK(t <= root ? parent == -1 : (parent == -1 || (parent >= root && parent < t)),
+                 "target call: parents[%d] is %d (root at %d)", t, parent, root);
+      }
+    }
     cache_.resize(size_t(call->num_past));
     cache_.insert(cache_.end(), call->tokens, call->tokens + call->num_tokens);
+    last_past_ = call->num_past;
+    last_tokens_ = call->num_tokens;
     if (s_.max_context > 0)
       FS_CHECK(int64_t(cache_.size()) <= s_.max_context, "the target cache holds %zu tokens, max_context is %d",
                cache_.size(), s_.max_context);
@@ -353,8 +375,14 @@ class Run {
     rows_.init(s_.hidden_dtype, call->num_rows, d, kind == 13 ? 3 : 0, offset);
     std::vector<float> h(static_cast<size_t>(d));
     for (int32_t r = 0; r < call->num_rows; ++r) {
-      const size_t length = cache_.size() - size_t(call->num_rows) + 1 + size_t(r);
-      model_.hidden(cache_.data(), int64_t(length), h.data());
+      // Row r scores the path to token root + r: the cache before the call,
+      // then the call's tokens along the parents (a chain: all before it).
+      std::vector<int32_t> path;
+      for (int32_t t = root + r; t >= 0; t = call->parents && call->parents[t] >= 0 ? call->parents[t] : t - 1)
+        path.push_back(call->tokens[t]);
+      std::vector<int32_t> context(cache_.begin(), cache_.begin() + call->num_past);
+      context.insert(context.end(), path.rbegin(), path.rend());
+      model_.hidden(context.data(), int64_t(context.size()), h.data());
       for (int64_t c = 0; c < d; ++c) rows_.set(r, c, h[size_t(c)]);
     }
     call->hidden = rows_.view();
@@ -410,6 +438,40 @@ class Run {
       return 1;
     }
     cache_.resize(size_t(keep));
+    return 0;
+  }
+
+  // A keep after a tree step (scheduled faults: those of the rollbacks, the
+  // two counted together).
+  int on_keep(int32_t num_past, const int32_t* keep, int32_t num_keep) {
+    const int32_t index = rollbacks_++;
+    ++callbacks_;
+    verified();
+    FS_CHECK(s_.with_keep, "keep called without a keep callback");
+    FS_CHECK(num_past == last_past_ && size_t(last_past_) + size_t(last_tokens_) == cache_.size(),
+             "keep(num_past %d) after a forward from %d of %d tokens, cache of %zu", num_past, last_past_,
+             last_tokens_, cache_.size());
+    FS_CHECK(num_keep >= 0 && num_keep < last_tokens_, "keep of %d tokens of %d", num_keep, last_tokens_);
+    for (int32_t i = 0; i < num_keep; ++i)
+      FS_CHECK(keep[i] >= 0 && keep[i] < last_tokens_ && (i == 0 || keep[i] > keep[i - 1]),
+               "keep[%d] is %d of %d tokens", i, keep[i], last_tokens_);
+    if (gen_->on_token)
+      FS_CHECK(size_t(num_past) + size_t(num_keep) >= prompt_.size() + streamed_.size(),
+               "keep of %d + %d tokens drops the sequence's %zu", num_past, num_keep,
+               prompt_.size() + streamed_.size());
+    const Fault* f = fault_for(Where::kRollback, index);
+    if (f) {
+      rollback_failed_ = true;
+      if (f->kind & 1) {
+        fatal(FLASHSPEC_ERR_CALLBACK, "target keep threw");
+        host_throw();
+      }
+      fatal(FLASHSPEC_ERR_CALLBACK, "target keep returned 1");
+      return 1;
+    }
+    std::vector<int32_t> kept(cache_.begin(), cache_.begin() + num_past);
+    for (int32_t i = 0; i < num_keep; ++i) kept.push_back(cache_[size_t(num_past + keep[i])]);
+    cache_ = kept;
     return 0;
   }
 
@@ -495,8 +557,10 @@ class Run {
       }
       return 0;
     }
-    // TOKENS and LOGITS.
+    // TOKENS, LOGITS and TREE.
     FS_CHECK(call->tokens != nullptr, "draft call: tokens buffer NULL");
+    FS_CHECK((call->parents != nullptr) == (cd.spec.kind == kTree), "draft call: parents buffer %s for kind %d",
+             call->parents ? "set" : "NULL", int(cd.spec.kind));
     int32_t n = 0;
     std::vector<int32_t> proposal;
     switch (cd.spec.mode % 4) {
@@ -512,8 +576,31 @@ class Run {
         break;
       default: break;  // no draft
     }
+    std::vector<int32_t> parents;
+    if (cd.spec.kind == kTree) {
+      // The tree's shape: a chain, random parents, or at each level a wrong
+      // sibling before the proposal's token.
+      const int32_t shape = (cd.spec.mode / 4) % 3;
+      if (shape == 2) {
+        std::vector<int32_t> right = proposal;
+        proposal.clear();
+        int32_t parent = -1;
+        for (size_t j = 0; j < right.size() && int32_t(proposal.size()) + 2 <= call->max_tokens; ++j) {
+          proposal.push_back(int32_t((right[j] + 1) % vocab));
+          parents.push_back(parent);
+          proposal.push_back(right[j]);
+          parents.push_back(parent);
+          parent = int32_t(proposal.size()) - 1;
+        }
+      } else {
+        Rng rng(cd.spec.mode * 104729u + uint64_t(index));
+        for (int32_t i = 0; i < int32_t(proposal.size()); ++i)
+          parents.push_back(shape == 0 ? i - 1 : int32_t(rng.below(int64_t(i) + 1)) - 1);
+      }
+    }
     n = int32_t(proposal.size());
     for (int32_t i = 0; i < n; ++i) call->tokens[i] = proposal[size_t(i)];
+    for (int32_t i = 0; i < int32_t(parents.size()); ++i) call->parents[i] = parents[size_t(i)];
     call->num_tokens = n;
     if (cd.spec.kind == kLogits && n > 0) {
       cd.view.init(cd.spec.logits_dtype, n, vocab, 0, kind == 11 ? 1 : 0);  // 11: misaligned
@@ -538,6 +625,13 @@ class Run {
         case 3: call->num_tokens = -1; fatal(FLASHSPEC_ERR_CALLBACK, "drafter: num_tokens -1"); break;
         case 4: call->tokens[0] = int32_t(vocab); fatal(FLASHSPEC_ERR_CALLBACK, "drafter: token out of range"); break;
         default: break;
+      }
+      if (cd.spec.kind == kTree && (kind == 5 || kind == 6)) {
+        if (kind == 5)
+          call->parents[n - 1] = n - 1;
+        else
+          call->parents[0] = -2;
+        fatal(FLASHSPEC_ERR_CALLBACK, "TREE drafter: a parent out of range");
       }
       if (cd.spec.kind == kLogits && kind >= 5) {
         switch (kind) {
@@ -644,8 +738,10 @@ class Run {
         cd.spec = spec;
         flashspec_callback_drafter_params p;
         flashspec_callback_drafter_params_init(&p);
-        p.kind = spec.kind == kTokens ? FLASHSPEC_DRAFT_TOKENS
-                                      : (spec.kind == kLogits ? FLASHSPEC_DRAFT_LOGITS : FLASHSPEC_DRAFT_HIDDEN);
+        p.kind = spec.kind == kTokens   ? FLASHSPEC_DRAFT_TOKENS
+                 : spec.kind == kLogits ? FLASHSPEC_DRAFT_LOGITS
+                 : spec.kind == kTree   ? FLASHSPEC_DRAFT_TREE
+                                        : FLASHSPEC_DRAFT_HIDDEN;
         p.draft = &Run::draft;
         p.user_data = &cd;
         p.draft_temperature = spec.draft_temperature;
@@ -663,6 +759,7 @@ class Run {
     flashspec_engine_params_init(&p);
     p.target_forward = &Run::forward;
     p.target_rollback = s_.with_rollback ? &Run::rollback : nullptr;
+    p.target_keep = s_.with_keep ? &Run::keep : nullptr;
     p.target_user_data = this;
     p.drafters = drafters_.empty() ? nullptr : drafters_.data();
     p.num_drafters = int32_t(drafters_.size());
@@ -1039,7 +1136,8 @@ class Run {
   const GenerationSpec* gen_ = nullptr;
   std::vector<int32_t> prompt_, streamed_, cache_;
   HostMatrix rows_;
-  int32_t forwards_ = 0, rollbacks_ = 0, drafts_ = 0;
+  int32_t forwards_ = 0, rollbacks_ = 0, drafts_ = 0;  // rollbacks_: and keeps
+  int32_t last_past_ = 0, last_tokens_ = 0;             // the last forward's num_past, num_tokens
   int callbacks_ = 0;
   flashspec_status fatal_status_ = FLASHSPEC_OK, pending_status_ = FLASHSPEC_OK;
   std::string fatal_what_, pending_what_;

@@ -191,9 +191,11 @@ VERIFY_REGRESSIONS = {
 # fuzz_engine
 # ---------------------------------------------------------------------------
 def drafter(kind=0, min_n=1, max_n_extra=2, mode=0, td=0, logits_dtype=0, own_head=0, all_rows=0, cost=0):
-    """kind 0 n-gram, 1 TOKENS, 2 LOGITS, 3 HIDDEN; mode % 4 (callbacks):
-    0 greedy oracle, 1 random (HIDDEN: negated rows), 2 oracle with a wrong
-    last token, 3 none; mode & 4 (LOGITS): the target's logits."""
+    """kind 0 n-gram, 1 TOKENS, 2 LOGITS, 3 HIDDEN, 4 TREE; mode % 4
+    (callbacks): 0 greedy oracle, 1 random (HIDDEN: negated rows), 2 oracle
+    with a wrong last token, 3 none; mode & 4 (LOGITS): the target's logits;
+    mode // 4 % 3 (TREE): the shape, 0 a chain, 1 random parents, 2 a wrong
+    sibling before each oracle token."""
     return [kind, min_n - 1, max_n_extra, mode, td, logits_dtype, own_head, all_rows, cost]
 
 
@@ -230,6 +232,7 @@ def engine(ctx_seed=1, threads=1, max_rows=8, vocab=24, d=6, w=None, hidden_dtyp
     x.u8(default_draft_len).u8(policy).u64(5)
     for o in oracle:
         x.u8(o)
+    # rollback: bit 0 set: no rollback callback; bit 1 set: a keep callback.
     x.u8(0 if max_context == 0 else 160 + (max_context - 160 % 40) % 40).u8(rollback)
     if create_plant is None:
         x.u8(0)
@@ -286,6 +289,19 @@ ENGINE_CORPUS = {
                                                generations=[generation(faults=[(2, 0, 10)]), generation()]),
     'faults-misaligned-logits-target': engine(drafters=[drafter(2, mode=4)], generations=[
         generation(faults=[(2, 1, 11)]), generation(faults=[(0, 1, 12)])]),
+    # Tree steps: right children after wrong siblings with a keep callback,
+    # random trees with a rollback only or neither, sampled, bad parents and
+    # a failing keep.
+    'tree-siblings-keep': engine(max_rows=12, drafters=[drafter(4, mode=8)], arms=((0, 6),), rollback=2,
+                                 generations=[generation(max_tokens=20), generation(temperature=1, max_tokens=16)]),
+    'tree-random-rollback': engine(max_rows=12, drafters=[drafter(4, mode=4)], arms=((0, 5),),
+                                   generations=[generation(max_tokens=20)]),
+    'tree-random-neither': engine(drafters=[drafter(4, mode=6)], arms=((0, 4),), rollback=1,
+                                  generations=[generation(temperature=1, max_tokens=16)]),
+    'tree-and-chain-arms': engine(drafters=[drafter(4, mode=8), drafter(1, mode=0)], explicit_arms=1,
+                                  arms=((0, 5), (1, 3), (0, 0)), rollback=3, generations=[generation(max_tokens=24)]),
+    'tree-faults': engine(drafters=[drafter(4, mode=8)], arms=((0, 4),), rollback=2, generations=[
+        generation(faults=[(2, 1, 5)]), generation(faults=[(2, 0, 6)]), generation(faults=[(1, 0, 1)])]),
 }
 ENGINE_REGRESSIONS = {
     # Was: an out-of-range bandit policy (−1) read through the enum (UBSan:
