@@ -150,6 +150,7 @@ struct TargetHost {
   int keeps = 0;
   int tree_forwards = 0;         // forwards with parents
   int refeeds = 0;               // forwards after the first that sent more than the root again
+  std::vector<int32_t> forward_rows;  // num_rows of each forward
   int32_t last_past = 0, last_tokens = 0;
   int keep_fail_at = -1;
   std::string protocol_error;    // first violation seen
@@ -188,10 +189,13 @@ struct TargetHost {
     if (call->num_tokens < 1 || call->num_rows < 1 || call->num_rows > call->num_tokens) note("sizes");
     if (call->num_past < 0 || size_t(call->num_past) > cache.size()) note("num_past beyond the cache");
     if (rollback_enabled && call->num_past != 0 && size_t(call->num_past) != cache.size()) note("cache not rolled back to num_past");
+    for (int32_t t = 0; t < call->num_tokens; ++t)
+      if (call->tokens[t] < 0 || call->tokens[t] >= model->vocab()) note("a token outside the vocabulary");
     cache.resize(size_t(std::min<int64_t>(call->num_past, int64_t(cache.size()))));
     const std::string parents_error = check_parents(call->parents, call->num_tokens, call->num_rows);
     if (!parents_error.empty()) note(parents_error);
     if (call->parents) tree_forwards++;
+    forward_rows.push_back(call->num_rows);
     if (call->num_past > 0 && call->num_tokens - call->num_rows > 0) refeeds++;
     last_past = int32_t(cache.size());
     last_tokens = call->num_tokens;

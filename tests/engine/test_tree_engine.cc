@@ -422,6 +422,45 @@ TEST_F(TreeEngine, SuffixTreesEqualGreedyAndAcceptMoreThanItsChains) {
   EXPECT_LT(steps[1], steps[0]);
 }
 
+// A suffix drafter that indexed tokens beyond the target's vocabulary (as a
+// host's propose_tree calls may) proposes trees without them or their
+// subtrees, and keeps the rest.
+TEST_F(TreeEngine, SuffixTreesDropNodesOutsideTheVocabulary) {
+  flashspec_suffix_params sp;
+  flashspec_suffix_params_init(&sp);
+  sp.propose_trees = 1;
+  flashspec_drafter* raw = nullptr;
+  ASSERT_EQ(flashspec_drafter_create_suffix(ctx.get(), &sp, &raw), FLASHSPEC_OK) << error();
+  DrafterPtr drafter(raw);
+  // A sequence whose output "1 2 60 5 1 2 60 6 1 2 7 9" enters the cache
+  // when the next context starts a new one: after "1 2", 60 is the likelier
+  // branch, outside a vocabulary of 48.
+  const int32_t big = kVocab + 12;
+  const std::vector<int32_t> first = {30, 31};
+  std::vector<int32_t> sequence = first;
+  for (int32_t t : {1, 2, big, 5, 1, 2, big, 6, 1, 2, 7, 9}) sequence.push_back(t);
+  int32_t tokens[8], parents[8], n = -1;
+  ASSERT_EQ(flashspec_suffix_drafter_propose_tree(raw, first.data(), 2, 0, tokens, parents, &n), FLASHSPEC_OK);
+  ASSERT_EQ(flashspec_suffix_drafter_propose_tree(raw, sequence.data(), int32_t(sequence.size()), 0, tokens, parents,
+                                                  &n),
+            FLASHSPEC_OK);
+  const std::vector<int32_t> prompt = {40, 1, 2};
+  ASSERT_EQ(flashspec_suffix_drafter_propose_tree(raw, prompt.data(), 3, 8, tokens, parents, &n), FLASHSPEC_OK);
+  ASSERT_GE(n, 3);
+  EXPECT_EQ(tokens[0], big);  // the host's tree has it; the engine's must not
+  TreeHost host;
+  EnginePtr e = engine(host, raw, 8);
+  const Outcome run = generate(e.get(), prompt, 9);
+  ASSERT_EQ(run.status, FLASHSPEC_OK) << run.error;
+  EXPECT_EQ(run.tokens, greedy_reference(ctx.get(), head.get(), model, prompt, 9));
+  EXPECT_TRUE(host.protocol_error.empty()) << host.protocol_error;  // no token outside the vocabulary
+  // Of the 8 best nodes (the big token, its subtree, then 7), node 7
+  // stayed: the first step is a tree step of one node.
+  EXPECT_GE(host.tree_forwards, 1);
+  ASSERT_FALSE(host.forward_rows.empty());
+  EXPECT_EQ(host.forward_rows[0], 2);
+}
+
 // Bad trees from a TREE callback: CALLBACK naming the node; the engine
 // then generates as before.
 TEST_F(TreeEngine, BadTreeFromTheCallbackIsCallbackNamingTheNode) {
