@@ -43,24 +43,31 @@ struct DecoyTreeDrafter {
     const int32_t vocab = self->model->vocab();
     std::vector<int32_t> path(call->context, call->context + call->context_len);
     const int32_t miss_level = 1 + call->context_len % 4;
-    int32_t n = 0, parent = -1;
-    for (int32_t level = 0; n < call->max_tokens; ++level) {
+    std::vector<int32_t> tokens, parents;
+    auto add = [&](int32_t token, int32_t parent) {
+      tokens.push_back(token);
+      parents.push_back(parent);
+      return int32_t(tokens.size()) - 1;
+    };
+    const auto full = [&] { return int32_t(tokens.size()) >= call->max_tokens; };
+    int32_t parent = -1;
+    for (int32_t level = 0; !full(); ++level) {
       const int32_t right = argmax(self->model->probabilities(path.data(), int32_t(path.size()), 1.0));
       if (!self->chain_shaped) {
         const int32_t wrong = (right + 1 + level) % vocab;
-        call->tokens[n] = wrong;
-        call->parents[n] = parent;
-        const int32_t decoy = n++;
-        if (n < call->max_tokens) {
-          call->tokens[n] = (wrong * 7 + 3) % vocab;
-          call->parents[n++] = decoy;
-        }
-        if (level == miss_level || n >= call->max_tokens) break;
+        const int32_t decoy = add(wrong, parent);
+        if (!full()) add((wrong * 7 + 3) % vocab, decoy);
+        if (level == miss_level || full()) break;
       }
-      call->tokens[n] = right;
-      call->parents[n] = parent;
-      parent = n++;
+      parent = add(right, parent);
       path.push_back(right);
+    }
+    const int32_t n = int32_t(tokens.size());
+    // kParentUnset: the last node's parent is left as the library wrote it.
+    const bool unset = index == self->fail_at && self->fault == Fault::kParentUnset;
+    for (int32_t i = 0; i < n; ++i) {
+      call->tokens[i] = tokens[size_t(i)];
+      if (!(unset && i == n - 1)) call->parents[i] = parents[size_t(i)];
     }
     call->num_tokens = n;
     if (index == self->fail_at) {
@@ -68,10 +75,9 @@ struct DecoyTreeDrafter {
         case Fault::kParentSelf: call->parents[2] = 2; break;
         case Fault::kParentAfter: call->parents[2] = 4; break;
         case Fault::kParentBelow: call->parents[2] = -3; break;
-        case Fault::kParentUnset: call->num_tokens = call->max_tokens; call->parents[call->max_tokens - 1] = -2; break;
         case Fault::kTooMany: call->num_tokens = call->max_tokens + 1; break;
         case Fault::kReturnError: return -4;
-        case Fault::kNone: break;
+        case Fault::kParentUnset: case Fault::kNone: break;
       }
     }
     return 0;
