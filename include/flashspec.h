@@ -929,8 +929,9 @@ FLASHSPEC_API double flashspec_rng_uniform(uint64_t seed, uint64_t request_id, u
  *      distributed exactly
  *      as sampling from the target alone, and at temperature 0 they are the
  *      target's greedy tokens, whatever the drafter proposed;
- *   5. rolls the host's KV cache back past the rejected drafts, streams the
- *      emitted tokens to the host, records metrics and rewards the arm.
+ *   5. rolls the host's KV cache back past the rejected drafts (after a
+ *      tree step: keeps the accepted path), streams the emitted tokens to
+ *      the host, records metrics and rewards the arm.
  *
  * Backends: any. The views the host's callbacks return (target hidden rows,
  * draft logits or hidden rows) live in the backend's memory — device memory
@@ -1510,7 +1511,8 @@ FLASHSPEC_API flashspec_status flashspec_engine_reset_metrics(flashspec_engine* 
  *      returns one hidden tensor holding every sequence's rows;
  *   3. verifies every sequence in ONE fused pass (the backend's ragged
  *      verify batch);
- *   4. per sequence: rolls its KV cache back past its rejected drafts,
+ *   4. per sequence: rolls its KV cache back past its rejected drafts (or
+ *      keeps a tree's accepted path),
  *      streams its tokens to its own token callback, records metrics,
  *      rewards its arm, and finishes it on a stop token, its max_tokens or
  *      the context.
