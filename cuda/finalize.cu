@@ -53,7 +53,8 @@ __global__ void finalize_kernel(const FinalizeArgs a) {
   int32_t* accepted_nodes = at(a.result.accepted_nodes);
   int32_t* drawing_rows = a.top.drawing_rows ? a.top.drawing_rows + v.first_row : nullptr;
   int32_t accepted;
-  if constexpr (kTree) {
+  // A chain given as a tree is verified as a chain (kernels/args.h).
+  if (kTree && !request_is_chain(a.batch, v)) {
     __shared__ int32_t tokens[FLASHSPEC_MAX_DRAFT_LEN], parents[FLASHSPEC_MAX_DRAFT_LEN];
     extern __shared__ RowSummary staged_rows[];  // [max_draft_len + 1]
     for (int32_t k = threadIdx.x; k < v.num_drafts; k += blockDim.x) {  // ≤ max_draft_len (plans)
@@ -93,6 +94,7 @@ __global__ void finalize_kernel(const FinalizeArgs a) {
                                      accepted_nodes, at(a.result.logprobs), at(a.result.raw_logprobs), drawing_rows,
                                      has_draft_distribution(a.batch), uniforms);
   } else {
+    if (!lead) return;
     accepted = finalize_request(v, a.batch.draft_tokens, a.rows, a.batch.accept_uniforms,
                                 a.result.emitted_tokens + v.first_row);
     if (a.result.logprobs || a.result.raw_logprobs)

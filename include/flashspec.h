@@ -620,8 +620,10 @@ typedef struct flashspec_verify_batch {
  * token y (the first such child when siblings repeat a token), accept that
  * child and continue there; otherwise emit y and stop (at a leaf y is the
  * bonus token). Each row's draw uses BONUS_NOISE at position = its row
- * index, so a point-mass chain verified as a tree takes other random numbers
- * than Algorithm 1 (both are exact).
+ * index. A request whose nodes form a chain (node k's parent k − 1 for
+ * every k) is verified as a chain: Algorithm 1 with its random numbers and
+ * its summaries, whatever the other requests of the batch are (a request's
+ * randomness never depends on its neighbours).
  *
  * Stochastic multi-candidate drafts (draft_logits or sparse supports):
  * node k's token was sampled from q_k, its own draft row's
@@ -1522,16 +1524,11 @@ FLASHSPEC_API flashspec_status flashspec_engine_reset_metrics(flashspec_engine* 
  * sequence params would emit, at any temperature: its steps draw their
  * randomness from its own (seed, request_id) and its own step count (the
  * contract of flashspec_rng_uniform), never from its neighbours, and it
- * runs the engine's own step rules. One exception, with tree steps (see
- * Tree steps): the step's one verify pass (one read of the LM head) takes
- * draft parents for every sequence or for none, so when any sequence of a
- * step drafts a tree, the chains of that step are verified as trees
- * (parents k − 1) too. That is exact, but takes the tree rule's random
- * numbers, not Algorithm 1's: at T > 0 a chain step of a sequence whose
- * neighbours draft trees in the same step may emit other tokens (with the
- * same distribution) than a single engine would. Tree steps, steps without
- * drafts, T = 0, and steps in which no sequence drafts a tree emit what a
- * single engine emits.
+ * runs the engine's own step rules. With tree steps (see Tree steps) the
+ * step's one verify pass (one read of the LM head) takes draft parents for
+ * every sequence when any sequence drafts a tree, a chain as parents k − 1,
+ * which verify treats as the chain it is (Tree verify): the chain sequences
+ * of such a step emit what a single engine would.
  *
  * Per sequence, not shared: the drafters (each sequence brings
  * num_drafters drafter handles of its own, so an n-gram drafter's index or

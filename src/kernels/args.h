@@ -166,10 +166,21 @@ FS_HOST_DEVICE int32_t drafts_tried_before(const VerifyArgs& args, const Request
   return v.first_draft + before;
 }
 
+// Whether request v's drafts form a chain: no draft_parents, or node k's
+// parent is k − 1 for every k. A chain given as a tree is verified as a
+// chain (Algorithm 1, with its random numbers), so what a request emits never
+// depends on whether its neighbours in the batch are trees.
+FS_HOST_DEVICE bool request_is_chain(const VerifyArgs& args, const RequestView& v) {
+  if (!args.draft_parents) return true;
+  for (int32_t k = 0; k < v.num_drafts; ++k)
+    if (args.draft_parents[v.first_draft + k] != k - 1) return false;
+  return true;
+}
+
 // The plan of row j of request v: a tree row, or a chain's (Algorithm 1).
 FS_HOST_DEVICE RowPlan batch_row_plan(const VerifyArgs& args, const RequestView& v, int32_t j, bool typical = false) {
   const bool stochastic = has_draft_distribution(args);
-  if (!args.draft_parents) return verify_row_plan(v, j, args.draft_tokens, stochastic, typical);
+  if (request_is_chain(args, v)) return verify_row_plan(v, j, args.draft_tokens, stochastic, typical);
   return stochastic ? stochastic_tree_row_plan(v, j, tree_node_has_children(args, v, j - 1)) : tree_row_plan(v, j);
 }
 

@@ -48,6 +48,9 @@ struct DeviceTarget {
   static int rollback(void* user_data, int32_t keep) {
     return TargetHost::rollback(&static_cast<DeviceTarget*>(user_data)->host, keep);
   }
+  static int keep(void* user_data, int32_t num_past, const int32_t* keep, int32_t num_keep) {
+    return TargetHost::keep(&static_cast<DeviceTarget*>(user_data)->host, num_past, keep, num_keep);
+  }
   int fail() {
     failed = true;
     return 1;
@@ -57,16 +60,30 @@ struct DeviceTarget {
 struct Generation {
   std::vector<int32_t> tokens;
   flashspec_engine_metrics metrics;
+  int tree_forwards = 0;
 };
 
-Generation generate(flashspec_backend backend, float temperature, const SyntheticModel& model) {
+// trees: the drafter is a suffix drafter proposing trees, and the host keeps
+// the accepted path (target_keep); else an n-gram drafter's chains.
+Generation generate(flashspec_backend backend, float temperature, const SyntheticModel& model,
+                    bool trees = false) {
   Generation run;
   ContextPtr ctx = make_context(ContextOptions(backend).seed(11).max_rows(64));
   if (!ctx) return run;
   // The head is uploaded from host memory; the CUDA backend copies it to the device.
   HeadPtr head = model.make_head(ctx.get());
   flashspec_drafter* d = nullptr;
-  EXPECT_EQ(flashspec_drafter_create_ngram(ctx.get(), nullptr, &d), FLASHSPEC_OK) << flashspec_context_last_error(ctx.get());
+  if (trees) {
+    flashspec_suffix_params sp;
+    flashspec_suffix_params_init(&sp);
+    sp.propose_trees = 1;
+    sp.min_probability = 0.05;
+    EXPECT_EQ(flashspec_drafter_create_suffix(ctx.get(), &sp, &d), FLASHSPEC_OK)
+        << flashspec_context_last_error(ctx.get());
+  } else {
+    EXPECT_EQ(flashspec_drafter_create_ngram(ctx.get(), nullptr, &d), FLASHSPEC_OK)
+        << flashspec_context_last_error(ctx.get());
+  }
   DrafterPtr ngram(d);
 
   DeviceTarget device_target;
@@ -82,6 +99,7 @@ Generation generate(flashspec_backend backend, float temperature, const Syntheti
   ep.target_forward = cuda ? DeviceTarget::forward : TargetHost::forward;
   ep.target_rollback = cuda ? DeviceTarget::rollback : TargetHost::rollback;
   ep.target_user_data = cuda ? static_cast<void*>(&device_target) : static_cast<void*>(&host_target);
+  if (trees) ep.target_keep = cuda ? DeviceTarget::keep : TargetHost::keep;
   ep.drafters = drafters;
   ep.num_drafters = 1;
   ep.arms = arms;
@@ -112,6 +130,7 @@ Generation generate(flashspec_backend backend, float temperature, const Syntheti
   EXPECT_EQ(host_target.protocol_error, "");
   flashspec_engine_metrics_init(&run.metrics);
   EXPECT_EQ(flashspec_engine_get_metrics(engine.get(), &run.metrics), FLASHSPEC_OK);
+  run.tree_forwards = cuda ? device_target.host.tree_forwards : host_target.tree_forwards;
   return run;
 }
 
@@ -266,6 +285,25 @@ TEST_F(GpuEngine, SampledGenerationMatchesTheCpuEngine) {
   ASSERT_EQ(cpu.tokens.size(), 96u);
   EXPECT_EQ(gpu.tokens, cpu.tokens);
   EXPECT_EQ(gpu.metrics.steps, cpu.metrics.steps);
+}
+
+// Tree steps (a suffix drafter's trees, the host keeping the accepted path)
+// on a CUDA context: the engine stages parents and accepted nodes on the
+// device, and its tokens equal the CPU engine's at T = 0 and T > 0.
+TEST_F(GpuEngine, TreeGenerationMatchesTheCpuEngine) {
+  SyntheticModel model(97, 32, 3, 0.6f);
+  for (float temperature : {0.0f, 0.8f}) {
+    Generation cpu = generate(FLASHSPEC_BACKEND_CPU, temperature, model, true);
+    Generation gpu = generate(FLASHSPEC_BACKEND_CUDA, temperature, model, true);
+    ASSERT_EQ(cpu.tokens.size(), 96u);
+    EXPECT_EQ(gpu.tokens, cpu.tokens) << "T " << temperature;
+    EXPECT_EQ(gpu.metrics.steps, cpu.metrics.steps) << "T " << temperature;
+    EXPECT_GT(gpu.tree_forwards, 0) << "T " << temperature;
+    EXPECT_GT(gpu.metrics.accepted_tokens, 0u) << "T " << temperature;
+    std::printf("[ engine ] CUDA trees, T = %.1f: %d tokens in %llu steps (%d tree forwards), %llu drafts accepted\n",
+                temperature, int(gpu.tokens.size()), (unsigned long long)gpu.metrics.steps, gpu.tree_forwards,
+                (unsigned long long)gpu.metrics.accepted_tokens);
+  }
 }
 
 TEST_F(GpuEngine, BatchedSequencesMatchTheCpuBatchedEngine) {

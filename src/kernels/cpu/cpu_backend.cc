@@ -620,7 +620,7 @@ class CpuBackend final : public Backend {
       auto at = [first](auto* out) { return out ? out + first : nullptr; };
       int32_t accepted;
       drawing_rows.assign(size_t(req.num_drafts) + 1, -1);
-      if (args.draft_parents) {
+      if (!request_is_chain(args, req)) {
         accepted = finalize_tree_request(req, args.draft_tokens, args.draft_parents, summaries.rows.data(),
                                          result.emitted_tokens + first, at(result.accepted_nodes),
                                          at(result.logprobs), at(result.raw_logprobs), drawing_rows.data(),
