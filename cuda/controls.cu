@@ -73,6 +73,48 @@ __device__ __forceinline__ void weighted_lse_add(float& m, float& s, float& w, f
   }
 }
 
+// A partial's sample (ControlPartial, BandPartial): offers a token with its
+// score, x and raw logit; ties keep the earlier, smaller id.
+template <class P>
+__device__ __forceinline__ void offer_sample(P& part, float score, float x, float raw, int32_t token) {
+  if (score > part.best) {
+    part.second = part.best;
+    part.best = score;
+    part.best_x = x;
+    part.best_raw = raw;
+    part.token = token;
+  } else if (score > part.second) {
+    part.second = score;
+  }
+}
+
+// a's sample ← a's ∪ b's; ties between winners go to the smaller token id.
+template <class P>
+__device__ __forceinline__ void merge_sample(P& a, const P& b) {
+  const bool b_wins = b.token >= 0 && (a.token < 0 || b.best > a.best || (b.best == a.best && b.token < a.token));
+  if (b_wins) {
+    a.second = fmaxf(a.best, b.second);
+    a.best = b.best;
+    a.best_x = b.best_x;
+    a.best_raw = b.best_raw;
+    a.token = b.token;
+  } else {
+    a.second = fmaxf(a.second, b.best);
+  }
+}
+
+// The block's partials merged as a tree in shared memory, in a fixed order;
+// reduce[0] holds the result (every thread passes its own).
+template <class P, class Merge>
+__device__ void block_merge(P* reduce, const P& part, Merge merge) {
+  reduce[threadIdx.x] = part;
+  __syncthreads();
+  for (int half = int(blockDim.x) / 2; half > 0; half >>= 1) {
+    if (int(threadIdx.x) < half) merge(reduce[threadIdx.x], reduce[threadIdx.x + half]);
+    __syncthreads();
+  }
+}
+
 __device__ void merge_control_partial(ControlPartial& a, const ControlPartial& b) {
   if (b.m > a.m) {
     const float scale = expf(a.m - b.m);
@@ -85,16 +127,7 @@ __device__ void merge_control_partial(ControlPartial& a, const ControlPartial& b
     a.w += b.w * e;
   }
   lse_merge(a.rm, a.rs, b.rm, b.rs);
-  const bool b_wins = b.token >= 0 && (a.token < 0 || b.best > a.best || (b.best == a.best && b.token < a.token));
-  if (b_wins) {
-    a.second = fmaxf(a.best, b.second);
-    a.best = b.best;
-    a.best_x = b.best_x;
-    a.best_raw = b.best_raw;
-    a.token = b.token;
-  } else {
-    a.second = fmaxf(a.second, b.best);
-  }
+  merge_sample(a, b);
   if (b.flags & kPartialTracked) {
     a.tracked_x = b.tracked_x;
     a.tracked_raw = b.tracked_raw;
@@ -148,16 +181,7 @@ __device__ void merge_band_partial(BandPartial& a, const BandPartial& b) {
   a.mass += b.mass;
   a.weighted += b.weighted;
   a.bin_count += b.bin_count;
-  const bool b_wins = b.token >= 0 && (a.token < 0 || b.best > a.best || (b.best == a.best && b.token < a.token));
-  if (b_wins) {
-    a.second = fmaxf(a.best, b.second);
-    a.best = b.best;
-    a.best_x = b.best_x;
-    a.best_raw = b.best_raw;
-    a.token = b.token;
-  } else {
-    a.second = fmaxf(a.second, b.best);
-  }
+  merge_sample(a, b);
 }
 
 // The mass bin of x ≤ x0: kMassBins bins of kMassBinNats / kMassBins nats
@@ -572,26 +596,11 @@ __global__ void __launch_bounds__(kFoldThreads) fold_kernel(const FoldArgs a) {
         continue;
       }
       if (token == r.plan.excluded) continue;
-      const float score = r.greedy ? x : x + gumbel_from_bits(noise.v[k]);
-      if (score > part.best) {
-        part.second = part.best;
-        part.best = score;
-        part.best_x = x;
-        part.best_raw = lv;
-        part.token = token;
-      } else if (score > part.second) {
-        part.second = score;
-      }
+      offer_sample(part, r.greedy ? x : x + gumbel_from_bits(noise.v[k]), x, lv, token);
     }
   }
 
-  // The block's partial: a tree in shared memory, in a fixed order.
-  reduce[threadIdx.x] = part;
-  __syncthreads();
-  for (int half = kFoldThreads / 2; half > 0; half >>= 1) {
-    if (int(threadIdx.x) < half) merge_control_partial(reduce[threadIdx.x], reduce[threadIdx.x + half]);
-    __syncthreads();
-  }
+  block_merge(reduce, part, merge_control_partial);
   if (threadIdx.x == 0) a.partials[int64_t(a.group_base + s) * a.partial_stride + row] = reduce[0];
   if (inert) return;
 
@@ -831,23 +840,9 @@ __global__ void __launch_bounds__(kFoldThreads) band_kernel(const PassArgs a) {
                       part.mass += e;
                       part.weighted += e * x;
                       if (token == r.plan.excluded) return;
-                      const float score = x + gumbel_from_bits(row_word(r.plan.key, token));
-                      if (score > part.best) {
-                        part.second = part.best;
-                        part.best = score;
-                        part.best_x = x;
-                        part.best_raw = lv;
-                        part.token = token;
-                      } else if (score > part.second) {
-                        part.second = score;
-                      }
+                      offer_sample(part, x + gumbel_from_bits(row_word(r.plan.key, token)), x, lv, token);
                     });
-  reduce[threadIdx.x] = part;
-  __syncthreads();
-  for (int half = kFoldThreads / 2; half > 0; half >>= 1) {
-    if (int(threadIdx.x) < half) merge_band_partial(reduce[threadIdx.x], reduce[threadIdx.x + half]);
-    __syncthreads();
-  }
+  block_merge(reduce, part, merge_band_partial);
   if (threadIdx.x == 0) a.band[int64_t(a.group_base + s) * a.band_stride + row] = reduce[0];
   const int64_t at = (int64_t(row) * c.slices + s) * list.capacity;
   select_into(RegisterKeys{key}, [&](int i) { return raw[i]; }, kCandidates, list.thresholds[row],
