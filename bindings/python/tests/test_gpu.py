@@ -191,7 +191,26 @@ def test_torch_controls_on_device_match_cpu():
         tokens, _ = ctx.draft(head, dev(hidden), temperature=0.7, controls=flashspec.SamplingControls(
             top_k=20, min_p=0.1, token_mask=mask))
         ctx.synchronize()
+        # The bias as device CSR arrays: bias_offsets[R] is read back to size the lists.
+        bias = {int(drafts[0]): 2.0, 7: -1.0}  # every request's, as logit_bias above
+        per = len(bias)
+        csr = flashspec.SamplingControls(
+            top_k=40, top_p=dev(top_p), min_p=0.05, token_mask=mask,
+            bias_offsets=dev(np.arange(0, 3 * per + 1, per, dtype=np.int32)),
+            bias_tokens=dev(np.array(list(bias) * 3, np.int32)),
+            bias_values=dev(np.array(list(bias.values()) * 3, np.float32)))
+        got = ctx.verify_and_finalize(head, flashspec.VerifyBatch(
+            dev(offsets), dev(drafts), dev(hidden), temperatures=dev(temps), controls=csr, logprobs=True))
+        ctx.synchronize()
+        short = flashspec.SamplingControls(bias_offsets=dev(np.array([0, 2, 2, 2], np.int32)),
+                                           bias_tokens=dev(np.array([7], np.int32)),
+                                           bias_values=dev(np.array([1.0], np.float32)))
+        with pytest.raises(ValueError, match="bias_tokens has 1 entries"):
+            ctx.verify_and_finalize(head, flashspec.VerifyBatch(dev(offsets), dev(drafts), dev(hidden),
+                                                                controls=short))
     np.testing.assert_array_equal(tokens.cpu().numpy(), want_draft[0])
+    np.testing.assert_array_equal(got.emitted_tokens.cpu().numpy(), want.emitted_tokens)
+    np.testing.assert_allclose(got.logprobs.cpu().numpy(), want.logprobs, atol=1e-4, equal_nan=True)
 
 
 def test_cupy_draft_through_cuda_array_interface_and_dlpack():
