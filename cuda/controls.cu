@@ -1077,23 +1077,24 @@ __global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs 
     }
     if (continued) {
       // With the list's sample and that of the tokens above the bin.
+      // merge_sample carries each winner's x and raw logit with it.
       const Continuation& cont = a.continuing[row];
-      Winner earlier{cont.best, cont.second, cont.token, -1};
-      float earlier_x = cont.best_x, earlier_raw = cont.best_raw;
-      const Winner band_winner{above.best, above.second, above.token, -1};
-      Winner merged = earlier;
-      merge_winner(merged, band_winner);
-      if (merged.token == above.token && above.token >= 0) {
-        earlier_x = above.best_x;
-        earlier_raw = above.best_raw;
-      }
-      earlier = merged;
-      merge_winner(merged, w);
-      if (merged.token != w.token || w.token < 0) {
-        best_x = earlier_x;
-        best_raw = earlier_raw;
-      }
-      w = merged;
+      BandPartial sample = empty_band_partial(), bin = empty_band_partial();
+      sample.best = cont.best;
+      sample.second = cont.second;
+      sample.best_x = cont.best_x;
+      sample.best_raw = cont.best_raw;
+      sample.token = cont.token;
+      bin.best = w.best;
+      bin.second = w.second;
+      bin.best_x = best_x;
+      bin.best_raw = best_raw;
+      bin.token = w.token;
+      merge_sample(sample, above);
+      merge_sample(sample, bin);
+      w = Winner{sample.best, sample.second, sample.token, -1};
+      best_x = sample.best_x;
+      best_raw = sample.best_raw;
       weighted += (cont.list_weighted + above.weighted) * expf(cont.x0 - lse);
     }
     weighted_total = weighted;
