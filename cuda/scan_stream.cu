@@ -1,40 +1,16 @@
-// The weight-streaming scan for few rows (≤ 16): a pure read of W at HBM
-// bandwidth, with the product on tensor cores and the reduction in registers.
-//
-// Every warp owns a run of 16-token tiles and streams them straight from
-// global memory into mma.sync A fragments: no shared-memory staging, no
-// block-wide barrier in the main loop, so a warp waits only for its own
-// loads while the SM's other warps keep the memory system busy. The k
-// dimension is permuted inside each 32-element chunk so that a lane's A
-// fragment is two 16-byte loads (eight consecutive elements of token g and of
-// token g + 8) and its B fragment one 16-byte load of hidden row g: the dot
-// product is a sum over k, so any permutation applied to both operands gives
-// the same logits. Hidden rows are tiny and stay in L1/L2.
-//
-// 8-bit codes (e4m3, int8) take the same loads — 16 bytes of token g and of
-// g + 8 per lane per 64-byte chunk — which now hold 16 codes each: the chunk
-// covers 64 elements, the codes are converted to bf16 in registers (exactly:
-// every e4m3 and int8 value is a bf16 value) and feed four mma instructions
-// against the matching 16 elements of the bf16 hidden row. Half the bytes of
-// W per logit; the row's scale multiplies the finished logit.
-//
-// The epilogue folds each logit into the lane's running Partial of its rows
-// (online log-sum-exp, Gumbel top-2, tracked logit); tokens reach a Partial in
-// increasing order. Warps then merge across lanes and across the CTA in a
-// fixed order, and the CTA writes one Partial per row: nothing
-// vocabulary-sized leaves the chip.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-
+// The weight-streaming scan for few rows (≤ 16): the loop of
+// stream_tiles.cuh, with the reduction in registers. Its epilogue folds each
+// logit into the lane's running Partial of its rows (online log-sum-exp,
+// Gumbel top-2, tracked logit); tokens reach a Partial in increasing order.
+// Warps then merge across lanes and across the CTA in a fixed order, and the
+// CTA writes one Partial per row: nothing vocabulary-sized leaves the chip.
 #include <algorithm>
 #include <utility>
 
 #include "launch.cuh"
-#include "codes.cuh"
-#include "mma.cuh"
 #include "scan.h"
 #include "scan_params.h"
+#include "stream_tiles.cuh"
 #include "tuning.h"
 #include "warp_fold.cuh"
 
@@ -43,24 +19,9 @@ namespace cuda {
 namespace scan {
 namespace {
 
-constexpr int kThreads = tuning::kStreamThreads;
-constexpr int kWarps = kThreads / 32;
-constexpr int kMaxRows = tuning::kStreamMaxRows;
-
-__device__ __forceinline__ uint4 load_stream(const void* p) {
-  uint4 v;
-  // The 256-byte L2 prefetch matters: without it the scan is 17% slower.
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ uint4 load_cached(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
+using stream::kMaxRows;
+using stream::kThreads;
+using stream::kWarps;
 
 static_assert(sizeof(Partial) == 32, "load_partial_l2 reads a Partial as two float4");
 
@@ -137,35 +98,23 @@ __device__ __forceinline__ void finish_scan(const ScanParams& p, const StreamTai
   if (tid == 0) *tail.done_counter = 0;
 }
 
-// Loads of one burst: kUnroll 64-byte chunks of the lane's two tokens.
-template <int kUnroll>
-struct Burst {
-  uint4 a0[kUnroll], a1[kUnroll];
-};
-
 // kShape: the entry of tuning::kStreamShapes (rows, 8-row groups, burst
 // length, CTAs per SM); kW: W's dtype (bf16, fp16, e4m3, int8).
 template <flashspec_dtype kW, int kShape>
 __global__ void __launch_bounds__(kThreads, tuning::stream_shape(is_codes(kW), kShape).min_blocks)
     stream_scan_kernel(const ScanParams p, const StreamTail tail) {
-  constexpr bool kCodes = is_codes(kW);
-  constexpr bool kBf16 = kW != FLASHSPEC_DTYPE_F16;  // the mma's input type
-  constexpr int kChunk = kCodes ? 64 : 32;           // elements per 64-byte chunk of a row
-  constexpr int kLaneElements = kChunk / 4;          // a lane's 16 bytes of a chunk
-  constexpr int kNT = tuning::stream_shape(kCodes, kShape).row_groups;
+  constexpr int kNT = tuning::stream_shape(is_codes(kW), kShape).row_groups;
   __shared__ RowPlan plans[kMaxRows];
   // The lanes' running partials live here rather than in registers, which
   // the double-buffered loads need: [warp][nt][j][lane].
   __shared__ Partial running[kWarps][kNT][2][32];
   __shared__ Partial merged[kWarps][kMaxRows];
 
-  constexpr int kUnroll = tuning::stream_shape(kCodes, kShape).unroll;
-  using Burst = flashspec::cuda::scan::Burst<kUnroll>;
   pdl_wait();     // plans and staged hidden rows come from the kernels before
   pdl_trigger();  // what follows may launch now; it waits for this grid to finish
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
+  const int t = lane & 3;
   if (tid < kMaxRows) {
     plans[tid] = plan_or_placeholder(p.plans, p.row_base, p.rows, tid);
   }
@@ -176,140 +125,31 @@ __global__ void __launch_bounds__(kThreads, tuning::stream_shape(is_codes(kW), k
   }
   __syncthreads();
 
-  const int total_tiles = (p.vocab + 15) / 16;
-  // Warp w of the grid's W takes tiles [w·T/W, (w+1)·T/W): runs differ by
-  // at most one tile, so every SM streams the same share of W whatever the
-  // vocabulary (whole runs of ⌈T/W⌉ tiles left a tenth of the SMs half
-  // loaded at V = 151936).
   const int64_t grid_warps = int64_t(gridDim.x) * kWarps, warp_index = int64_t(blockIdx.x) * kWarps + warp;
-  const int first_tile = int(warp_index * total_tiles / grid_warps);
-  const int tiles = int((warp_index + 1) * total_tiles / grid_warps) - first_tile;
-  const int chunks = p.k_pad / kChunk;
-  const int bursts = (chunks + kUnroll - 1) / kUnroll;
-  const int steps = tiles * bursts;
+  const int first_tile = stream::first_tile_of(warp_index, grid_warps, p.vocab);
+  const int tiles = stream::first_tile_of(warp_index + 1, grid_warps, p.vocab) - first_tile;
 
-  // B operands: hidden row nt*8 + g, the lane's 8 elements of each chunk.
-  const unsigned char* hrow[kNT];
-  bool hvalid[kNT];
+  // The epilogue folds each logit into the lane's running Partial of its
+  // rows (online log-sum-exp, Gumbel top-2, tracked logit); tokens reach a
+  // Partial in increasing order.
+  stream::stream_tiles<kW, kShape>(p, first_tile, tiles, [&](int tok_a, auto&& logit) {
+    const int tok_b = tok_a + 8;
 #pragma unroll
-  for (int nt = 0; nt < kNT; ++nt) {
-    const int row = nt * 8 + g;
-    hvalid[nt] = row < p.rows;
-    hrow[nt] = static_cast<const unsigned char*>(p.h) +
-               (int64_t(p.row_base + (hvalid[nt] ? row : 0)) * p.k_pad + kLaneElements * t) * 2;
-  }
-
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-  const unsigned char* w = static_cast<const unsigned char*>(p.w);
-  // Issues the loads of step s (tile s / bursts, burst s % bursts).
-  auto issue = [&](int tile, int burst, Burst& out) {
-    const int tok_a = (first_tile + tile) * 16 + g, tok_b = tok_a + 8;
-    const bool valid_a = tok_a < p.vocab, valid_b = tok_b < p.vocab;
-    constexpr int kElement = kCodes ? 1 : 2;
-    const unsigned char* wa = w + (int64_t(valid_a ? tok_a : 0) * p.ldw + kLaneElements * t) * kElement;
-    const unsigned char* wb = w + (int64_t(valid_b ? tok_b : 0) * p.ldw + kLaneElements * t) * kElement;
+    for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = burst * kUnroll + u;
-      const bool in_w = c < chunks && c * kChunk + kLaneElements * t < p.d_load;
-      out.a0[u] = (in_w && valid_a) ? load_stream(wa + int64_t(c) * 64) : zero;
-      out.a1[u] = (in_w && valid_b) ? load_stream(wb + int64_t(c) * 64) : zero;
-    }
-  };
-
-  // Two accumulator sets (even and odd chunks) halve the chain of dependent
-  // mma instructions a warp waits on; they are added in the epilogue.
-  float acc[2][kNT][4];
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) acc[h][nt][0] = acc[h][nt][1] = acc[h][nt][2] = acc[h][nt][3] = 0.0f;
-
-  Burst cur;
-  if (steps > 0) issue(0, 0, cur);
-  int tile = 0, burst = 0;
-#pragma unroll 1
-  for (int s = 0; s < steps; ++s) {
-    // The next burst's loads go out before this one is consumed, across
-    // tile boundaries, so every lane keeps two bursts in flight.
-    int next_tile = tile, next_burst = burst + 1;
-    if (next_burst == bursts) {
-      next_burst = 0;
-      ++next_tile;
-    }
-    Burst nxt;
-    if (s + 1 < steps) issue(next_tile, next_burst, nxt);
-
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = burst * kUnroll + u;
-      if constexpr (kCodes) {
-        // The lane's 16 codes of token a and of token b as bf16 pairs; pair
-        // j meets hidden elements 2j, 2j + 1 of the lane's 16.
-        uint32_t a[8], b[8];
-        const uint32_t wa[4] = {cur.a0[u].x, cur.a0[u].y, cur.a0[u].z, cur.a0[u].w};
-        const uint32_t wb[4] = {cur.a1[u].x, cur.a1[u].y, cur.a1[u].z, cur.a1[u].w};
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          codes_to_bf16x2<kW>(wa[q], a[2 * q], a[2 * q + 1]);
-          codes_to_bf16x2<kW>(wb[q], b[2 * q], b[2 * q + 1]);
-        }
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-          const bool live = c < chunks && hvalid[nt];
-          const uint4 h0 = live ? load_cached(hrow[nt] + c * 128) : zero;
-          const uint4 h1 = live ? load_cached(hrow[nt] + c * 128 + 16) : zero;
-          mma_m16n8k16<true>(acc[0][nt], a[0], b[0], a[1], b[1], h0.x, h0.y);
-          mma_m16n8k16<true>(acc[1][nt], a[2], b[2], a[3], b[3], h0.z, h0.w);
-          mma_m16n8k16<true>(acc[0][nt], a[4], b[4], a[5], b[5], h1.x, h1.y);
-          mma_m16n8k16<true>(acc[1][nt], a[6], b[6], a[7], b[7], h1.z, h1.w);
-        }
-      } else {
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-          const uint4 b = (c < chunks && hvalid[nt]) ? load_cached(hrow[nt] + c * 64) : zero;
-          mma_m16n8k16<kBf16>(acc[u & 1][nt], cur.a0[u].x, cur.a1[u].x, cur.a0[u].y, cur.a1[u].y, b.x, b.y);
-          mma_m16n8k16<kBf16>(acc[u & 1][nt], cur.a0[u].z, cur.a1[u].z, cur.a0[u].w, cur.a1[u].w, b.z, b.w);
+      for (int j = 0; j < 2; ++j) {
+        const int row = nt * 8 + 2 * t + j;
+        if (row < p.rows) {
+          const RowPlan& plan = plans[row];
+          const bool greedy = plan.flags & kPlanGreedy;
+          Partial part = running[warp][nt][j][lane];
+          const int32_t id_a = p.token_base + tok_a, id_b = p.token_base + tok_b;
+          if (tok_a < p.vocab) fold_logit(part, plan, logit(nt, j), id_a, greedy ? 0u : noise_word(plan.key, id_a));
+          if (tok_b < p.vocab) fold_logit(part, plan, logit(nt, 2 + j), id_b, greedy ? 0u : noise_word(plan.key, id_b));
+          running[warp][nt][j][lane] = part;
         }
       }
-    }
-
-    if (burst == bursts - 1) {
-      // acc[·][nt] = {(tok_a, row 2t), (tok_a, row 2t+1), (tok_b, row 2t), (tok_b, row 2t+1)}.
-      const int tok_a = (first_tile + tile) * 16 + g, tok_b = tok_a + 8;
-      float scale_a = 1.0f, scale_b = 1.0f;
-      if constexpr (kCodes) {
-        if (tok_a < p.vocab) scale_a = __ldg(p.w_scale + tok_a);
-        if (tok_b < p.vocab) scale_b = __ldg(p.w_scale + tok_b);
-      }
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int row = nt * 8 + 2 * t + j;
-          if (row < p.rows) {
-            const RowPlan& plan = plans[row];
-            const bool greedy = plan.flags & kPlanGreedy;
-            Partial part = running[warp][nt][j][lane];
-            float l_a = acc[0][nt][j] + acc[1][nt][j], l_b = acc[0][nt][2 + j] + acc[1][nt][2 + j];
-            if constexpr (kCodes) {
-              l_a *= scale_a;
-              l_b *= scale_b;
-            }
-            const int32_t id_a = p.token_base + tok_a, id_b = p.token_base + tok_b;
-            if (tok_a < p.vocab) fold_logit(part, plan, l_a, id_a, greedy ? 0u : noise_word(plan.key, id_a));
-            if (tok_b < p.vocab) fold_logit(part, plan, l_b, id_b, greedy ? 0u : noise_word(plan.key, id_b));
-            running[warp][nt][j][lane] = part;
-          }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) acc[h][nt][0] = acc[h][nt][1] = acc[h][nt][2] = acc[h][nt][3] = 0.0f;
-      }
-    }
-    cur = nxt;
-    tile = next_tile;
-    burst = next_burst;
-  }
+  });
 
   Partial part[kNT][2];
 #pragma unroll
