@@ -5,8 +5,11 @@
 #include <utility>
 
 #include "controls.h"
+
+#include <cooperative_groups.h>
 #include "launch.cuh"
 #include "scan_gemm.h"
+#include "stream_tiles.cuh"
 #include "tuning.h"
 #include "sampling/controls.h"
 #include "util/philox.h"
@@ -24,6 +27,7 @@ static_assert(kTokensPerThread % 4 == 0, "each thread takes whole Philox blocks 
 constexpr int kRowThreads = 1024;  // merge and summary blocks: one candidate per thread
 static_assert(kCandidates <= kRowThreads, "the summary block ranks one candidate per thread");
 constexpr int kTopN = FLASHSPEC_MAX_TOP_LOGPROBS;
+constexpr int kRankByCounting = 256;  // summary lists ranked by counting rather than sorted
 constexpr int kBiasThreads = 256;
 
 // One row's reduction over a token range (the controlled x = (l + bias)/T of
@@ -461,6 +465,8 @@ struct BiasArgs {
   int32_t* bias_tokens;
   float* bias_values;
   int32_t* bias_counts;
+  int32_t* zeroed;         // the fused scan's list counts, zeroed by block 0 (NULL: none)
+  int32_t zeroed_count;
 };
 
 constexpr int kBiasSort = kMaxBiasEntries;
@@ -468,6 +474,8 @@ constexpr int kBiasSort = kMaxBiasEntries;
 __global__ void __launch_bounds__(kBiasThreads) bias_kernel(const BiasArgs a) {
   pdl_wait();  // launched dependent: may start before its predecessor ends
   const int r = blockIdx.x;
+  if (r == 0 && a.zeroed)
+    for (int i = threadIdx.x; i < a.zeroed_count; i += blockDim.x) a.zeroed[i] = 0;
   const bool bad_batch = a.batch_status && *a.batch_status != FLASHSPEC_OK;
   if (threadIdx.x == 0 && !bad_batch) {
     if (a.draft_offsets) {
@@ -849,6 +857,636 @@ __global__ void __launch_bounds__(kFoldThreads) band_kernel(const PassArgs a) {
               list.slice_keys + at, list.slice_raws + at, list.slice_counts + row * c.slices + s, hist, shared);
 }
 
+// ---- The controlled weight-streaming scan (≤ 16 rows) ---------------------
+//
+// One kernel reads W once, as the plain verify's scan does (stream_tiles.cuh),
+// and keeps its CTA's logits [rows][cta_tokens] in shared memory instead of
+// writing them out. When the CTA's warps are done it publishes two real
+// keys per row (candidates and raw logits), waits at a grid-wide barrier,
+// and folds its range as fold_kernel folds a slice (one ControlPartial per
+// CTA and row; a row's range split over several warps when there are fewer
+// rows than warps). The keep-th largest published key bounds the row's
+// keep-th best candidate from below, so the CTA appends to the row's flat
+// list only its candidates at or above it (at most keep). A merge kernel
+// then ranks each row's list and folds the CTAs' partials, and the summary
+// runs as after the cuBLAS chunks.
+
+struct FusedArgs {
+  ScanParams scan;            // W, the staged hidden rows, vocab, rows (row_base 0)
+  Common common;
+  int32_t cta_tokens;         // shared-memory logits per row (the largest CTA range)
+  ControlPartial* partials;   // [groups][rows]
+  uint64_t* keys;             // candidates: [rows][capacity], appended
+  float* raws;
+  int32_t* counts;            // [rows]
+  int32_t capacity;
+  uint64_t* top_keys;         // top raw logits: [rows][top_capacity], appended
+  float* top_raws;
+  int32_t* top_counts;
+  int32_t top_capacity;
+  uint64_t* slots;            // [kStreamMaxRows][tuning::kMaxGroups][2]: each CTA's two best candidate keys
+  uint64_t* top_slots;        // the same for the top raw logits (zero between calls: the merge clears them)
+};
+
+__device__ __forceinline__ int warp_sum(int v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+constexpr int kSelectBuffer = 128;  // a warp's compacted candidates (keys) in shared memory
+constexpr int kBoundKeep = 64;      // the largest keep a bound from lanes' best two keys serves
+
+// The keep-th largest of the 64 keys the lanes hold (two each, distinct; 0:
+// none), on every lane; 0 when keep > 64 or fewer than keep are there.
+__device__ uint64_t kth_of_lane_pairs(uint64_t first, uint64_t second, int keep) {
+  if (keep > kBoundKeep) return 0;
+  int rank_first = 0, rank_second = 0;
+  for (int source = 0; source < 32; ++source) {
+    const uint64_t a = __shfl_sync(0xffffffffu, first, source), b = __shfl_sync(0xffffffffu, second, source);
+    rank_first += (a > first) + (b > first);
+    rank_second += (a > second) + (b > second);
+  }
+  const bool first_is = first != 0 && rank_first == keep - 1, second_is = second != 0 && rank_second == keep - 1;
+  const unsigned holders = __ballot_sync(0xffffffffu, first_is || second_is);
+  if (!holders) return 0;
+  const int holder = __ffs(holders) - 1;
+  const uint64_t mine = first_is ? first : second;
+  return __shfl_sync(0xffffffffu, mine, holder);
+}
+
+// The warp's best `keep` of n items by key (distinct 64-bit keys, larger
+// first; 0: absent): key(i) gives item i's. Lane 0 reserves their count
+// with reserve(count) (its result, a base, is broadcast); then
+// emit(i, key, base + slot) runs for each, slots 0, 1, ... in no particular
+// order.
+//
+// A lower bound of the keep-th key comes cheaply from the lanes' own best
+// two keys (keep ≤ 64): the keep-th largest of those 64 keys has at least
+// keep keys at or above it. The keys at or above the bound, usually not many
+// more than keep, are compacted into `buffer` and ranked against each other;
+// more than kSelectBuffer of them are cut by bisection on the keys instead.
+template <class Key, class Reserve, class Emit>
+__device__ void warp_select(int n, int keep, Key key, uint64_t* buffer, Reserve reserve, Emit emit) {
+  const int lane = threadIdx.x & 31;
+  const unsigned below = (1u << lane) - 1u;
+  uint64_t hi = 0, lo = ~uint64_t(0), first = 0, second = 0;
+  int present = 0;
+  for (int i = lane; i < n; i += 32) {
+    const uint64_t k = key(i);
+    if (!k) continue;
+    ++present;
+    hi = max(hi, k);
+    lo = min(lo, k);
+    if (k > first) {
+      second = first;
+      first = k;
+    } else if (k > second) {
+      second = k;
+    }
+  }
+  present = warp_sum(present);
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, offset));
+    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, offset));
+  }
+  // The lanes' best two keys are real keys: the keep-th largest of them has
+  // at least keep keys at or above it.
+  const uint64_t bound = present > keep ? kth_of_lane_pairs(first, second, keep) : 0;
+  const int total = min(present, keep);
+  int base = 0;
+  if (lane == 0 && total > 0) base = reserve(total);
+  base = __shfl_sync(0xffffffffu, base, 0);
+  if (total == 0) return;
+  // Every key at or above `cut` is taken (exactly `total` of them).
+  uint64_t cut = lo;
+  if (present > keep) {
+    const uint64_t floor = bound ? bound : lo;
+    int above = 0;
+    for (int i = lane; i < n; i += 32) above += key(i) >= floor;
+    above = warp_sum(above);
+    if (above <= kSelectBuffer) {
+      // Compact the keys at or above the floor, then rank each against the others.
+      int filled = 0;
+      for (int start = 0; start < n; start += 32) {
+        const int i = start + lane;
+        const uint64_t k = i < n ? key(i) : 0;
+        const bool in = k != 0 && k >= floor;
+        const unsigned ins = __ballot_sync(0xffffffffu, in);
+        if (in) buffer[filled + __popc(ins & below)] = k;
+        filled += __popc(ins);
+      }
+      __syncwarp();
+      uint64_t least = ~uint64_t(0);  // the smallest key ranked within keep
+      for (int j = lane; j < filled; j += 32) {
+        const uint64_t mine = buffer[j];
+        int rank = 0;
+        for (int i = 0; i < filled; ++i) rank += buffer[i] > mine;
+        if (rank < keep) least = min(least, mine);
+      }
+      for (int offset = 16; offset > 0; offset >>= 1) least = min(least, __shfl_xor_sync(0xffffffffu, least, offset));
+      __syncwarp();  // the buffer is read before the warp's next selection writes it
+      cut = least;
+    } else {
+      // The largest v with at least keep keys ≥ v, by bisection below the
+      // bits hi and the floor share.
+      const uint64_t differ = hi ^ floor;
+      const int top = differ ? 63 - __clzll(differ) : -1;
+      uint64_t v = top < 0 ? hi : top == 63 ? 0 : hi & ~((uint64_t(2) << top) - 1);
+      for (int bit = top; bit >= 0; --bit) {
+        const uint64_t trial = v | (uint64_t(1) << bit);
+        int count = 0;
+        for (int i = lane; i < n; i += 32) count += key(i) >= trial;
+        if (warp_sum(count) >= keep) v = trial;
+      }
+      cut = v;
+    }
+  }
+  int slot = base;
+  for (int start = 0; start < n; start += 32) {
+    const int i = start + lane;
+    const uint64_t k = i < n ? key(i) : 0;
+    const bool taken = k != 0 && k >= cut;
+    const unsigned takers = __ballot_sync(0xffffffffu, taken);
+    if (taken) emit(i, k, slot + __popc(takers & below));
+    slot += __popc(takers);
+  }
+}
+
+// What a warp reports of its part of a row: the two largest candidate keys
+// and raw-logit keys of a few of its tokens (published before the folds),
+// then its ControlPartial.
+struct PartFold {
+  ControlPartial part;
+  uint64_t best, next;          // candidates (x)
+  uint64_t raw_best, raw_next;  // top raw logits
+};
+
+__device__ void insert_top2(uint64_t k, uint64_t& best, uint64_t& next) {
+  if (k > best) {
+    next = best;
+    best = k;
+  } else if (k > next) {
+    next = k;
+  }
+}
+
+// The two largest of every lane's (best, next), on every lane.
+__device__ void warp_top2(uint64_t& best, uint64_t& next) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const uint64_t b = __shfl_xor_sync(0xffffffffu, best, offset), n = __shfl_xor_sync(0xffffffffu, next, offset);
+    const uint64_t hi = max(best, b);
+    next = max(min(best, b), max(next, n));
+    best = hi;
+  }
+}
+
+// The keys a warp publishes for its part [begin, end) of a row before the
+// folds: each lane's two largest raw logits, all tokens (tops) and allowed
+// ones turned into candidate keys (real keys of allowed tokens, though with
+// a bias not always the lane's largest x); the warp's two largest of each.
+__device__ void part_picks(const RowSetup& r, const float* l, int32_t v0, int begin, int end, PartFold& f) {
+  uint64_t any_best = 0, any_next = 0, allowed_best = 0, allowed_next = 0;
+  if (r.plan.status == FLASHSPEC_OK)
+    for (int i = begin + int(threadIdx.x & 31); i < end; i += 32) {
+      const uint64_t key = rank_key(l[i], v0 + i);
+      insert_top2(key, any_best, any_next);
+      if (r.keep > 0 && token_allowed(r.c, v0 + i)) insert_top2(key, allowed_best, allowed_next);
+    }
+  auto as_candidate = [&](uint64_t raw_key) {
+    if (!raw_key) return uint64_t(0);
+    const int32_t token = key_token(raw_key);
+    const float x = controlled_x(r, key_x(raw_key), token, 0, r.c.bias_count);
+    return is_finite(x) ? rank_key(x, token) : uint64_t(0);
+  };
+  f.best = as_candidate(allowed_best);
+  f.next = as_candidate(allowed_next);
+  if (f.next > f.best) {
+    const uint64_t t = f.best;
+    f.best = f.next;
+    f.next = t;
+  }
+  f.raw_best = any_best;
+  f.raw_next = any_next;
+  warp_top2(f.best, f.next);
+  warp_top2(f.raw_best, f.raw_next);
+}
+
+// A warp's fold of the tokens [begin, end) of a row of the CTA's range
+// (begin a multiple of 4; the range starts at v0, a multiple of 16), as
+// fold_kernel folds a slice: lane 0 returns the merged ControlPartial (lanes
+// merged in a fixed order).
+__device__ ControlPartial fold_part(const RowSetup& r, int32_t blo, int32_t bhi, const float* l, int32_t v0,
+                                   int begin, int end) {
+  const int lane = threadIdx.x & 31;
+  const bool inert = r.plan.status != FLASHSPEC_OK;
+  ControlPartial part = empty_control_partial();
+  const bool sampled = !inert && !r.greedy && r.keep == 0;
+  // Lane L takes the Philox blocks of four tokens begin + 4L, + 128, ...
+  for (int base = begin + lane * 4; base < end; base += 128) {
+    const int32_t token0 = v0 + base;
+    Philox4 noise = {{0, 0, 0, 0}};
+    if (sampled) noise = row_block(r.plan.key, uint32_t(token0) >> 2);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int i = base + k;
+      if (i >= end) break;
+      if (inert) continue;
+      const int32_t token = token0 + k;
+      const float lv = l[i];
+      if (!is_finite(lv)) part.flags |= kPartialNonFinite;
+      lse_add(part.rm, part.rs, lv);
+      if (token == r.plan.tracked) {
+        part.tracked_raw = lv;
+        part.flags |= kPartialTracked;
+      }
+      if (!token_allowed(r.c, token)) continue;
+      const float x = controlled_x(r, lv, token, blo, bhi);
+      if (!is_finite(x)) part.flags |= is_finite(lv) ? kPartialScaleOverflow : kPartialNonFinite;
+      ++part.allowed;
+      if (token == r.plan.tracked) part.tracked_x = x;
+      if (!r.greedy) weighted_lse_add(part.m, part.s, part.w, x);
+      if (r.keep > 0) continue;  // a candidate: the selection ranks it
+      if (token == r.plan.excluded) continue;
+      offer_sample(part, r.greedy ? x : x + gumbel_from_bits(noise.v[k]), x, lv, token);
+    }
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    ControlPartial other;
+    other.m = __shfl_down_sync(0xffffffffu, part.m, offset);
+    other.s = __shfl_down_sync(0xffffffffu, part.s, offset);
+    other.w = __shfl_down_sync(0xffffffffu, part.w, offset);
+    other.rm = __shfl_down_sync(0xffffffffu, part.rm, offset);
+    other.rs = __shfl_down_sync(0xffffffffu, part.rs, offset);
+    other.best = __shfl_down_sync(0xffffffffu, part.best, offset);
+    other.second = __shfl_down_sync(0xffffffffu, part.second, offset);
+    other.best_x = __shfl_down_sync(0xffffffffu, part.best_x, offset);
+    other.best_raw = __shfl_down_sync(0xffffffffu, part.best_raw, offset);
+    other.token = __shfl_down_sync(0xffffffffu, part.token, offset);
+    other.tracked_x = __shfl_down_sync(0xffffffffu, part.tracked_x, offset);
+    other.tracked_raw = __shfl_down_sync(0xffffffffu, part.tracked_raw, offset);
+    other.allowed = __shfl_down_sync(0xffffffffu, part.allowed, offset);
+    other.flags = __shfl_down_sync(0xffffffffu, part.flags, offset);
+    if (lane < offset) merge_control_partial(part, other);
+  }
+  return part;
+}
+
+// A lower bound of a row's keep-th key over the whole vocabulary from the
+// keys CTAs have published (two each, 0 where a CTA has not published
+// yet): the keep-th largest of the lanes' two largest published keys, 0
+// when keep > 64 or fewer than keep keys are there. Any published key is a
+// real token's, so at least keep keys lie at or above it; every CTA may
+// drop its keys below it.
+__device__ uint64_t published_bound(const uint64_t* slots, int count, int keep) {
+  if (keep > kBoundKeep) return 0;
+  uint64_t best = 0, next = 0;
+  for (int i = threadIdx.x & 31; i < count; i += 32) insert_top2(__ldcg(slots + i), best, next);
+  return kth_of_lane_pairs(best, next, keep);
+}
+
+// The CTA's tail for one row, by the row's first warp, after its warps
+// folded their parts (parts[0 .. warps) in token order): the CTA's partial,
+// and the candidates (and top raw logits) the bound from the keys every CTA
+// published does not rule out, at most keep of them, appended to the row's
+// lists.
+__device__ void finish_row(const FusedArgs& a, const RowSetup& r, int row, const PartFold* parts, int warps,
+                           const float* l, uint64_t* buffer, int32_t v0, int n) {
+  const Common& c = a.common;
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) {
+    ControlPartial part = parts[0].part;
+    for (int w = 1; w < warps; ++w) merge_control_partial(part, parts[w].part);
+    a.partials[int64_t(blockIdx.x) * c.rows + row] = part;
+  }
+  if (r.plan.status != FLASHSPEC_OK) return;
+  auto select = [&](int keep, auto key_of, const uint64_t* slots, uint64_t* keys, float* raws, int32_t* count,
+                    int32_t capacity) {
+    const uint64_t bound = published_bound(slots, 2 * int(gridDim.x), keep);
+    warp_select(
+        n, keep,
+        [&](int i) {
+          const uint64_t k = key_of(i);
+          return k >= bound ? k : uint64_t(0);
+        },
+        buffer, [&](int total) { return atomicAdd(count, total); },
+        [&](int i, uint64_t key, int at) {
+          if (at < capacity) {
+            keys[at] = key;
+            raws[at] = l[i];
+          }
+        });
+  };
+  const int64_t slot_row = int64_t(row) * tuning::kMaxGroups * 2;
+  if (r.keep > 0) {
+    // A candidate's key, as the folds compute x (allowed tokens only).
+    int32_t blo = 0, bhi = 0;
+    if (r.c.bias_count > 0) {
+      if (lane == 0) {
+        blo = lower_bound(r.c.bias_tokens, r.c.bias_count, v0);
+        bhi = lower_bound(r.c.bias_tokens, r.c.bias_count, v0 + n);
+      }
+      blo = __shfl_sync(0xffffffffu, blo, 0);
+      bhi = __shfl_sync(0xffffffffu, bhi, 0);
+    }
+    auto candidate = [&](int i) {
+      const int32_t token = v0 + i;
+      return token_allowed(r.c, token) ? rank_key(controlled_x(r, l[i], token, blo, bhi), token) : uint64_t(0);
+    };
+    select(r.keep, candidate, a.slots + slot_row,
+           a.keys + int64_t(row) * a.capacity, a.raws + int64_t(row) * a.capacity, a.counts + row, a.capacity);
+  }
+  if (c.top_n > 0)
+    select(c.top_n, [&](int i) { return rank_key(l[i], v0 + i); }, a.top_slots + slot_row,
+           a.top_keys + int64_t(row) * a.top_capacity, a.top_raws + int64_t(row) * a.top_capacity,
+           a.top_counts + row, a.top_capacity);
+}
+
+template <flashspec_dtype kW, int kShape>
+__global__ void __launch_bounds__(stream::kThreads, tuning::stream_shape(is_codes(kW), kShape).min_blocks)
+    fused_stream_kernel(const FusedArgs a) {
+  constexpr int kNT = tuning::stream_shape(is_codes(kW), kShape).row_groups;
+  extern __shared__ float fused_smem[];  // logits [rows][cta_tokens], then each warp's selection buffer
+  pdl_wait();     // plans, bias lists and staged hidden rows come from the kernels before
+  pdl_trigger();  // the merge may launch now; it waits for this grid to finish
+  const ScanParams& p = a.scan;
+  const int warp = int(threadIdx.x) >> 5, t = int(threadIdx.x) & 3;
+  const int64_t grid_warps = int64_t(gridDim.x) * stream::kWarps;
+  const int64_t warp_index = int64_t(blockIdx.x) * stream::kWarps + warp;
+  const int first_tile = stream::first_tile_of(warp_index, grid_warps, p.vocab);
+  const int tiles = stream::first_tile_of(warp_index + 1, grid_warps, p.vocab) - first_tile;
+  const int32_t cta_first = stream::first_tile_of(int64_t(blockIdx.x) * stream::kWarps, grid_warps, p.vocab) * 16;
+  const int32_t cta_end =
+      min(p.vocab, stream::first_tile_of(int64_t(blockIdx.x + 1) * stream::kWarps, grid_warps, p.vocab) * 16);
+  float* logits = fused_smem;
+  const int stride = a.cta_tokens;
+  // The rows' setups (plans, controls: a chain of dependent loads) are read
+  // while W streams.
+  __shared__ RowSetup setups[stream::kMaxRows];
+  if (int(threadIdx.x) < p.rows) setups[threadIdx.x] = row_setup(a.common, int(threadIdx.x));
+  stream::stream_tiles<kW, kShape>(p, first_tile, tiles, [&](int tok_a, auto&& logit) {
+    const int tok_b = tok_a + 8;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int row = nt * 8 + 2 * t + j;
+        if (row < p.rows) {
+          if (tok_a < p.vocab) logits[row * stride + (tok_a - cta_first)] = logit(nt, j);
+          if (tok_b < p.vocab) logits[row * stride + (tok_b - cta_first)] = logit(nt, 2 + j);
+        }
+      }
+  });
+  __syncthreads();
+  // Then each warp's kSelectBuffer keys (8-byte aligned: stride is a
+  // multiple of 16).
+  uint64_t* buffer = reinterpret_cast<uint64_t*>(fused_smem + int64_t(p.rows) * stride) + warp * kSelectBuffer;
+  // Few rows take several warps each (their parts of the range in order);
+  // more rows than warps take several rounds.
+  __shared__ PartFold parts[stream::kWarps];
+  const int lane = int(threadIdx.x) & 31, n = cta_end - cta_first;
+  const int per_row = p.rows >= stream::kWarps ? 1 : stream::kWarps / p.rows;
+  const int rows_per_round = stream::kWarps / per_row;
+  const int slot = warp / per_row, part_index = warp % per_row;
+  auto part_range = [&](int& begin, int& end) {
+    begin = int(int64_t(n) * part_index / per_row) & ~3;
+    end = part_index + 1 == per_row ? n : int(int64_t(n) * (part_index + 1) / per_row) & ~3;
+  };
+  // First every row's two best keys of this CTA are published, for every
+  // CTA's selection after the grid's barrier.
+  for (int round = 0; round * rows_per_round < p.rows; ++round) {
+    const int row = round * rows_per_round + slot;
+    const bool active = slot < rows_per_round && row < p.rows;
+    if (active) {
+      const RowSetup& r = setups[row];
+      int begin, end;
+      part_range(begin, end);
+      PartFold f;
+      part_picks(r, logits + row * stride, cta_first, begin, end, f);
+      if (lane == 0) parts[warp] = f;
+    }
+    __syncthreads();
+    if (active && part_index == 0 && lane == 0) {
+      uint64_t best = 0, next = 0, raw_best = 0, raw_next = 0;
+      for (int w = warp; w < warp + per_row; ++w) {
+        insert_top2(parts[w].best, best, next);
+        insert_top2(parts[w].next, best, next);
+        insert_top2(parts[w].raw_best, raw_best, raw_next);
+        insert_top2(parts[w].raw_next, raw_best, raw_next);
+      }
+      const int64_t at = int64_t(row) * tuning::kMaxGroups * 2 + 2 * blockIdx.x;
+      __stcg(a.slots + at, best);
+      __stcg(a.slots + at + 1, next);
+      __stcg(a.top_slots + at, raw_best);
+      __stcg(a.top_slots + at + 1, raw_next);
+    }
+    __syncthreads();
+  }
+  // Every CTA's keys are published before any CTA selects (a cooperative
+  // launch: all CTAs are resident); the CTAs reach here at about the same
+  // time, at the end of their share of W.
+  __threadfence();
+  cooperative_groups::this_grid().sync();
+  for (int round = 0; round * rows_per_round < p.rows; ++round) {
+    const int row = round * rows_per_round + slot;
+    const bool active = slot < rows_per_round && row < p.rows;
+    const RowSetup& r = setups[active ? row : 0];
+    if (active) {
+      int begin, end;
+      part_range(begin, end);
+      int32_t blo = 0, bhi = 0;
+      if (r.plan.status == FLASHSPEC_OK && r.c.bias_count > 0) {
+        if (lane == 0) {
+          blo = lower_bound(r.c.bias_tokens, r.c.bias_count, cta_first + begin);
+          bhi = lower_bound(r.c.bias_tokens, r.c.bias_count, cta_first + end);
+        }
+        blo = __shfl_sync(0xffffffffu, blo, 0);
+        bhi = __shfl_sync(0xffffffffu, bhi, 0);
+      }
+      const ControlPartial part = fold_part(r, blo, bhi, logits + row * stride, cta_first, begin, end);
+      if (lane == 0) parts[warp].part = part;
+    }
+    __syncthreads();
+    if (active && part_index == 0)
+      finish_row(a, r, row, parts + warp, per_row, logits + row * stride, buffer, cta_first, n);
+    __syncthreads();
+  }
+}
+
+template <flashspec_dtype kW, size_t... kShapes>
+const void* fused_kernel_of(int shape, std::index_sequence<kShapes...>) {
+  static const void* const kernels[] = {reinterpret_cast<const void*>(&fused_stream_kernel<kW, int(kShapes)>)...};
+  return kernels[shape];
+}
+
+const void* fused_kernel(int shape, flashspec_dtype w_dtype) {
+  const auto shapes = std::make_index_sequence<tuning::kStreamShapeCount>();
+  switch (w_dtype) {
+    case FLASHSPEC_DTYPE_F16: return fused_kernel_of<FLASHSPEC_DTYPE_F16>(shape, shapes);
+    case FLASHSPEC_DTYPE_E4M3: return fused_kernel_of<FLASHSPEC_DTYPE_E4M3>(shape, shapes);
+    case FLASHSPEC_DTYPE_I8: return fused_kernel_of<FLASHSPEC_DTYPE_I8>(shape, shapes);
+    default: return fused_kernel_of<FLASHSPEC_DTYPE_BF16>(shape, shapes);
+  }
+}
+
+// The logits of a chunk of W's rows [rows][ld], as the controlled streaming
+// scan computes them: a continuing row's later passes must see the very
+// values its first pass ranked (cuBLAS sums in another order).
+template <flashspec_dtype kW, int kShape>
+__global__ void __launch_bounds__(stream::kThreads, tuning::stream_shape(is_codes(kW), kShape).min_blocks)
+    stream_logits_kernel(const ScanParams p, float* out, int32_t ld) {
+  constexpr int kNT = tuning::stream_shape(is_codes(kW), kShape).row_groups;
+  pdl_wait();
+  pdl_trigger();
+  const int warp = int(threadIdx.x) >> 5, t = int(threadIdx.x) & 3;
+  const int64_t grid_warps = int64_t(gridDim.x) * stream::kWarps;
+  const int64_t warp_index = int64_t(blockIdx.x) * stream::kWarps + warp;
+  const int first_tile = stream::first_tile_of(warp_index, grid_warps, p.vocab);
+  const int tiles = stream::first_tile_of(warp_index + 1, grid_warps, p.vocab) - first_tile;
+  stream::stream_tiles<kW, kShape>(p, first_tile, tiles, [&](int tok_a, auto&& logit) {
+    const int tok_b = tok_a + 8;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int row = nt * 8 + 2 * t + j;
+        if (row < p.rows) {
+          if (tok_a < p.vocab) out[int64_t(row) * ld + tok_a] = logit(nt, j);
+          if (tok_b < p.vocab) out[int64_t(row) * ld + tok_b] = logit(nt, 2 + j);
+        }
+      }
+  });
+}
+
+template <flashspec_dtype kW, size_t... kShapes>
+const void* logits_kernel_of(int shape, std::index_sequence<kShapes...>) {
+  static const void* const kernels[] = {reinterpret_cast<const void*>(&stream_logits_kernel<kW, int(kShapes)>)...};
+  return kernels[shape];
+}
+
+const void* logits_kernel(int shape, flashspec_dtype w_dtype) {
+  const auto shapes = std::make_index_sequence<tuning::kStreamShapeCount>();
+  switch (w_dtype) {
+    case FLASHSPEC_DTYPE_F16: return logits_kernel_of<FLASHSPEC_DTYPE_F16>(shape, shapes);
+    case FLASHSPEC_DTYPE_E4M3: return logits_kernel_of<FLASHSPEC_DTYPE_E4M3>(shape, shapes);
+    case FLASHSPEC_DTYPE_I8: return logits_kernel_of<FLASHSPEC_DTYPE_I8>(shape, shapes);
+    default: return logits_kernel_of<FLASHSPEC_DTYPE_BF16>(shape, shapes);
+  }
+}
+
+// A row's flat list in global memory, read round by round by a block.
+struct FlatKeys {
+  const uint64_t* keys;
+  int32_t count;
+  int32_t rounds_;
+  __device__ int rounds() const { return rounds_; }
+  __device__ uint64_t key(int i) const {
+    const int index = i * int(blockDim.x) + int(threadIdx.x);
+    return index < count ? keys[index] : 0;
+  }
+};
+
+// The same, loaded once into registers (at most kRowThreads * kFlatCached keys).
+constexpr int kFlatCached = 16;
+struct CachedFlatKeys {
+  uint64_t k[kFlatCached];
+  __device__ static constexpr int rounds() { return kFlatCached; }
+  __device__ uint64_t key(int i) const { return k[i]; }
+};
+
+struct FusedMergeArgs {
+  Common common;
+  const ControlPartial* cta_partials;  // [groups][rows]
+  int32_t groups;
+  ControlPartial* partials;            // the summary's: [1][partial_stride]
+  const uint64_t* keys;
+  const float* raws;
+  const int32_t* counts;
+  int32_t capacity;
+  const uint64_t* top_keys;
+  const float* top_raws;
+  const int32_t* top_counts;
+  int32_t top_capacity;
+  uint64_t* slots;                     // the scan's published keys, cleared here for the next call
+  uint64_t* top_slots;
+};
+
+constexpr int kPartialMergeThreads = 256;
+
+// Each row's CTA partials folded (in a fixed order) and its flat lists cut to
+// its best keep candidates and top_n raw logits: merged list 0 of each.
+__global__ void __launch_bounds__(kRowThreads) fused_merge_kernel(const FusedMergeArgs a) {
+  pdl_wait();
+  const int row = blockIdx.x;
+  const int64_t slot_row = int64_t(row) * tuning::kMaxGroups * 2;
+  for (int i = threadIdx.x; i < 2 * a.groups; i += blockDim.x) {
+    a.slots[slot_row + i] = 0;
+    a.top_slots[slot_row + i] = 0;
+  }
+  const Common& c = a.common;
+  const RowSetup r = row_setup(c, row);
+  if (r.plan.status != FLASHSPEC_OK) return;  // the summary reads nothing of an inert row
+  __shared__ ControlPartial reduce[kPartialMergeThreads];
+  __shared__ uint64_t staged[kRowThreads];
+  __shared__ uint32_t hist[256];
+  __shared__ int32_t shared[4];
+  if (threadIdx.x < kPartialMergeThreads) {
+    ControlPartial part = empty_control_partial();
+    for (int g = threadIdx.x; g < a.groups; g += kPartialMergeThreads)
+      merge_control_partial(part, a.cta_partials[int64_t(g) * c.rows + row]);
+    reduce[threadIdx.x] = part;
+  }
+  __syncthreads();
+  for (int half = kPartialMergeThreads / 2; half > 0; half >>= 1) {
+    if (int(threadIdx.x) < half) merge_control_partial(reduce[threadIdx.x], reduce[threadIdx.x + half]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) a.partials[row] = reduce[0];
+  auto cut = [&](const Lists& list, const uint64_t* keys, const float* raws, int32_t count, int keep) {
+    const int64_t to = int64_t(row) * list.capacity;  // merged list 0
+    if (count <= int(blockDim.x)) {
+      // A short list (the scan's bound cut most candidates): each thread
+      // ranks one key against the others and writes it at its rank.
+      if (int(threadIdx.x) < count) staged[threadIdx.x] = __ldcg(keys + threadIdx.x);
+      __syncthreads();
+      if (int(threadIdx.x) < count) {
+        const uint64_t mine = staged[threadIdx.x];
+        int rank = 0;
+        for (int j = 0; j < count; ++j) rank += staged[j] > mine;
+        if (rank < keep) {
+          list.merged_keys[to + rank] = mine;
+          list.merged_raws[to + rank] = __ldcg(raws + threadIdx.x);
+        }
+      }
+      if (threadIdx.x == 0) list.merged_counts[row] = min(count, keep);
+      __syncthreads();  // the staged keys are free again
+      return;
+    }
+    // Longer lists (keep above the bound's reach, or CTAs that found too few
+    // published keys): radix selection, in registers where they fit.
+    const FlatKeys flat{keys, count, (count + int(blockDim.x) - 1) / int(blockDim.x)};
+    auto raw_of = [&](int i) { return raws[i * int(blockDim.x) + int(threadIdx.x)]; };
+    if (flat.rounds() <= kFlatCached) {
+      CachedFlatKeys cached;
+#pragma unroll
+      for (int i = 0; i < kFlatCached; ++i) cached.k[i] = flat.key(i);
+      select_into(cached, raw_of, keep, 0, list.merged_keys + to, list.merged_raws + to, list.merged_counts + row,
+                  hist, shared);
+    } else {
+      select_into(flat, raw_of, keep, 0, list.merged_keys + to, list.merged_raws + to, list.merged_counts + row, hist,
+                  shared);
+    }
+  };
+  if (r.keep > 0) {
+    const int32_t count = min(a.counts[row], a.capacity);
+    cut(c.candidates, a.keys + int64_t(row) * a.capacity, a.raws + int64_t(row) * a.capacity, count, r.keep);
+  }
+  if (c.top_n > 0) {
+    const int32_t count = min(a.top_counts[row], a.top_capacity);
+    cut(c.tops, a.top_keys + int64_t(row) * a.top_capacity, a.top_raws + int64_t(row) * a.top_capacity, count,
+        c.top_n);
+  }
+}
+
 // ---- Each row's summary ---------------------------------------------------
 
 struct SummaryArgs {
@@ -939,17 +1577,31 @@ __global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs 
   }
   __syncthreads();
 
-  // A truncated row: rank its candidates (bitonic, descending).
+  // A truncated row: rank its candidates, descending (a short list: each
+  // thread counts the keys above its own; else a bitonic sort).
   const int n_c = candidate_count;
   const int64_t list_at = (int64_t(a.final_list) * c.rows + row) * c.candidates.capacity;
   if (n_c > 0 || (continued && status_shared == FLASHSPEC_OK)) {
+    const bool counted = n_c <= kRankByCounting;
+    __shared__ uint64_t listed[kRankByCounting];
     for (int i = threadIdx.x; i < kCandidates; i += blockDim.x) {
-      ranked[i] = i < n_c ? c.candidates.merged_keys[list_at + i] : 0;
+      const uint64_t key = i < n_c ? c.candidates.merged_keys[list_at + i] : 0;
+      if (counted && i < n_c) listed[i] = key;
+      if (!counted || i >= n_c) ranked[i] = key;
       order[i] = int16_t(i);
     }
     __syncthreads();
+    if (counted && int(threadIdx.x) < n_c) {
+      const uint64_t mine = listed[threadIdx.x];
+      int rank = 0;
+      for (int j = 0; j < n_c; ++j) rank += listed[j] > mine;
+      ranked[rank] = mine;
+      order[rank] = int16_t(threadIdx.x);
+    }
     int size = 1;
-    while (size < n_c) size <<= 1;
+    while (!counted && size < n_c) size <<= 1;
+    if (counted) size = 0;
+    __syncthreads();
     for (int k = 2; k <= size; k <<= 1)
       for (int j = k >> 1; j > 0; j >>= 1) {
         const int i = threadIdx.x, partner = i ^ j;
@@ -1225,8 +1877,119 @@ Workspace carve_workspace(void* base, int32_t max_rows, int32_t max_requests, in
   ws.band_partials = take(int64_t(ws.max_groups) * rows * int64_t(sizeof(BandPartial)));
   ws.histograms = static_cast<uint64_t*>(take(rows * kMassBins * 8));
   ws.continue_flag = static_cast<int32_t*>(take(4));
+  const int64_t slots = int64_t(tuning::kStreamMaxRows) * tuning::kMaxGroups * 2;
+  ws.fused_slots = static_cast<uint64_t*>(take(2 * slots * 8));
+  ws.fused_top_slots = ws.fused_slots + slots;
+  ws.fused_slots_bytes = size_t(2 * slots * 8);
   ws.row_requests = static_cast<int32_t*>(reinterpret_cast<void*>(at));
   return ws;
+}
+
+namespace {
+
+// Where the controlled streaming scan of a call goes, carved from the
+// cuBLAS chunks' buffers (which it does not use); kernel NULL when the call
+// takes the chunks: more rows than the scan serves, W or hidden rows it does
+// not read, a CTA range whose logits do not fit in shared memory at the
+// scan's occupancy, or lists larger than the buffers.
+struct FusedLayout {
+  const void* kernel = nullptr;
+  int shape = 0;
+  int max_blocks = 0;  // CTAs the scan's occupancy allows
+  int blocks = 0;
+  int32_t cta_tokens = 0;
+  size_t smem = 0;
+  ControlPartial* partials = nullptr;
+  uint64_t* keys = nullptr;
+  float* raws = nullptr;
+  int32_t capacity = 0;
+  uint64_t* top_keys = nullptr;
+  float* top_raws = nullptr;
+  int32_t top_capacity = 0;
+  int32_t* counts = nullptr;  // [2][rows]: candidates, then top raw logits
+};
+
+// The streaming loop's view of W's rows [v0, v0 + count).
+ScanParams stream_params(const Pass& p, int32_t v0, int32_t count) {
+  ScanParams s = {};
+  const int64_t element = is_codes(p.w_dtype) ? 1 : 2;
+  s.w = static_cast<const unsigned char*>(p.w) + int64_t(v0) * p.ldw * element;
+  s.ldw = p.ldw;
+  s.w_dtype = p.w_dtype;
+  s.w_scale = p.w_scale ? p.w_scale + v0 : nullptr;
+  s.vocab = count;
+  s.d_load = p.d_load;
+  s.k_pad = p.k_pad;
+  s.h = p.hidden;
+  s.rows = p.rows;
+  s.plans = p.plans;
+  return s;
+}
+
+FusedLayout fused_layout(const Pass& p, const Outputs& out) {
+  FusedLayout f;
+  const bool streams = p.w_dtype == FLASHSPEC_DTYPE_BF16 || p.w_dtype == FLASHSPEC_DTYPE_F16 || is_codes(p.w_dtype);
+  if (!p.stream_scan || !streams || p.rows > tuning::kStreamMaxRows || p.sm_count <= 0) return f;
+  // Top-p or min-p without top-k keeps kCandidates candidates a row, beyond
+  // the published bound's reach: every CTA would list its whole range. Such
+  // calls, and top-k drafts of more than kBoundKeep tokens, take the chunks.
+  if ((p.controls.top_p || p.controls.min_p) && !p.controls.top_k) return f;
+  if (out.topk > kBoundKeep) return f;
+  const int shape = tuning::stream_shape_for(p.rows);
+  const int per_sm = tuning::stream_shape(is_codes(p.w_dtype), shape).min_blocks;
+  const int64_t tiles = (int64_t(p.vocab) + 15) / 16;
+  const int blocks = int(std::max<int64_t>(
+      1, std::min<int64_t>({int64_t(p.sm_count) * per_sm, (tiles + stream::kWarps - 1) / stream::kWarps,
+                            int64_t(tuning::kMaxGroups)})));
+  const int32_t cta_tokens = stream::max_cta_tokens(p.vocab, blocks);
+  const size_t smem = size_t(p.rows) * size_t(cta_tokens) * sizeof(float) +
+                      size_t(stream::kWarps) * kSelectBuffer * sizeof(uint64_t);
+  const void* kernel = fused_kernel(shape, p.w_dtype);
+  int resident = 0;
+  if (smem > p.max_smem ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, stream::kThreads, smem) != cudaSuccess ||
+      resident < per_sm)
+    return f;
+  const int64_t capacity = int64_t(blocks) * std::min<int32_t>(kCandidates, cta_tokens);
+  const int64_t top_capacity = p.top_n > 0 ? int64_t(blocks) * std::min<int32_t>(kTopN, cta_tokens) : 0;
+  uintptr_t at = reinterpret_cast<uintptr_t>(p.fused_scratch);
+  auto take = [&at](int64_t bytes) {
+    const uintptr_t q = at;
+    at += uintptr_t(align(bytes));
+    return reinterpret_cast<void*>(q);
+  };
+  f.partials = static_cast<ControlPartial*>(take(int64_t(blocks) * p.rows * int64_t(sizeof(ControlPartial))));
+  f.keys = static_cast<uint64_t*>(take(p.rows * capacity * 8));
+  f.raws = static_cast<float*>(take(p.rows * capacity * 4));
+  f.top_keys = static_cast<uint64_t*>(take(p.rows * top_capacity * 8));
+  f.top_raws = static_cast<float*>(take(p.rows * top_capacity * 4));
+  f.counts = static_cast<int32_t*>(take(2 * p.rows * 4));
+  if (at - reinterpret_cast<uintptr_t>(p.fused_scratch) > p.fused_scratch_bytes) return FusedLayout{};
+  f.kernel = kernel;
+  f.shape = shape;
+  f.max_blocks = p.sm_count * per_sm;
+  f.blocks = blocks;
+  f.cta_tokens = cta_tokens;
+  f.smem = smem;
+  f.capacity = int32_t(capacity);
+  f.top_capacity = int32_t(top_capacity);
+  return f;
+}
+
+}  // namespace
+
+cudaError_t configure(size_t max_smem) {
+  cudaFuncAttributes attributes{};
+  cudaError_t e = cudaSuccess;
+  for (int shape = 0; shape < tuning::kStreamShapeCount; ++shape)
+    for (flashspec_dtype dtype : {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_E4M3, FLASHSPEC_DTYPE_I8}) {
+      const void* kernel = fused_kernel(shape, dtype);
+      if ((e = cudaFuncGetAttributes(&attributes, kernel)) != cudaSuccess) return e;
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(max_smem - std::min(max_smem, attributes.sharedSizeBytes)));
+      if (e != cudaSuccess) return e;
+    }
+  return cudaSuccess;
 }
 
 cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStream_t stream,
@@ -1252,8 +2015,9 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
     return dependent ? launch_dependent(kernel, grid, dim3(unsigned(threads)), 0, on, params)
                      : launch(kernel, grid, dim3(unsigned(threads)), 0, false, on, params);
   };
+  const FusedLayout fused = fused_layout(p, out);
   BiasArgs b{p.controls, p.draft_offsets, p.requests, p.rows, p.batch_status, ws.row_requests,
-             ws.bias_tokens, ws.bias_values, ws.bias_counts};
+             ws.bias_tokens, ws.bias_values, ws.bias_counts, fused.kernel ? fused.counts : nullptr, 2 * p.rows};
   e = launch_on(reinterpret_cast<const void*>(&bias_kernel), dim3(unsigned(p.requests)), kBiasThreads, stream, &b,
                 true);
   if (e != cudaSuccess) return e;
@@ -1286,7 +2050,38 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
                                    p.d,      p.d_load, p.hidden, p.k_pad,   p.rows};
   cudaStream_t fold_stream = pipelined ? p.side : stream;
   int group = 0, from = 0, index = 0;
-  for (int32_t v0 = 0; v0 < p.vocab; v0 += chunk, ++index) {
+  if (fused.kernel) {
+    // ≤ 16 rows: one read of W by the controlled streaming scan, then the
+    // merge of its CTAs' lists and partials (merged lists 0, one partial).
+    FusedArgs f = {};
+    f.scan = stream_params(p, 0, p.vocab);
+    f.common = common;
+    f.cta_tokens = fused.cta_tokens;
+    f.partials = fused.partials;
+    f.keys = fused.keys;
+    f.raws = fused.raws;
+    f.counts = fused.counts;
+    f.capacity = fused.capacity;
+    f.top_keys = fused.top_keys;
+    f.top_raws = fused.top_raws;
+    f.top_counts = fused.counts + p.rows;
+    f.top_capacity = fused.top_capacity;
+    f.slots = ws.fused_slots;
+    f.top_slots = ws.fused_top_slots;
+    void* scan_args[] = {&f};
+    e = launch(fused.kernel, dim3(unsigned(fused.blocks)), dim3(unsigned(stream::kThreads)), fused.smem, true, stream,
+               scan_args);
+    if (e != cudaSuccess) return e;
+    FusedMergeArgs m{common,          fused.partials,  fused.blocks,       static_cast<ControlPartial*>(ws.partials),
+                     fused.keys,      fused.raws,      fused.counts,       fused.capacity,
+                     fused.top_keys,  fused.top_raws,  fused.counts + p.rows, fused.top_capacity,
+                     ws.fused_slots,  ws.fused_top_slots};
+    e = launch_on(reinterpret_cast<const void*>(&fused_merge_kernel), dim3(unsigned(p.rows)), kRowThreads, stream,
+                  &m, true);
+    if (e != cudaSuccess) return e;
+    group = 1;
+  }
+  for (int32_t v0 = 0; v0 < p.vocab && !fused.kernel; v0 += chunk, ++index) {
     const int buffer = pipelined ? index % 2 : 0;
     float* logits = p.chunk_logits[buffer];
     if (pipelined && index >= 2 && (e = cudaStreamWaitEvent(stream, p.freed[buffer], 0)) != cudaSuccess) return e;
@@ -1314,7 +2109,7 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
     from = 1 - from;
     group += slices;
   }
-  if (pipelined) {  // the pass's stream takes the side stream's work back
+  if (pipelined && !fused.kernel) {  // the pass's stream takes the side stream's work back
     if ((e = cudaEventRecord(p.joined, fold_stream)) != cudaSuccess) return e;
     if ((e = cudaStreamWaitEvent(stream, p.joined, 0)) != cudaSuccess) return e;
   }
@@ -1331,7 +2126,7 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
   SummaryArgs s{common, static_cast<const ControlPartial*>(ws.partials), ws.max_rows, group, from, from,
                 p.hidden_bad, out, 0, continuing, ws.continue_flag, band, ws.max_rows, 0};
   e = launch_on(reinterpret_cast<const void*>(&summary_kernel), dim3(unsigned(p.rows)), kRowThreads, stream, &s,
-                !pipelined);
+                !pipelined || fused.kernel);
   if (e != cudaSuccess || !may_continue) return e;
   int32_t flag = 0;
   if ((e = cudaMemcpyAsync(&flag, ws.continue_flag, sizeof flag, cudaMemcpyDeviceToHost, stream)) != cudaSuccess)
@@ -1345,11 +2140,23 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
     int32_t groups = 0;
     for (int32_t v0 = 0; v0 < p.vocab; v0 += chunk) {
       const int32_t count = std::min(chunk, p.vocab - v0);
-      const gemm_scan::Status status = gemm_scan::logits_chunk(product, v0, count, logits, chunk, stream);
-      if (status.cuda != cudaSuccess) return status.cuda;
-      if (status.what) {
-        *cublas_failure = status.what;
-        return cudaSuccess;
+      if (fused.kernel) {  // the logits the first pass ranked
+        ScanParams sp = stream_params(p, v0, count);
+        float* out_logits = logits;
+        int32_t ld = chunk;
+        void* args[] = {&sp, &out_logits, &ld};
+        const int64_t warps = (int64_t(count) + 15) / 16;
+        const int blocks = int(std::min<int64_t>(fused.max_blocks, (warps + stream::kWarps - 1) / stream::kWarps));
+        const cudaError_t err = launch_dependent(logits_kernel(fused.shape, p.w_dtype), dim3(unsigned(blocks)),
+                                                 dim3(unsigned(stream::kThreads)), 0, stream, args);
+        if (err != cudaSuccess) return err;
+      } else {
+        const gemm_scan::Status status = gemm_scan::logits_chunk(product, v0, count, logits, chunk, stream);
+        if (status.cuda != cudaSuccess) return status.cuda;
+        if (status.what) {
+          *cublas_failure = status.what;
+          return cudaSuccess;
+        }
       }
       const int slices = (count + kSliceTokens - 1) / kSliceTokens;
       PassArgs pa{common, logits, chunk, v0, count, continuing, ws.histograms, band, ws.max_rows, groups};
@@ -1389,7 +2196,7 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
   });
   if (e != cudaSuccess || *cublas_failure) return e;
   SummaryArgs finish{common, static_cast<const ControlPartial*>(ws.partials), ws.max_rows, group, candidates_from,
-                     from, p.hidden_bad, out, 1, continuing, ws.continue_flag, band, ws.max_rows, group};
+                     from, p.hidden_bad, out, 1, continuing, ws.continue_flag, band, ws.max_rows, slices_total};
   return launch_on(reinterpret_cast<const void*>(&summary_kernel), dim3(unsigned(p.rows)), kRowThreads, stream,
                    &finish, true);
 }

@@ -2,7 +2,28 @@
 // controls"): the pass over the LM head for a call whose rows are analysed
 // whole, without writing anything vocabulary-sized.
 //
-// Such a call takes the cuBLAS chunk path whatever its row count: cuBLAS
+// A call of at most tuning::kStreamMaxRows rows whose head the
+// weight-streaming scan reads, and whose controls carry top-k (or no top-p
+// and min-p), reads W once in a controlled streaming scan (the loop of
+// stream_tiles.cuh; a cooperative launch). Each CTA keeps its token range's
+// logits [rows][range] in shared memory. When its warps are done it
+// publishes, per row, two real candidate keys of its range (the largest
+// raw logits among allowed tokens, as keys of x) and the two largest raw
+// logits; after a grid-wide barrier its warps fold the range as the fold
+// kernel below folds a slice (a ControlPartial per CTA), and each row's
+// keep-th largest published key (keep ≤ 64) bounds the row's keep-th best
+// candidate from below: the CTA lists only its candidates at or above it,
+// at most keep of them, usually none or a few. A merge kernel (one block
+// per row) ranks the short lists and folds the partials; the summary
+// follows as below. Rows without a bound (keep > 64) list their range's
+// best keep and the merge selects by radix. Rows that continue (top-p or
+// min-p past the list) take their later passes over logits the same loop
+// computes, so the values they rank are the first pass's. The lists live
+// in the cuBLAS chunks' buffers; a call whose lists or CTA ranges do not
+// fit, or with top-p or min-p but no top-k (every row would list its whole
+// range), takes the chunks.
+//
+// Other calls take the cuBLAS chunk path: cuBLAS
 // writes one vocabulary chunk of logits [rows, chunk] into the L2-sized
 // workspace, and a fold kernel reduces each 4096-token slice of it per row
 // to a ControlPartial (log-sum-exps of x and of the raw logits, the sample
@@ -88,6 +109,11 @@ struct Workspace {
   void* band_partials;            // [max_groups][max_rows]
   uint64_t* histograms;           // [max_rows][kMassBins]: fixed-point mass per bin
   int32_t* continue_flag;         // 1 when a row of the last first pass continues
+  // The controlled streaming scan's published keys, [kStreamMaxRows][kMaxGroups][2]
+  // each: zero when the context is created, cleared by every merge.
+  uint64_t* fused_slots;
+  uint64_t* fused_top_slots;
+  size_t fused_slots_bytes;       // of both, one region
   int32_t* row_requests;          // [max_rows]
 };
 
@@ -123,7 +149,20 @@ struct Pass {
   // side NULL: chunk_logits[0] only, everything on the pass's stream.
   cudaStream_t side;
   cudaEvent_t ready[2], freed[2], joined;
+  // The controlled streaming scan (≤ tuning::kStreamMaxRows rows): whether
+  // the hidden rows are staged for it (the tensor-core scans apply), the
+  // device's SMs and per-block shared memory, and the scratch its lists may
+  // take (the chunk buffers: fused_scratch_bytes of them).
+  bool stream_scan;
+  int sm_count;
+  size_t max_smem;
+  void* fused_scratch;
+  size_t fused_scratch_bytes;
 };
+
+// Lets the controlled streaming scans use the shared memory a block may opt
+// in to (max_smem, less their static shared memory); once per context.
+cudaError_t configure(size_t max_smem);
 
 // Where a controlled pass writes: verify summaries (and the top raw tokens
 // and logprobs, [rows][top_n]), a draft call's outputs, or a top-k draft's

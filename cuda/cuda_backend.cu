@@ -45,6 +45,7 @@ class CudaBackend final : public Backend {
             "device " + std::to_string(device_) + " does not exist (" + std::to_string(count) + " devices)");
     DeviceScope scope(device_);
     limits_ = configure_scans(device_);
+    check_cuda(controls::configure(limits_.max_smem), "cudaFuncSetAttribute (controlled streaming scan)");
     check_cuda(finalize::configure(), "cudaFuncSetAttribute (finalize)");
 
     const size_t partials = size_t(tuning::kMaxGroups) * size_t(max_rows_);
@@ -71,6 +72,7 @@ class CudaBackend final : public Backend {
       const size_t controls_bytes = controls::workspace_bytes(max_rows_, config.max_requests, chunk_);
       controls_storage_.allocate(controls_bytes, "cudaMalloc (sampling controls workspace)");
       controls_ = controls::carve_workspace(controls_storage_.as<void>(), max_rows_, config.max_requests, chunk_);
+      check_cuda(cudaMemset(controls_.fused_slots, 0, controls_.fused_slots_bytes), "cudaMemset (published keys)");
       // The controlled pass folds one logits chunk on a side stream while
       // cuBLAS writes the next (controls.h).
       check_cuda(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
@@ -473,6 +475,11 @@ class CudaBackend final : public Backend {
     p.freed[0] = chunk_freed_[0];
     p.freed[1] = chunk_freed_[1];
     p.joined = side_joined_;
+    p.stream_scan = tc;
+    p.sm_count = limits_.sm_count;
+    p.max_smem = limits_.max_smem;
+    p.fused_scratch = chunk_logits_.as<void>();
+    p.fused_scratch_bytes = chunk_logits_.bytes();
     const char* cublas_failure = nullptr;
     const cudaError_t e = controls::run(controls_, p, out, stream_, &cublas_failure);
     check_cuda(e, "sampling controls pass");

@@ -35,6 +35,11 @@ struct ControlsCase {
   int top_n;              // top raw logprobs (0: none; logprobs always asked for)
   double w_scale = 3.0;   // larger: more peaked rows
   flashspec_dtype stored = kUnquantised;  // E4M3/I8: an 8-bit head quantised from W
+  // > 0: the W rows of tokens [vocab / 3, vocab / 3 + clustered) are scaled
+  // up fourfold and every other one repeats its predecessor (exact ties),
+  // so one stretch of ids, within one or two CTAs of the streaming scan,
+  // holds most of every row's best tokens.
+  int clustered = 0;
 };
 
 // The per-request controls of a case, host side, and their device copies.
@@ -134,6 +139,11 @@ Outcome run_controls_parity(const ControlsCase& c) {
   Rng rng(4242 + c.vocab + c.requests * 7 + c.top_k * 3 + int(c.top_p * 100) + int(c.min_p * 1000) +
           (c.bias ? 11 : 0) + (c.mask ? 13 : 0) + (c.tree ? 17 : 0));
   Matrix w = random_matrix(c.dtype, c.vocab, c.d, rng, c.w_scale / std::sqrt(double(c.d)));
+  for (int i = 0; i < c.clustered; ++i) {
+    const int token = c.vocab / 3 + i, source = i % 2 == 1 ? token - 1 : token;
+    for (int k = 0; k < c.d; ++k)
+      w.set(token, k, i % 2 == 1 ? w.exact[size_t(source * c.d + k)] : 4.0 * w.exact[size_t(token * c.d + k)]);
+  }
   const Matrix reference = dequantised(w, c.stored);
   std::vector<int32_t> offsets(1, 0), tokens, parents;
   std::vector<float> temps;
@@ -403,6 +413,26 @@ TEST_F(Gpu, QuantisedHeadsWithControlsMatchCpu) {
   }
 }
 
+// The controlled streaming scan (≤ 16 rows): best tokens packed into one
+// stretch of ids with exact ties among them (the CTAs there keep their own
+// best `keep`; the rest find a bound in the keys every CTA published), top-k
+// below and above the bound's reach (64), and 8-bit heads.
+TEST_F(Gpu, StreamingScanWithClusteredTokensMatchesCpu) {
+  for (int top_k : {40, 64, 100}) {
+    ControlsCase c{kBf16, 30011, 64, 4, 3, 0.9f, top_k, 0.95f, 0.0f, true, false, false, false, 6};
+    c.clustered = 600;
+    run_controls_parity(c);
+  }
+  ControlsCase masked{kBf16, 30011, 64, 4, 3, 0.9f, 40, 0.9f, 0.05f, false, true, false, true, 0};
+  masked.clustered = 300;
+  run_controls_parity(masked);
+  for (flashspec_dtype stored : {FLASHSPEC_DTYPE_E4M3, FLASHSPEC_DTYPE_I8}) {
+    ControlsCase q{kBf16, 9001, 96, 4, 3, 0.8f, 40, 0.95f, 0.05f, true, true, false, false, 5};
+    q.stored = stored;
+    run_controls_parity(q);
+  }
+}
+
 // Logprobs alone, in fp32 (cuBLAS in full fp32 on the device).
 TEST_F(Gpu, LogprobsWithoutControlsMatchCpu) {
   const Outcome o = run_controls_parity({FLASHSPEC_DTYPE_F32, 1500, 64, 10, 3, 1.0f, 0, 0, 0, false, false, false,
@@ -610,6 +640,10 @@ TEST_F(Gpu, KeptSetsBeyondTheCandidateListMatchCpu) {
   run_controls_parity({kBf16, 20011, 96, 8, 3, 0.9f, 0, 0.9f, 0.01f, true, true, true, false, 4, 1.0});
   run_controls_parity({kBf16, 20011, 96, 30, 3, 1.2f, 0, 0.95f, 0, true, false, false, false, 0, 1.5});
   run_controls_parity({kBf16, 20011, 96, 6, 4, 0.8f, 0, 0.8f, 0.02f, false, true, false, true, 2, 1.0});  // trees
+  // With a top-k array (≤ 16 rows: the controlled streaming scan), the
+  // requests without top-k continue over logits the streaming loop computes.
+  run_controls_parity({kBf16, 20011, 64, 4, 3, 1.0f, 40, 0.9f, 0.01f, true, false, false, false, 3, 1.0});
+  run_controls_parity({kBf16, 70001, 64, 3, 2, 1.0f, 10, 0.9f, 0, false, true, false, false, 0, 1.0});
 }
 
 // Only a crossing bin (1/128 nat of x) holding more tokens than the list can
