@@ -373,12 +373,18 @@ FLASHSPEC_API int64_t flashspec_lm_head_hidden_size(const flashspec_lm_head* hea
  * keeps its logits in host scratch (4·V bytes per row) while the call
  * runs; top-k sorts k tokens, top-p without top-k sorts the allowed tokens.
  *
- * CUDA backend: a call with controls or logprobs reads W once in cuBLAS
- * chunks of logits held in the context's workspace, and keeps per row a few
- * numbers and its best candidates by x: top-k of them with a top-k ≤
- * FLASHSPEC_MAX_TOP_K, else FLASHSPEC_MAX_TOP_K; nothing vocabulary-sized is
- * written. Top-p's mass over all allowed tokens comes from the row's
- * log-sum-exp. A row with top-p or min-p (and no top-k ≤
+ * CUDA backend: a call with controls or logprobs reads W once and keeps
+ * per row a few numbers and its best candidates by x: top-k of them with a
+ * top-k ≤ FLASHSPEC_MAX_TOP_K, else FLASHSPEC_MAX_TOP_K; nothing
+ * vocabulary-sized is written. Top-p's mass over all allowed tokens comes
+ * from the row's log-sum-exp. A call of at most 16 rows whose controls
+ * carry top_k (or none of top_k, top_p, min_p) and whose head the
+ * weight-streaming scan reads (bf16, fp16, 8-bit codes) takes one streaming
+ * pass: each block keeps its share of the logits on chip, every block
+ * publishes its two best candidates per row, and a block lists only those
+ * of its candidates the published ones do not rule out. Other calls walk
+ * the vocabulary in cuBLAS chunks of logits held in the context's
+ * workspace. A row with top-p or min-p (and no top-k ≤
  * FLASHSPEC_MAX_TOP_K) whose kept set holds more than FLASHSPEC_MAX_TOP_K
  * tokens continues, exactly, in two more passes over W: the first sums the
  * mass of its remaining tokens per 1/128-nat bin of x (in fixed point, so
