@@ -1209,11 +1209,9 @@ __global__ void __launch_bounds__(stream::kThreads, tuning::stream_shape(is_code
   pdl_wait();     // plans, bias lists and staged hidden rows come from the kernels before
   pdl_trigger();  // the merge may launch now; it waits for this grid to finish
   const ScanParams& p = a.scan;
-  const int warp = int(threadIdx.x) >> 5, t = int(threadIdx.x) & 3;
+  const int warp = int(threadIdx.x) >> 5;
   const int64_t grid_warps = int64_t(gridDim.x) * stream::kWarps;
-  const int64_t warp_index = int64_t(blockIdx.x) * stream::kWarps + warp;
-  const int first_tile = stream::first_tile_of(warp_index, grid_warps, p.vocab);
-  const int tiles = stream::first_tile_of(warp_index + 1, grid_warps, p.vocab) - first_tile;
+  const stream::WarpRun run = stream::warp_run(p.vocab);
   const int32_t cta_first = stream::first_tile_of(int64_t(blockIdx.x) * stream::kWarps, grid_warps, p.vocab) * 16;
   const int32_t cta_end =
       min(p.vocab, stream::first_tile_of(int64_t(blockIdx.x + 1) * stream::kWarps, grid_warps, p.vocab) * 16);
@@ -1223,18 +1221,9 @@ __global__ void __launch_bounds__(stream::kThreads, tuning::stream_shape(is_code
   // while W streams.
   __shared__ RowSetup setups[stream::kMaxRows];
   if (int(threadIdx.x) < p.rows) setups[threadIdx.x] = row_setup(a.common, int(threadIdx.x));
-  stream::stream_tiles<kW, kShape>(p, first_tile, tiles, [&](int tok_a, auto&& logit) {
-    const int tok_b = tok_a + 8;
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int row = nt * 8 + 2 * t + j;
-        if (row < p.rows) {
-          if (tok_a < p.vocab) logits[row * stride + (tok_a - cta_first)] = logit(nt, j);
-          if (tok_b < p.vocab) logits[row * stride + (tok_b - cta_first)] = logit(nt, 2 + j);
-        }
-      }
+  stream::stream_tiles<kW, kShape>(p, run.first_tile, run.tiles, [&](int tok_a, auto&& logit) {
+    stream::each_logit<kNT>(p, tok_a, logit,
+                            [&](int row, int token, float l) { logits[row * stride + (token - cta_first)] = l; });
   });
   __syncthreads();
   // Then each warp's kSelectBuffer keys (8-byte aligned: stride is a
@@ -1312,21 +1301,14 @@ __global__ void __launch_bounds__(stream::kThreads, tuning::stream_shape(is_code
   }
 }
 
-template <flashspec_dtype kW, size_t... kShapes>
-const void* fused_kernel_of(int shape, std::index_sequence<kShapes...>) {
-  static const void* const kernels[] = {reinterpret_cast<const void*>(&fused_stream_kernel<kW, int(kShapes)>)...};
-  return kernels[shape];
-}
-
-const void* fused_kernel(int shape, flashspec_dtype w_dtype) {
-  const auto shapes = std::make_index_sequence<tuning::kStreamShapeCount>();
-  switch (w_dtype) {
-    case FLASHSPEC_DTYPE_F16: return fused_kernel_of<FLASHSPEC_DTYPE_F16>(shape, shapes);
-    case FLASHSPEC_DTYPE_E4M3: return fused_kernel_of<FLASHSPEC_DTYPE_E4M3>(shape, shapes);
-    case FLASHSPEC_DTYPE_I8: return fused_kernel_of<FLASHSPEC_DTYPE_I8>(shape, shapes);
-    default: return fused_kernel_of<FLASHSPEC_DTYPE_BF16>(shape, shapes);
+struct FusedScan {
+  template <flashspec_dtype kW, int kShape>
+  static const void* of() {
+    return reinterpret_cast<const void*>(&fused_stream_kernel<kW, kShape>);
   }
-}
+};
+
+const void* fused_kernel(int shape, flashspec_dtype w_dtype) { return stream::kernel_for<FusedScan>(shape, w_dtype); }
 
 // The logits of a chunk of W's rows [rows][ld], as the controlled streaming
 // scan computes them: a continuing row's later passes must see the very
@@ -1337,40 +1319,21 @@ __global__ void __launch_bounds__(stream::kThreads, tuning::stream_shape(is_code
   constexpr int kNT = tuning::stream_shape(is_codes(kW), kShape).row_groups;
   pdl_wait();
   pdl_trigger();
-  const int warp = int(threadIdx.x) >> 5, t = int(threadIdx.x) & 3;
-  const int64_t grid_warps = int64_t(gridDim.x) * stream::kWarps;
-  const int64_t warp_index = int64_t(blockIdx.x) * stream::kWarps + warp;
-  const int first_tile = stream::first_tile_of(warp_index, grid_warps, p.vocab);
-  const int tiles = stream::first_tile_of(warp_index + 1, grid_warps, p.vocab) - first_tile;
-  stream::stream_tiles<kW, kShape>(p, first_tile, tiles, [&](int tok_a, auto&& logit) {
-    const int tok_b = tok_a + 8;
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int row = nt * 8 + 2 * t + j;
-        if (row < p.rows) {
-          if (tok_a < p.vocab) out[int64_t(row) * ld + tok_a] = logit(nt, j);
-          if (tok_b < p.vocab) out[int64_t(row) * ld + tok_b] = logit(nt, 2 + j);
-        }
-      }
+  const stream::WarpRun run = stream::warp_run(p.vocab);
+  stream::stream_tiles<kW, kShape>(p, run.first_tile, run.tiles, [&](int tok_a, auto&& logit) {
+    stream::each_logit<kNT>(p, tok_a, logit, [&](int row, int token, float l) { out[int64_t(row) * ld + token] = l; });
   });
 }
 
-template <flashspec_dtype kW, size_t... kShapes>
-const void* logits_kernel_of(int shape, std::index_sequence<kShapes...>) {
-  static const void* const kernels[] = {reinterpret_cast<const void*>(&stream_logits_kernel<kW, int(kShapes)>)...};
-  return kernels[shape];
-}
+struct StreamLogits {
+  template <flashspec_dtype kW, int kShape>
+  static const void* of() {
+    return reinterpret_cast<const void*>(&stream_logits_kernel<kW, kShape>);
+  }
+};
 
 const void* logits_kernel(int shape, flashspec_dtype w_dtype) {
-  const auto shapes = std::make_index_sequence<tuning::kStreamShapeCount>();
-  switch (w_dtype) {
-    case FLASHSPEC_DTYPE_F16: return logits_kernel_of<FLASHSPEC_DTYPE_F16>(shape, shapes);
-    case FLASHSPEC_DTYPE_E4M3: return logits_kernel_of<FLASHSPEC_DTYPE_E4M3>(shape, shapes);
-    case FLASHSPEC_DTYPE_I8: return logits_kernel_of<FLASHSPEC_DTYPE_I8>(shape, shapes);
-    default: return logits_kernel_of<FLASHSPEC_DTYPE_BF16>(shape, shapes);
-  }
+  return stream::kernel_for<StreamLogits>(shape, w_dtype);
 }
 
 // A row's flat list in global memory, read round by round by a block.

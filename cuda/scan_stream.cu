@@ -125,14 +125,12 @@ __global__ void __launch_bounds__(kThreads, tuning::stream_shape(is_codes(kW), k
   }
   __syncthreads();
 
-  const int64_t grid_warps = int64_t(gridDim.x) * kWarps, warp_index = int64_t(blockIdx.x) * kWarps + warp;
-  const int first_tile = stream::first_tile_of(warp_index, grid_warps, p.vocab);
-  const int tiles = stream::first_tile_of(warp_index + 1, grid_warps, p.vocab) - first_tile;
+  const stream::WarpRun run = stream::warp_run(p.vocab);
 
   // The epilogue folds each logit into the lane's running Partial of its
   // rows (online log-sum-exp, Gumbel top-2, tracked logit); tokens reach a
   // Partial in increasing order.
-  stream::stream_tiles<kW, kShape>(p, first_tile, tiles, [&](int tok_a, auto&& logit) {
+  stream::stream_tiles<kW, kShape>(p, run.first_tile, run.tiles, [&](int tok_a, auto&& logit) {
     const int tok_b = tok_a + 8;
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
@@ -159,23 +157,16 @@ __global__ void __launch_bounds__(kThreads, tuning::stream_shape(is_codes(kW), k
   finish_scan<kNT, kWarps>(p, tail, plans, part, merged, warp, lane);
 }
 
-template <flashspec_dtype kW, size_t... kShapes>
-const void* stream_kernel_of(int shape, std::index_sequence<kShapes...>) {
-  static const void* const kernels[] = {reinterpret_cast<const void*>(&stream_scan_kernel<kW, int(kShapes)>)...};
-  return kernels[shape];
-}
+struct StreamScan {
+  template <flashspec_dtype kW, int kShape>
+  static const void* of() {
+    return reinterpret_cast<const void*>(&stream_scan_kernel<kW, kShape>);
+  }
+};
 
 }  // namespace
 
-const void* stream_kernel(int shape, flashspec_dtype w_dtype) {
-  const auto shapes = std::make_index_sequence<tuning::kStreamShapeCount>();
-  switch (w_dtype) {
-    case FLASHSPEC_DTYPE_F16: return stream_kernel_of<FLASHSPEC_DTYPE_F16>(shape, shapes);
-    case FLASHSPEC_DTYPE_E4M3: return stream_kernel_of<FLASHSPEC_DTYPE_E4M3>(shape, shapes);
-    case FLASHSPEC_DTYPE_I8: return stream_kernel_of<FLASHSPEC_DTYPE_I8>(shape, shapes);
-    default: return stream_kernel_of<FLASHSPEC_DTYPE_BF16>(shape, shapes);
-  }
-}
+const void* stream_kernel(int shape, flashspec_dtype w_dtype) { return stream::kernel_for<StreamScan>(shape, w_dtype); }
 
 int stream_blocks(int32_t vocab, int max_blocks) {
   const int64_t tiles = (int64_t(vocab) + 15) / 16;

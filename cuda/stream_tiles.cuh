@@ -25,7 +25,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "codes.cuh"
 #include "mma.cuh"
@@ -63,6 +65,17 @@ __device__ __forceinline__ uint4 load_cached(const void* p) {
 __host__ __device__ __forceinline__ int first_tile_of(int64_t warp_index, int64_t grid_warps, int32_t vocab) {
   const int64_t total_tiles = (int64_t(vocab) + 15) / 16;
   return int(warp_index * total_tiles / grid_warps);
+}
+
+// The calling warp's run of tiles in a grid of stream kernels.
+struct WarpRun {
+  int first_tile, tiles;
+};
+__device__ __forceinline__ WarpRun warp_run(int32_t vocab) {
+  const int64_t grid_warps = int64_t(gridDim.x) * kWarps;
+  const int64_t warp_index = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int first = first_tile_of(warp_index, grid_warps, vocab);
+  return WarpRun{first, first_tile_of(warp_index + 1, grid_warps, vocab) - first};
 }
 
 // Tokens of W the CTAs of a grid of `blocks` cover at most (a multiple of 16).
@@ -216,6 +229,41 @@ __device__ __forceinline__ void stream_tiles(const ScanParams& p, int first_tile
     cur = nxt;
     tile = next_tile;
     burst = next_burst;
+  }
+}
+
+// Calls f(row, token, logit) for each of the lane's logits of a tile that
+// is in the vocabulary and in the launch's rows (stream_tiles' epilogue).
+template <int kNT, class Logit, class F>
+__device__ __forceinline__ void each_logit(const ScanParams& p, int tok_a, Logit&& logit, F&& f) {
+  const int t = threadIdx.x & 3, tok_b = tok_a + 8;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int row = nt * 8 + 2 * t + j;
+      if (row < p.rows) {
+        if (tok_a < p.vocab) f(row, tok_a, logit(nt, j));
+        if (tok_b < p.vocab) f(row, tok_b, logit(nt, 2 + j));
+      }
+    }
+}
+
+// The instance of a stream kernel template for a tuning::kStreamShapes
+// entry and W's dtype: Kernel::of<kW, kShape>() gives its address.
+template <class Kernel, flashspec_dtype kW, size_t... kShapes>
+const void* kernel_of(int shape, std::index_sequence<kShapes...>) {
+  static const void* const kernels[] = {Kernel::template of<kW, int(kShapes)>()...};
+  return kernels[shape];
+}
+template <class Kernel>
+const void* kernel_for(int shape, flashspec_dtype w_dtype) {
+  const auto shapes = std::make_index_sequence<tuning::kStreamShapeCount>();
+  switch (w_dtype) {
+    case FLASHSPEC_DTYPE_F16: return kernel_of<Kernel, FLASHSPEC_DTYPE_F16>(shape, shapes);
+    case FLASHSPEC_DTYPE_E4M3: return kernel_of<Kernel, FLASHSPEC_DTYPE_E4M3>(shape, shapes);
+    case FLASHSPEC_DTYPE_I8: return kernel_of<Kernel, FLASHSPEC_DTYPE_I8>(shape, shapes);
+    default: return kernel_of<Kernel, FLASHSPEC_DTYPE_BF16>(shape, shapes);
   }
 }
 
