@@ -303,6 +303,32 @@ __device__ __forceinline__ float controlled_x(const RowSetup& r, float lv, int32
   return r.greedy ? biased : biased * r.plan.inv_t;
 }
 
+// One token of a row folded into a ControlPartial (the fold kernel's and
+// the controlled streaming scan's rule): the raw logit's log-sum-exp and
+// flags; for an allowed token its x, the count, the log-sum-exp of x and,
+// in a row nothing truncates, the Gumbel-max sample (noise: the token's
+// word). Returns whether the token is a candidate (allowed, in a row that
+// keeps candidates), with its x in *x.
+__device__ __forceinline__ bool fold_token(ControlPartial& part, const RowSetup& r, float lv, int32_t token,
+                                           int32_t blo, int32_t bhi, uint32_t noise, float* x_out) {
+  if (!is_finite(lv)) part.flags |= kPartialNonFinite;
+  lse_add(part.rm, part.rs, lv);
+  if (token == r.plan.tracked) {
+    part.tracked_raw = lv;
+    part.flags |= kPartialTracked;
+  }
+  if (!token_allowed(r.c, token)) return false;
+  const float x = controlled_x(r, lv, token, blo, bhi);
+  if (!is_finite(x)) part.flags |= is_finite(lv) ? kPartialScaleOverflow : kPartialNonFinite;
+  ++part.allowed;
+  if (token == r.plan.tracked) part.tracked_x = x;
+  if (!r.greedy) weighted_lse_add(part.m, part.s, part.w, x);
+  *x_out = x;
+  if (r.keep > 0) return true;
+  if (token != r.plan.excluded) offer_sample(part, r.greedy ? x : x + gumbel_from_bits(noise), x, lv, token);
+  return false;
+}
+
 // ---- Block-wide selection of the K largest distinct keys -----------------
 
 // Keys held by a block's threads, read round by round: round i of thread t
@@ -587,24 +613,8 @@ __global__ void __launch_bounds__(kFoldThreads) fold_kernel(const FoldArgs a) {
       const int32_t token = token0 + k;
       const float lv = l[i];
       raw[idx] = lv;
-      if (!is_finite(lv)) part.flags |= kPartialNonFinite;
-      lse_add(part.rm, part.rs, lv);
-      if (token == r.plan.tracked) {
-        part.tracked_raw = lv;
-        part.flags |= kPartialTracked;
-      }
-      if (!token_allowed(r.c, token)) continue;
-      const float x = controlled_x(r, lv, token, blo, bhi);
-      if (!is_finite(x)) part.flags |= is_finite(lv) ? kPartialScaleOverflow : kPartialNonFinite;
-      ++part.allowed;
-      if (token == r.plan.tracked) part.tracked_x = x;
-      if (!r.greedy) weighted_lse_add(part.m, part.s, part.w, x);
-      if (r.keep > 0) {
-        key[idx] = rank_key(x, token);
-        continue;
-      }
-      if (token == r.plan.excluded) continue;
-      offer_sample(part, r.greedy ? x : x + gumbel_from_bits(noise.v[k]), x, lv, token);
+      float x;
+      if (fold_token(part, r, lv, token, blo, bhi, noise.v[k], &x)) key[idx] = rank_key(x, token);
     }
   }
 
@@ -1091,23 +1101,8 @@ __device__ ControlPartial fold_part(const RowSetup& r, int32_t blo, int32_t bhi,
       const int i = base + k;
       if (i >= end) break;
       if (inert) continue;
-      const int32_t token = token0 + k;
-      const float lv = l[i];
-      if (!is_finite(lv)) part.flags |= kPartialNonFinite;
-      lse_add(part.rm, part.rs, lv);
-      if (token == r.plan.tracked) {
-        part.tracked_raw = lv;
-        part.flags |= kPartialTracked;
-      }
-      if (!token_allowed(r.c, token)) continue;
-      const float x = controlled_x(r, lv, token, blo, bhi);
-      if (!is_finite(x)) part.flags |= is_finite(lv) ? kPartialScaleOverflow : kPartialNonFinite;
-      ++part.allowed;
-      if (token == r.plan.tracked) part.tracked_x = x;
-      if (!r.greedy) weighted_lse_add(part.m, part.s, part.w, x);
-      if (r.keep > 0) continue;  // a candidate: the selection ranks it
-      if (token == r.plan.excluded) continue;
-      offer_sample(part, r.greedy ? x : x + gumbel_from_bits(noise.v[k]), x, lv, token);
+      float x;  // a candidate's x: the selection recomputes it
+      fold_token(part, r, l[i], token0 + k, blo, bhi, noise.v[k], &x);
     }
   }
   for (int offset = 16; offset > 0; offset >>= 1) {
