@@ -491,8 +491,6 @@ struct BiasArgs {
   int32_t* bias_tokens;
   float* bias_values;
   int32_t* bias_counts;
-  int32_t* zeroed;         // the fused scan's list counts, zeroed by block 0 (NULL: none)
-  int32_t zeroed_count;
 };
 
 constexpr int kBiasSort = kMaxBiasEntries;
@@ -500,8 +498,6 @@ constexpr int kBiasSort = kMaxBiasEntries;
 __global__ void __launch_bounds__(kBiasThreads) bias_kernel(const BiasArgs a) {
   pdl_wait();  // launched dependent: may start before its predecessor ends
   const int r = blockIdx.x;
-  if (r == 0 && a.zeroed)
-    for (int i = threadIdx.x; i < a.zeroed_count; i += blockDim.x) a.zeroed[i] = 0;
   const bool bad_batch = a.batch_status && *a.batch_status != FLASHSPEC_OK;
   if (threadIdx.x == 0 && !bad_batch) {
     if (a.draft_offsets) {
@@ -894,8 +890,8 @@ struct FusedArgs {
   float* top_raws;
   int32_t* top_counts;
   int32_t top_capacity;
-  uint64_t* slots;            // [kStreamMaxRows][tuning::kMaxGroups][2]: each CTA's two best candidate keys
-  uint64_t* top_slots;        // the same for the top raw logits (zero between calls: the merge clears them)
+  uint64_t* slots;            // [rows][groups][2]: each CTA's two best candidate keys of a row
+  uint64_t* top_slots;        // the same for the top raw logits
 };
 
 __device__ __forceinline__ int warp_sum(int v) {
@@ -1127,9 +1123,9 @@ __device__ ControlPartial fold_part(const RowSetup& r, int32_t blo, int32_t bhi,
 }
 
 // A lower bound of a row's keep-th key over the whole vocabulary from the
-// keys CTAs have published (two each, 0 where a CTA has not published
-// yet): the keep-th largest of the lanes' two largest published keys, 0
-// when keep > 64 or fewer than keep keys are there. Any published key is a
+// keys the CTAs published (two each, 0 where a CTA's range had none): the
+// keep-th largest of the lanes' two largest published keys, 0 when keep >
+// 64 or fewer than keep keys are there. Any published key is a
 // real token's, so at least keep keys lie at or above it; every CTA may
 // drop its keys below it.
 __device__ uint64_t published_bound(const uint64_t* slots, int count, int keep) {
@@ -1171,7 +1167,7 @@ __device__ void finish_row(const FusedArgs& a, const RowSetup& r, int row, const
           }
         });
   };
-  const int64_t slot_row = int64_t(row) * tuning::kMaxGroups * 2;
+  const int64_t slot_row = int64_t(row) * gridDim.x * 2;
   if (r.keep > 0) {
     // A candidate's key, as the folds compute x (allowed tokens only).
     int32_t blo = 0, bhi = 0;
@@ -1257,7 +1253,7 @@ __global__ void __launch_bounds__(stream::kThreads, tuning::stream_shape(is_code
         insert_top2(parts[w].raw_best, raw_best, raw_next);
         insert_top2(parts[w].raw_next, raw_best, raw_next);
       }
-      const int64_t at = int64_t(row) * tuning::kMaxGroups * 2 + 2 * blockIdx.x;
+      const int64_t at = (int64_t(row) * gridDim.x + blockIdx.x) * 2;
       __stcg(a.slots + at, best);
       __stcg(a.slots + at + 1, next);
       __stcg(a.top_slots + at, raw_best);
@@ -1265,10 +1261,14 @@ __global__ void __launch_bounds__(stream::kThreads, tuning::stream_shape(is_code
     }
     __syncthreads();
   }
-  // Every CTA's keys are published before any CTA selects (a cooperative
-  // launch: all CTAs are resident); the CTAs reach here at about the same
-  // time, at the end of their share of W.
-  __threadfence();
+  // The lists start empty (their counts grow after the barrier). Every
+  // CTA's keys are published before any CTA selects (a cooperative launch:
+  // all CTAs are resident); the CTAs reach here at about the same time, at
+  // the end of their share of W.
+  if (blockIdx.x == 0 && int(threadIdx.x) < p.rows) {
+    a.counts[threadIdx.x] = 0;
+    a.top_counts[threadIdx.x] = 0;
+  }
   cooperative_groups::this_grid().sync();
   for (int round = 0; round * rows_per_round < p.rows; ++round) {
     const int row = round * rows_per_round + slot;
@@ -1364,8 +1364,6 @@ struct FusedMergeArgs {
   const float* top_raws;
   const int32_t* top_counts;
   int32_t top_capacity;
-  uint64_t* slots;                     // the scan's published keys, cleared here for the next call
-  uint64_t* top_slots;
 };
 
 constexpr int kPartialMergeThreads = 256;
@@ -1375,11 +1373,6 @@ constexpr int kPartialMergeThreads = 256;
 __global__ void __launch_bounds__(kRowThreads) fused_merge_kernel(const FusedMergeArgs a) {
   pdl_wait();
   const int row = blockIdx.x;
-  const int64_t slot_row = int64_t(row) * tuning::kMaxGroups * 2;
-  for (int i = threadIdx.x; i < 2 * a.groups; i += blockDim.x) {
-    a.slots[slot_row + i] = 0;
-    a.top_slots[slot_row + i] = 0;
-  }
   const Common& c = a.common;
   const RowSetup r = row_setup(c, row);
   if (r.plan.status != FLASHSPEC_OK) return;  // the summary reads nothing of an inert row
@@ -1835,18 +1828,15 @@ Workspace carve_workspace(void* base, int32_t max_rows, int32_t max_requests, in
   ws.band_partials = take(int64_t(ws.max_groups) * rows * int64_t(sizeof(BandPartial)));
   ws.histograms = static_cast<uint64_t*>(take(rows * kMassBins * 8));
   ws.continue_flag = static_cast<int32_t*>(take(4));
-  const int64_t slots = int64_t(tuning::kStreamMaxRows) * tuning::kMaxGroups * 2;
-  ws.fused_slots = static_cast<uint64_t*>(take(2 * slots * 8));
-  ws.fused_top_slots = ws.fused_slots + slots;
-  ws.fused_slots_bytes = size_t(2 * slots * 8);
   ws.row_requests = static_cast<int32_t*>(reinterpret_cast<void*>(at));
   return ws;
 }
 
 namespace {
 
-// Where the controlled streaming scan of a call goes, carved from the
-// cuBLAS chunks' buffers (which it does not use); kernel NULL when the call
+// Where the controlled streaming scan of a call goes: its partials, lists
+// and published keys, carved from the cuBLAS chunks' buffers (which it does
+// not use); kernel NULL when the call
 // takes the chunks: more rows than the scan serves, W or hidden rows it does
 // not read, a CTA range whose logits do not fit in shared memory at the
 // scan's occupancy, or lists larger than the buffers.
@@ -1865,6 +1855,7 @@ struct FusedLayout {
   float* top_raws = nullptr;
   int32_t top_capacity = 0;
   int32_t* counts = nullptr;  // [2][rows]: candidates, then top raw logits
+  uint64_t* slots = nullptr;  // [2][rows][blocks][2]: published keys, candidates then top raw logits
 };
 
 // The streaming loop's view of W's rows [v0, v0 + count).
@@ -1897,9 +1888,10 @@ FusedLayout fused_layout(const Pass& p, const Outputs& out) {
   const int per_sm = tuning::stream_shape(is_codes(p.w_dtype), shape).min_blocks;
   const int64_t tiles = (int64_t(p.vocab) + 15) / 16;
   const int blocks = int(std::max<int64_t>(
-      1, std::min<int64_t>({int64_t(p.sm_count) * per_sm, (tiles + stream::kWarps - 1) / stream::kWarps,
-                            int64_t(tuning::kMaxGroups)})));
-  const int32_t cta_tokens = stream::max_cta_tokens(p.vocab, blocks);
+      1, std::min<int64_t>(int64_t(p.sm_count) * per_sm, (tiles + stream::kWarps - 1) / stream::kWarps)));
+  // A CTA's range is a difference of floors of multiples of tiles / blocks:
+  // at most ⌈tiles / blocks⌉ tiles.
+  const int32_t cta_tokens = int32_t((tiles + blocks - 1) / blocks * 16);
   const size_t smem = size_t(p.rows) * size_t(cta_tokens) * sizeof(float) +
                       size_t(stream::kWarps) * kSelectBuffer * sizeof(uint64_t);
   const void* kernel = fused_kernel(shape, p.w_dtype);
@@ -1922,6 +1914,7 @@ FusedLayout fused_layout(const Pass& p, const Outputs& out) {
   f.top_keys = static_cast<uint64_t*>(take(p.rows * top_capacity * 8));
   f.top_raws = static_cast<float*>(take(p.rows * top_capacity * 4));
   f.counts = static_cast<int32_t*>(take(2 * p.rows * 4));
+  f.slots = static_cast<uint64_t*>(take(4 * int64_t(p.rows) * blocks * 8));
   if (at - reinterpret_cast<uintptr_t>(p.fused_scratch) > p.fused_scratch_bytes) return FusedLayout{};
   f.kernel = kernel;
   f.shape = shape;
@@ -1975,7 +1968,7 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
   };
   const FusedLayout fused = fused_layout(p, out);
   BiasArgs b{p.controls, p.draft_offsets, p.requests, p.rows, p.batch_status, ws.row_requests,
-             ws.bias_tokens, ws.bias_values, ws.bias_counts, fused.kernel ? fused.counts : nullptr, 2 * p.rows};
+             ws.bias_tokens, ws.bias_values, ws.bias_counts};
   e = launch_on(reinterpret_cast<const void*>(&bias_kernel), dim3(unsigned(p.requests)), kBiasThreads, stream, &b,
                 true);
   if (e != cudaSuccess) return e;
@@ -2024,16 +2017,15 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
     f.top_raws = fused.top_raws;
     f.top_counts = fused.counts + p.rows;
     f.top_capacity = fused.top_capacity;
-    f.slots = ws.fused_slots;
-    f.top_slots = ws.fused_top_slots;
+    f.slots = fused.slots;
+    f.top_slots = fused.slots + 2 * int64_t(p.rows) * fused.blocks;
     void* scan_args[] = {&f};
     e = launch(fused.kernel, dim3(unsigned(fused.blocks)), dim3(unsigned(stream::kThreads)), fused.smem, true, stream,
                scan_args);
     if (e != cudaSuccess) return e;
     FusedMergeArgs m{common,          fused.partials,  fused.blocks,       static_cast<ControlPartial*>(ws.partials),
                      fused.keys,      fused.raws,      fused.counts,       fused.capacity,
-                     fused.top_keys,  fused.top_raws,  fused.counts + p.rows, fused.top_capacity,
-                     ws.fused_slots,  ws.fused_top_slots};
+                     fused.top_keys,  fused.top_raws,  fused.counts + p.rows, fused.top_capacity};
     e = launch_on(reinterpret_cast<const void*>(&fused_merge_kernel), dim3(unsigned(p.rows)), kRowThreads, stream,
                   &m, true);
     if (e != cudaSuccess) return e;

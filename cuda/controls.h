@@ -109,11 +109,6 @@ struct Workspace {
   void* band_partials;            // [max_groups][max_rows]
   uint64_t* histograms;           // [max_rows][kMassBins]: fixed-point mass per bin
   int32_t* continue_flag;         // 1 when a row of the last first pass continues
-  // The controlled streaming scan's published keys, [kStreamMaxRows][kMaxGroups][2]
-  // each: zero when the context is created, cleared by every merge.
-  uint64_t* fused_slots;
-  uint64_t* fused_top_slots;
-  size_t fused_slots_bytes;       // of both, one region
   int32_t* row_requests;          // [max_rows]
 };
 

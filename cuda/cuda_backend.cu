@@ -72,7 +72,6 @@ class CudaBackend final : public Backend {
       const size_t controls_bytes = controls::workspace_bytes(max_rows_, config.max_requests, chunk_);
       controls_storage_.allocate(controls_bytes, "cudaMalloc (sampling controls workspace)");
       controls_ = controls::carve_workspace(controls_storage_.as<void>(), max_rows_, config.max_requests, chunk_);
-      check_cuda(cudaMemset(controls_.fused_slots, 0, controls_.fused_slots_bytes), "cudaMemset (published keys)");
       // The controlled pass folds one logits chunk on a side stream while
       // cuBLAS writes the next (controls.h).
       check_cuda(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");

@@ -78,20 +78,6 @@ __device__ __forceinline__ WarpRun warp_run(int32_t vocab) {
   return WarpRun{first, first_tile_of(warp_index + 1, grid_warps, vocab) - first};
 }
 
-// Tokens of W the CTAs of a grid of `blocks` cover at most (a multiple of 16).
-inline int32_t max_cta_tokens(int32_t vocab, int blocks) {
-  int32_t most = 0;
-  const int64_t grid_warps = int64_t(blocks) * kWarps;
-  // The runs are as even as integer division makes them: the largest CTA
-  // range is at most one tile above the average, found by checking them all.
-  for (int c = 0; c < blocks; ++c) {
-    const int tiles = first_tile_of(int64_t(c + 1) * kWarps, grid_warps, vocab) -
-                      first_tile_of(int64_t(c) * kWarps, grid_warps, vocab);
-    most = tiles * 16 > most ? tiles * 16 : most;
-  }
-  return most;
-}
-
 // Loads of one burst: kUnroll 64-byte chunks of the lane's two tokens.
 template <int kUnroll>
 struct Burst {
