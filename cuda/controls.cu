@@ -1,6 +1,8 @@
-// The controlled pass (controls.h): cuBLAS chunks of logits, a fold per
-// 4096-token slice, a merge of each row's candidates after every chunk, and
-// one block per row that applies the controls and writes the row's summary.
+// The controlled pass (controls.h): the controlled streaming scan (≤ 16
+// rows), or cuBLAS chunks of logits, a fold per 4096-token slice, a merge of
+// each row's candidates after every chunk, and one block per row that
+// applies the controls and writes the row's summary (summarize_row, which
+// the streaming scan's CTAs run too).
 #include <algorithm>
 #include <utility>
 
@@ -481,7 +483,18 @@ __device__ int select_into(const Keys& keys, Raw raw_of, int keep, uint64_t floo
 
 // ---- Bias entries: sorted by token, repeats summed in list order ---------
 
+// What every pass starts from, cleared by the bias kernel's first block:
+// merged lists 0 and 1 empty, no thresholds, no continuing row.
+struct PassReset {
+  int32_t* merged_counts;      // [2][rows] each
+  int32_t* top_merged_counts;
+  uint64_t* thresholds;        // [rows] each
+  uint64_t* top_thresholds;
+  int32_t* continue_flag;
+};
+
 struct BiasArgs {
+  PassReset reset;
   ControlsArgs controls;
   const int32_t* draft_offsets;  // verify: rows of request r; NULL: row r is request r
   int32_t requests;
@@ -498,6 +511,17 @@ constexpr int kBiasSort = kMaxBiasEntries;
 __global__ void __launch_bounds__(kBiasThreads) bias_kernel(const BiasArgs a) {
   pdl_wait();  // launched dependent: may start before its predecessor ends
   const int r = blockIdx.x;
+  if (r == 0) {
+    for (int i = threadIdx.x; i < 2 * a.rows; i += blockDim.x) {
+      a.reset.merged_counts[i] = 0;
+      a.reset.top_merged_counts[i] = 0;
+    }
+    for (int i = threadIdx.x; i < a.rows; i += blockDim.x) {
+      a.reset.thresholds[i] = 0;
+      a.reset.top_thresholds[i] = 0;
+    }
+    if (threadIdx.x == 0) *a.reset.continue_flag = 0;
+  }
   const bool bad_batch = a.batch_status && *a.batch_status != FLASHSPEC_OK;
   if (threadIdx.x == 0 && !bad_batch) {
     if (a.draft_offsets) {
@@ -867,19 +891,46 @@ __global__ void __launch_bounds__(kFoldThreads) band_kernel(const PassArgs a) {
 //
 // One kernel reads W once, as the plain verify's scan does (stream_tiles.cuh),
 // and keeps its CTA's logits [rows][cta_tokens] in shared memory instead of
-// writing them out. When the CTA's warps are done it publishes two real
-// keys per row (candidates and raw logits), waits at a grid-wide barrier,
-// and folds its range as fold_kernel folds a slice (one ControlPartial per
-// CTA and row; a row's range split over several warps when there are fewer
-// rows than warps). The keep-th largest published key bounds the row's
+// writing them out. When the CTA's warps are done they fold its range as
+// fold_kernel folds a slice (one ControlPartial per CTA and row; a row's
+// range split over several warps when there are fewer rows than warps) and,
+// in the same pass over the logits, find the two real keys per row
+// (candidates and raw logits) the CTA publishes; then it waits at a
+// grid-wide barrier. The keep-th largest published key bounds the row's
 // keep-th best candidate from below, so the CTA appends to the row's flat
-// list only its candidates at or above it (at most keep). A merge kernel
-// then ranks each row's list and folds the CTAs' partials, and the summary
-// runs as after the cuBLAS chunks.
+// list only its candidates at or above it (at most keep). After a second
+// grid barrier CTA b finishes rows b, b + grid, ...: it ranks the row's list,
+// folds the CTAs' partials and writes the row's summary as the summary
+// kernel does after the cuBLAS chunks (one summarize_row), in the shared
+// memory the logits held, so no kernel follows the scan.
+
+// What the summary of a row reads and writes (summary_kernel, and the
+// controlled streaming scan's finish).
+struct SummaryArgs {
+  Common common;
+  const ControlPartial* partials;
+  int32_t partial_stride;
+  int32_t groups;
+  int32_t final_list;  // merged candidate list holding the last chunk's merge
+  int32_t tops_list;   // merged top-logits list holding the first pass's last merge
+  const int32_t* hidden_bad;
+  Outputs out;
+  // First pass (continued = 0): rows whose kept set runs past their list
+  // write their Continuation, set *continue_flag and no output yet. After
+  // the third pass (continued = 1) only those rows run: their candidates are
+  // the crossing bin's tokens, `band` the kept tokens above it.
+  int32_t continued;
+  Continuation* continuing;
+  int32_t* continue_flag;
+  const BandPartial* band;
+  int32_t band_stride;
+  int32_t band_groups;
+};
 
 struct FusedArgs {
   ScanParams scan;            // W, the staged hidden rows, vocab, rows (row_base 0)
-  Common common;
+  SummaryArgs summary;        // the rows' controls (summary.common) and where their summaries go
+  ControlPartial* merged;     // [rows]: each row's folded partial, for the later passes of a continuing row
   int32_t cta_tokens;         // shared-memory logits per row (the largest CTA range)
   ControlPartial* partials;   // [groups][rows]
   uint64_t* keys;             // candidates: [rows][capacity], appended
@@ -924,17 +975,59 @@ __device__ uint64_t kth_of_lane_pairs(uint64_t first, uint64_t second, int keep)
 // first; 0: absent): key(i) gives item i's. Lane 0 reserves their count
 // with reserve(count) (its result, a base, is broadcast); then
 // emit(i, key, base + slot) runs for each, slots 0, 1, ... in no particular
-// order.
+// order. `buffer` and `items` hold kSelectBuffer keys and item indices.
 //
-// A lower bound of the keep-th key comes cheaply from the lanes' own best
-// two keys (keep ≤ 64): the keep-th largest of those 64 keys has at least
-// keep keys at or above it. The keys at or above the bound, usually not many
-// more than keep, are compacted into `buffer` and ranked against each other;
-// more than kSelectBuffer of them are cut by bisection on the keys instead.
+// Usually few items have a key (the caller's bound cut the rest): one pass
+// compacts them, with their indices, and ranks them against each other.
+// When more than kSelectBuffer have one, a lower bound of the keep-th key
+// comes cheaply from the lanes' own best two keys (keep ≤ 64): the keep-th
+// largest of those 64 keys has at least keep keys at or above it. The keys
+// at or above it, usually not many more than keep, are compacted and
+// ranked the same way; more than kSelectBuffer of them are cut by bisection
+// on the keys instead.
 template <class Key, class Reserve, class Emit>
-__device__ void warp_select(int n, int keep, Key key, uint64_t* buffer, Reserve reserve, Emit emit) {
+__device__ void warp_select(int n, int keep, Key key, uint64_t* buffer, int32_t* items, Reserve reserve, Emit emit) {
   const int lane = threadIdx.x & 31;
   const unsigned below = (1u << lane) - 1u;
+  {
+    int filled = 0;
+    bool fits = true;
+    for (int start = 0; start < n; start += 32) {
+      const int i = start + lane;
+      const uint64_t k = i < n ? key(i) : 0;
+      const unsigned has = __ballot_sync(0xffffffffu, k != 0);
+      if (filled + __popc(has) > kSelectBuffer) {
+        fits = false;  // the same on every lane
+        break;
+      }
+      if (k) {
+        buffer[filled + __popc(has & below)] = k;
+        items[filled + __popc(has & below)] = i;
+      }
+      filled += __popc(has);
+    }
+    __syncwarp();
+    if (fits) {
+      const int total = min(filled, keep);
+      int base = 0;
+      if (lane == 0 && total > 0) base = reserve(total);
+      base = __shfl_sync(0xffffffffu, base, 0);
+      int slot = base;
+      for (int start = 0; start < filled; start += 32) {
+        const int j = start + lane;
+        const uint64_t mine = j < filled ? buffer[j] : 0;
+        int rank = 0;
+        if (j < filled && filled > keep)
+          for (int m = 0; m < filled; ++m) rank += buffer[m] > mine;
+        const bool taken = j < filled && rank < keep;
+        const unsigned takers = __ballot_sync(0xffffffffu, taken);
+        if (taken) emit(items[j], mine, slot + __popc(takers & below));
+        slot += __popc(takers);
+      }
+      __syncwarp();  // the buffers are read before the warp's next selection writes them
+      return;
+    }
+  }
   uint64_t hi = 0, lo = ~uint64_t(0), first = 0, second = 0;
   int present = 0;
   for (int i = lane; i < n; i += 32) {
@@ -1046,59 +1139,55 @@ __device__ void warp_top2(uint64_t& best, uint64_t& next) {
   }
 }
 
-// The keys a warp publishes for its part [begin, end) of a row before the
-// folds: each lane's two largest raw logits, all tokens (tops) and allowed
-// ones turned into candidate keys (real keys of allowed tokens, though with
-// a bias not always the lane's largest x); the warp's two largest of each.
-__device__ void part_picks(const RowSetup& r, const float* l, int32_t v0, int begin, int end, PartFold& f) {
-  uint64_t any_best = 0, any_next = 0, allowed_best = 0, allowed_next = 0;
-  if (r.plan.status == FLASHSPEC_OK)
-    for (int i = begin + int(threadIdx.x & 31); i < end; i += 32) {
-      const uint64_t key = rank_key(l[i], v0 + i);
-      insert_top2(key, any_best, any_next);
-      if (r.keep > 0 && token_allowed(r.c, v0 + i)) insert_top2(key, allowed_best, allowed_next);
-    }
-  auto as_candidate = [&](uint64_t raw_key) {
-    if (!raw_key) return uint64_t(0);
-    const int32_t token = key_token(raw_key);
-    const float x = controlled_x(r, key_x(raw_key), token, 0, r.c.bias_count);
-    return is_finite(x) ? rank_key(x, token) : uint64_t(0);
-  };
-  f.best = as_candidate(allowed_best);
-  f.next = as_candidate(allowed_next);
-  if (f.next > f.best) {
-    const uint64_t t = f.best;
-    f.best = f.next;
-    f.next = t;
-  }
-  f.raw_best = any_best;
-  f.raw_next = any_next;
-  warp_top2(f.best, f.next);
-  warp_top2(f.raw_best, f.raw_next);
-}
-
-// A warp's fold of the tokens [begin, end) of a row of the CTA's range
-// (begin a multiple of 4; the range starts at v0, a multiple of 16), as
-// fold_kernel folds a slice: lane 0 returns the merged ControlPartial (lanes
-// merged in a fixed order).
-__device__ ControlPartial fold_part(const RowSetup& r, int32_t blo, int32_t bhi, const float* l, int32_t v0,
-                                   int begin, int end) {
+// A warp's part [begin, end) of a row of the CTA's range (begin a multiple
+// of 4; the range starts at v0, a multiple of 16), in one pass over its
+// logits: its fold as fold_kernel folds a slice (lane 0 returns the
+// ControlPartial, lanes merged in a fixed order), and the keys the CTA
+// publishes before the grid's barrier, on every lane: the two largest raw
+// logits of all its tokens (tops) and of its allowed ones, turned into
+// candidate keys (real keys of allowed tokens, though with a bias not always
+// the part's largest x).
+__device__ PartFold fold_and_pick(const RowSetup& r, const float* l, int32_t v0, int begin, int end) {
   const int lane = threadIdx.x & 31;
   const bool inert = r.plan.status != FLASHSPEC_OK;
-  ControlPartial part = empty_control_partial();
+  int32_t blo = 0, bhi = 0;
+  if (!inert && r.c.bias_count > 0) {
+    if (lane == 0) {
+      blo = lower_bound(r.c.bias_tokens, r.c.bias_count, v0 + begin);
+      bhi = lower_bound(r.c.bias_tokens, r.c.bias_count, v0 + end);
+    }
+    blo = __shfl_sync(0xffffffffu, blo, 0);
+    bhi = __shfl_sync(0xffffffffu, bhi, 0);
+  }
+  PartFold f;
+  ControlPartial& part = f.part;
+  part = empty_control_partial();
+  uint64_t any_best = 0, any_next = 0, allowed_best = 0, allowed_next = 0;
   const bool sampled = !inert && !r.greedy && r.keep == 0;
   // Lane L takes the Philox blocks of four tokens begin + 4L, + 128, ...
-  for (int base = begin + lane * 4; base < end; base += 128) {
+  for (int base = begin + lane * 4; base < end && !inert; base += 128) {
     const int32_t token0 = v0 + base;
     Philox4 noise = {{0, 0, 0, 0}};
     if (sampled) noise = row_block(r.plan.key, uint32_t(token0) >> 2);
+    float lv[4];
+    if (base + 4 <= end) {
+      const float4 four = *reinterpret_cast<const float4*>(l + base);
+      lv[0] = four.x;
+      lv[1] = four.y;
+      lv[2] = four.z;
+      lv[3] = four.w;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) lv[k] = base + k < end ? l[base + k] : 0.0f;
+    }
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const int i = base + k;
-      if (i >= end) break;
-      if (inert) continue;
+      if (base + k >= end) break;
       float x;  // a candidate's x: the selection recomputes it
-      fold_token(part, r, l[i], token0 + k, blo, bhi, noise.v[k], &x);
+      const bool candidate = fold_token(part, r, lv[k], token0 + k, blo, bhi, noise.v[k], &x);
+      const uint64_t key = rank_key(lv[k], token0 + k);
+      insert_top2(key, any_best, any_next);
+      if (candidate) insert_top2(key, allowed_best, allowed_next);
     }
   }
   for (int offset = 16; offset > 0; offset >>= 1) {
@@ -1119,7 +1208,24 @@ __device__ ControlPartial fold_part(const RowSetup& r, int32_t blo, int32_t bhi,
     other.flags = __shfl_down_sync(0xffffffffu, part.flags, offset);
     if (lane < offset) merge_control_partial(part, other);
   }
-  return part;
+  auto as_candidate = [&](uint64_t raw_key) {
+    if (!raw_key) return uint64_t(0);
+    const int32_t token = key_token(raw_key);
+    const float x = controlled_x(r, key_x(raw_key), token, 0, r.c.bias_count);
+    return is_finite(x) ? rank_key(x, token) : uint64_t(0);
+  };
+  f.best = as_candidate(allowed_best);
+  f.next = as_candidate(allowed_next);
+  if (f.next > f.best) {
+    const uint64_t t = f.best;
+    f.best = f.next;
+    f.next = t;
+  }
+  f.raw_best = any_best;
+  f.raw_next = any_next;
+  warp_top2(f.best, f.next);
+  warp_top2(f.raw_best, f.raw_next);
+  return f;
 }
 
 // A lower bound of a row's keep-th key over the whole vocabulary from the
@@ -1141,8 +1247,8 @@ __device__ uint64_t published_bound(const uint64_t* slots, int count, int keep) 
 // published does not rule out, at most keep of them, appended to the row's
 // lists.
 __device__ void finish_row(const FusedArgs& a, const RowSetup& r, int row, const PartFold* parts, int warps,
-                           const float* l, uint64_t* buffer, int32_t v0, int n) {
-  const Common& c = a.common;
+                           const float* l, uint64_t* buffer, int32_t* items, int32_t v0, int n) {
+  const Common& c = a.summary.common;
   const int lane = threadIdx.x & 31;
   if (lane == 0) {
     ControlPartial part = parts[0].part;
@@ -1159,7 +1265,7 @@ __device__ void finish_row(const FusedArgs& a, const RowSetup& r, int row, const
           const uint64_t k = key_of(i);
           return k >= bound ? k : uint64_t(0);
         },
-        buffer, [&](int total) { return atomicAdd(count, total); },
+        buffer, items, [&](int total) { return atomicAdd(count, total); },
         [&](int i, uint64_t key, int at) {
           if (at < capacity) {
             keys[at] = key;
@@ -1192,118 +1298,6 @@ __device__ void finish_row(const FusedArgs& a, const RowSetup& r, int row, const
            a.top_counts + row, a.top_capacity);
 }
 
-template <flashspec_dtype kW, int kShape>
-__global__ void __launch_bounds__(stream::kThreads, tuning::stream_shape(is_codes(kW), kShape).min_blocks)
-    fused_stream_kernel(const FusedArgs a) {
-  constexpr int kNT = tuning::stream_shape(is_codes(kW), kShape).row_groups;
-  extern __shared__ float fused_smem[];  // logits [rows][cta_tokens], then each warp's selection buffer
-  pdl_wait();     // plans, bias lists and staged hidden rows come from the kernels before
-  pdl_trigger();  // the merge may launch now; it waits for this grid to finish
-  const ScanParams& p = a.scan;
-  const int warp = int(threadIdx.x) >> 5;
-  const int64_t grid_warps = int64_t(gridDim.x) * stream::kWarps;
-  const stream::WarpRun run = stream::warp_run(p.vocab);
-  const int32_t cta_first = stream::first_tile_of(int64_t(blockIdx.x) * stream::kWarps, grid_warps, p.vocab) * 16;
-  const int32_t cta_end =
-      min(p.vocab, stream::first_tile_of(int64_t(blockIdx.x + 1) * stream::kWarps, grid_warps, p.vocab) * 16);
-  float* logits = fused_smem;
-  const int stride = a.cta_tokens;
-  // The rows' setups (plans, controls: a chain of dependent loads) are read
-  // while W streams.
-  __shared__ RowSetup setups[stream::kMaxRows];
-  if (int(threadIdx.x) < p.rows) setups[threadIdx.x] = row_setup(a.common, int(threadIdx.x));
-  stream::stream_tiles<kW, kShape>(p, run.first_tile, run.tiles, [&](int tok_a, auto&& logit) {
-    stream::each_logit<kNT>(p, tok_a, logit,
-                            [&](int row, int token, float l) { logits[row * stride + (token - cta_first)] = l; });
-  });
-  __syncthreads();
-  // Then each warp's kSelectBuffer keys (8-byte aligned: stride is a
-  // multiple of 16).
-  uint64_t* buffer = reinterpret_cast<uint64_t*>(fused_smem + int64_t(p.rows) * stride) + warp * kSelectBuffer;
-  // Few rows take several warps each (their parts of the range in order);
-  // more rows than warps take several rounds.
-  __shared__ PartFold parts[stream::kWarps];
-  const int lane = int(threadIdx.x) & 31, n = cta_end - cta_first;
-  const int per_row = p.rows >= stream::kWarps ? 1 : stream::kWarps / p.rows;
-  const int rows_per_round = stream::kWarps / per_row;
-  const int slot = warp / per_row, part_index = warp % per_row;
-  auto part_range = [&](int& begin, int& end) {
-    begin = int(int64_t(n) * part_index / per_row) & ~3;
-    end = part_index + 1 == per_row ? n : int(int64_t(n) * (part_index + 1) / per_row) & ~3;
-  };
-  // First every row's two best keys of this CTA are published, for every
-  // CTA's selection after the grid's barrier.
-  for (int round = 0; round * rows_per_round < p.rows; ++round) {
-    const int row = round * rows_per_round + slot;
-    const bool active = slot < rows_per_round && row < p.rows;
-    if (active) {
-      const RowSetup& r = setups[row];
-      int begin, end;
-      part_range(begin, end);
-      PartFold f;
-      part_picks(r, logits + row * stride, cta_first, begin, end, f);
-      if (lane == 0) parts[warp] = f;
-    }
-    __syncthreads();
-    if (active && part_index == 0 && lane == 0) {
-      uint64_t best = 0, next = 0, raw_best = 0, raw_next = 0;
-      for (int w = warp; w < warp + per_row; ++w) {
-        insert_top2(parts[w].best, best, next);
-        insert_top2(parts[w].next, best, next);
-        insert_top2(parts[w].raw_best, raw_best, raw_next);
-        insert_top2(parts[w].raw_next, raw_best, raw_next);
-      }
-      const int64_t at = (int64_t(row) * gridDim.x + blockIdx.x) * 2;
-      __stcg(a.slots + at, best);
-      __stcg(a.slots + at + 1, next);
-      __stcg(a.top_slots + at, raw_best);
-      __stcg(a.top_slots + at + 1, raw_next);
-    }
-    __syncthreads();
-  }
-  // The lists start empty (their counts grow after the barrier). Every
-  // CTA's keys are published before any CTA selects (a cooperative launch:
-  // all CTAs are resident); the CTAs reach here at about the same time, at
-  // the end of their share of W.
-  if (blockIdx.x == 0 && int(threadIdx.x) < p.rows) {
-    a.counts[threadIdx.x] = 0;
-    a.top_counts[threadIdx.x] = 0;
-  }
-  cooperative_groups::this_grid().sync();
-  for (int round = 0; round * rows_per_round < p.rows; ++round) {
-    const int row = round * rows_per_round + slot;
-    const bool active = slot < rows_per_round && row < p.rows;
-    const RowSetup& r = setups[active ? row : 0];
-    if (active) {
-      int begin, end;
-      part_range(begin, end);
-      int32_t blo = 0, bhi = 0;
-      if (r.plan.status == FLASHSPEC_OK && r.c.bias_count > 0) {
-        if (lane == 0) {
-          blo = lower_bound(r.c.bias_tokens, r.c.bias_count, cta_first + begin);
-          bhi = lower_bound(r.c.bias_tokens, r.c.bias_count, cta_first + end);
-        }
-        blo = __shfl_sync(0xffffffffu, blo, 0);
-        bhi = __shfl_sync(0xffffffffu, bhi, 0);
-      }
-      const ControlPartial part = fold_part(r, blo, bhi, logits + row * stride, cta_first, begin, end);
-      if (lane == 0) parts[warp].part = part;
-    }
-    __syncthreads();
-    if (active && part_index == 0)
-      finish_row(a, r, row, parts + warp, per_row, logits + row * stride, buffer, cta_first, n);
-    __syncthreads();
-  }
-}
-
-struct FusedScan {
-  template <flashspec_dtype kW, int kShape>
-  static const void* of() {
-    return reinterpret_cast<const void*>(&fused_stream_kernel<kW, kShape>);
-  }
-};
-
-const void* fused_kernel(int shape, flashspec_dtype w_dtype) { return stream::kernel_for<FusedScan>(shape, w_dtype); }
 
 // The logits of a chunk of W's rows [rows][ld], as the controlled streaming
 // scan computes them: a continuing row's later passes must see the very
@@ -1343,7 +1337,7 @@ struct FlatKeys {
   }
 };
 
-// The same, loaded once into registers (at most kRowThreads * kFlatCached keys).
+// The same, loaded once into registers (at most blockDim.x * kFlatCached keys).
 constexpr int kFlatCached = 16;
 struct CachedFlatKeys {
   uint64_t k[kFlatCached];
@@ -1351,88 +1345,81 @@ struct CachedFlatKeys {
   __device__ uint64_t key(int i) const { return k[i]; }
 };
 
-struct FusedMergeArgs {
-  Common common;
-  const ControlPartial* cta_partials;  // [groups][rows]
-  int32_t groups;
-  ControlPartial* partials;            // the summary's: [1][partial_stride]
-  const uint64_t* keys;
-  const float* raws;
-  const int32_t* counts;
-  int32_t capacity;
-  const uint64_t* top_keys;
-  const float* top_raws;
-  const int32_t* top_counts;
-  int32_t top_capacity;
+// A CTA's shared memory while it merges a row's lists and partials.
+struct MergeShared {
+  ControlPartial reduce[stream::kThreads];
+  uint64_t staged[stream::kThreads];
+  uint32_t hist[256];
+  int32_t shared[4];
 };
 
-constexpr int kPartialMergeThreads = 256;
-
-// Each row's CTA partials folded (in a fixed order) and its flat lists cut to
-// its best keep candidates and top_n raw logits: merged list 0 of each.
-__global__ void __launch_bounds__(kRowThreads) fused_merge_kernel(const FusedMergeArgs a) {
-  pdl_wait();
-  const int row = blockIdx.x;
-  const Common& c = a.common;
-  const RowSetup r = row_setup(c, row);
-  if (r.plan.status != FLASHSPEC_OK) return;  // the summary reads nothing of an inert row
-  __shared__ ControlPartial reduce[kPartialMergeThreads];
-  __shared__ uint64_t staged[kRowThreads];
-  __shared__ uint32_t hist[256];
-  __shared__ int32_t shared[4];
-  if (threadIdx.x < kPartialMergeThreads) {
-    ControlPartial part = empty_control_partial();
-    for (int g = threadIdx.x; g < a.groups; g += kPartialMergeThreads)
-      merge_control_partial(part, a.cta_partials[int64_t(g) * c.rows + row]);
-    reduce[threadIdx.x] = part;
+// The first half of the scan's finish of one row, by a whole CTA after the
+// second grid barrier: the CTAs' partials folded in a fixed order into
+// *merged (and a.merged[row]), and the row's flat lists cut to its best keep
+// candidates and top_n raw logits: merged list 0 of each. An inert row reads
+// nothing (*merged: empty).
+__device__ void merge_row(const FusedArgs& a, const RowSetup& r, int row, MergeShared& sh, ControlPartial* merged) {
+  constexpr int kThreads = stream::kThreads;
+  static_assert((kThreads & (kThreads - 1)) == 0, "the partials' tree halves the block");
+  const Common& c = a.summary.common;
+  const int t = int(threadIdx.x);
+  if (r.plan.status != FLASHSPEC_OK) {
+    if (t == 0) *merged = empty_control_partial();
+    return;
   }
+  ControlPartial part = empty_control_partial();
+  for (int g = t; g < int(gridDim.x); g += kThreads) merge_control_partial(part, a.partials[int64_t(g) * c.rows + row]);
+  sh.reduce[t] = part;
   __syncthreads();
-  for (int half = kPartialMergeThreads / 2; half > 0; half >>= 1) {
-    if (int(threadIdx.x) < half) merge_control_partial(reduce[threadIdx.x], reduce[threadIdx.x + half]);
+  for (int half = kThreads / 2; half > 0; half >>= 1) {
+    if (t < half) merge_control_partial(sh.reduce[t], sh.reduce[t + half]);
     __syncthreads();
   }
-  if (threadIdx.x == 0) a.partials[row] = reduce[0];
+  if (t == 0) {
+    *merged = sh.reduce[0];
+    a.merged[row] = sh.reduce[0];
+  }
   auto cut = [&](const Lists& list, const uint64_t* keys, const float* raws, int32_t count, int keep) {
     const int64_t to = int64_t(row) * list.capacity;  // merged list 0
-    if (count <= int(blockDim.x)) {
+    if (count <= kThreads) {
       // A short list (the scan's bound cut most candidates): each thread
       // ranks one key against the others and writes it at its rank.
-      if (int(threadIdx.x) < count) staged[threadIdx.x] = __ldcg(keys + threadIdx.x);
+      if (t < count) sh.staged[t] = __ldcg(keys + t);
       __syncthreads();
-      if (int(threadIdx.x) < count) {
-        const uint64_t mine = staged[threadIdx.x];
+      if (t < count) {
+        const uint64_t mine = sh.staged[t];
         int rank = 0;
-        for (int j = 0; j < count; ++j) rank += staged[j] > mine;
+        for (int j = 0; j < count; ++j) rank += sh.staged[j] > mine;
         if (rank < keep) {
           list.merged_keys[to + rank] = mine;
-          list.merged_raws[to + rank] = __ldcg(raws + threadIdx.x);
+          list.merged_raws[to + rank] = __ldcg(raws + t);
         }
       }
-      if (threadIdx.x == 0) list.merged_counts[row] = min(count, keep);
+      if (t == 0) list.merged_counts[row] = min(count, keep);
       __syncthreads();  // the staged keys are free again
       return;
     }
     // Longer lists (keep above the bound's reach, or CTAs that found too few
     // published keys): radix selection, in registers where they fit.
-    const FlatKeys flat{keys, count, (count + int(blockDim.x) - 1) / int(blockDim.x)};
-    auto raw_of = [&](int i) { return raws[i * int(blockDim.x) + int(threadIdx.x)]; };
+    const FlatKeys flat{keys, count, (count + kThreads - 1) / kThreads};
+    auto raw_of = [&](int i) { return raws[i * kThreads + t]; };
     if (flat.rounds() <= kFlatCached) {
       CachedFlatKeys cached;
 #pragma unroll
       for (int i = 0; i < kFlatCached; ++i) cached.k[i] = flat.key(i);
       select_into(cached, raw_of, keep, 0, list.merged_keys + to, list.merged_raws + to, list.merged_counts + row,
-                  hist, shared);
+                  sh.hist, sh.shared);
     } else {
-      select_into(flat, raw_of, keep, 0, list.merged_keys + to, list.merged_raws + to, list.merged_counts + row, hist,
-                  shared);
+      select_into(flat, raw_of, keep, 0, list.merged_keys + to, list.merged_raws + to, list.merged_counts + row,
+                  sh.hist, sh.shared);
     }
   };
   if (r.keep > 0) {
-    const int32_t count = min(a.counts[row], a.capacity);
+    const int32_t count = min(__ldcg(a.counts + row), a.capacity);
     cut(c.candidates, a.keys + int64_t(row) * a.capacity, a.raws + int64_t(row) * a.capacity, count, r.keep);
   }
   if (c.top_n > 0) {
-    const int32_t count = min(a.top_counts[row], a.top_capacity);
+    const int32_t count = min(__ldcg(a.top_counts + row), a.top_capacity);
     cut(c.tops, a.top_keys + int64_t(row) * a.top_capacity, a.top_raws + int64_t(row) * a.top_capacity, count,
         c.top_n);
   }
@@ -1440,26 +1427,6 @@ __global__ void __launch_bounds__(kRowThreads) fused_merge_kernel(const FusedMer
 
 // ---- Each row's summary ---------------------------------------------------
 
-struct SummaryArgs {
-  Common common;
-  const ControlPartial* partials;
-  int32_t partial_stride;
-  int32_t groups;
-  int32_t final_list;  // merged candidate list holding the last chunk's merge
-  int32_t tops_list;   // merged top-logits list holding the first pass's last merge
-  const int32_t* hidden_bad;
-  Outputs out;
-  // First pass (continued = 0): rows whose kept set runs past their list
-  // write their Continuation, set *continue_flag and no output yet. After
-  // the third pass (continued = 1) only those rows run: their candidates are
-  // the crossing bin's tokens, `band` the kept tokens above it.
-  int32_t continued;
-  Continuation* continuing;
-  int32_t* continue_flag;
-  const BandPartial* band;
-  int32_t band_stride;
-  int32_t band_groups;
-};
 
 // (best, second, token) of a block, ties towards the smaller token.
 struct Winner {
@@ -1480,34 +1447,40 @@ __device__ void merge_winner(Winner& a, const Winner& b) {
   }
 }
 
-__global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs a) {
-  pdl_wait();  // launched dependent: may start before its predecessor ends
-  const int row = blockIdx.x;
-  const Common& c = a.common;
-  const RowSetup r = row_setup(c, row);
-  const bool continued = a.continued != 0;
-  if (continued && !a.continuing[row].active) return;  // the first pass wrote this row
-  __shared__ ControlPartial all;
-  __shared__ BandPartial above;  // continued rows: the kept tokens above the crossing bin
-  __shared__ int32_t continues;  // first pass: this row continues
-  __shared__ uint64_t ranked[kCandidates];
-  __shared__ int16_t order[kCandidates];
-  __shared__ float ranked_x[kCandidates];
-  __shared__ Winner winners[kRowThreads / 32];
-  __shared__ float sums[kRowThreads / 32];
-  __shared__ int32_t kept, status_shared, candidate_count;
-  __shared__ float lse_shared;
+// A block's shared memory while it writes a row's summary; `all` holds the
+// row's folded partial when summarize_row begins.
+template <int kThreads>
+struct SummaryShared {
+  ControlPartial all;
+  BandPartial above;  // continued rows: the kept tokens above the crossing bin
+  int32_t continues;  // first pass: this row continues
+  uint64_t ranked[kCandidates];
+  int16_t order[kCandidates];
+  float ranked_x[kCandidates];
+  uint64_t listed[kRankByCounting];
+  Winner winners[kThreads / 32];
+  float sums[kThreads / 32];
+  int32_t kept, status_shared, candidate_count;
+  float lse_shared;
+};
 
-  __shared__ ControlPartial groups[kMaxVocabulary / kSliceTokens];
-  if (r.plan.status == FLASHSPEC_OK)
-    for (int g = threadIdx.x; g < a.groups; g += blockDim.x)
-      groups[g] = a.partials[int64_t(g) * a.partial_stride + row];
-  __syncthreads();
+// One row's summary by a block of kThreads threads (summary_kernel's, and
+// the controlled streaming scan's after its second grid barrier): the
+// controls applied to its ranked candidates, the sample, the logprobs.
+template <int kThreads>
+__device__ void summarize_row(const SummaryArgs& a, const RowSetup& r, int row, SummaryShared<kThreads>& sh) {
+  const Common& c = a.common;
+  const bool continued = a.continued != 0;
+  ControlPartial& all = sh.all;
+  BandPartial& above = sh.above;
+  int32_t& continues = sh.continues;
+  uint64_t* ranked = sh.ranked;
+  int16_t* order = sh.order;
+  float* ranked_x = sh.ranked_x;
+  int32_t &kept = sh.kept, &status_shared = sh.status_shared, &candidate_count = sh.candidate_count;
+  float& lse_shared = sh.lse_shared;
   if (threadIdx.x == 0) {
-    ControlPartial p = empty_control_partial();
-    if (r.plan.status == FLASHSPEC_OK)
-      for (int g = 0; g < a.groups; ++g) merge_control_partial(p, groups[g]);
-    all = p;
+    const ControlPartial& p = all;
     int32_t status = r.plan.status;
     if (status == FLASHSPEC_OK) status = r.bias_status;
     if (status == FLASHSPEC_OK && (a.hidden_bad[row] || (p.flags & (kPartialNonFinite | kPartialScaleOverflow))))
@@ -1534,20 +1507,20 @@ __global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs 
   const int64_t list_at = (int64_t(a.final_list) * c.rows + row) * c.candidates.capacity;
   if (n_c > 0 || (continued && status_shared == FLASHSPEC_OK)) {
     const bool counted = n_c <= kRankByCounting;
-    __shared__ uint64_t listed[kRankByCounting];
-    for (int i = threadIdx.x; i < kCandidates; i += blockDim.x) {
+    uint64_t* listed = sh.listed;
+    for (int i = threadIdx.x; i < kCandidates; i += kThreads) {
       const uint64_t key = i < n_c ? c.candidates.merged_keys[list_at + i] : 0;
       if (counted && i < n_c) listed[i] = key;
       if (!counted || i >= n_c) ranked[i] = key;
       order[i] = int16_t(i);
     }
     __syncthreads();
-    if (counted && int(threadIdx.x) < n_c) {
-      const uint64_t mine = listed[threadIdx.x];
+    for (int i = threadIdx.x; counted && i < n_c; i += kThreads) {
+      const uint64_t mine = listed[i];
       int rank = 0;
       for (int j = 0; j < n_c; ++j) rank += listed[j] > mine;
       ranked[rank] = mine;
-      order[rank] = int16_t(threadIdx.x);
+      order[rank] = int16_t(i);
     }
     int size = 1;
     while (!counted && size < n_c) size <<= 1;
@@ -1555,8 +1528,9 @@ __global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs 
     __syncthreads();
     for (int k = 2; k <= size; k <<= 1)
       for (int j = k >> 1; j > 0; j >>= 1) {
-        const int i = threadIdx.x, partner = i ^ j;
-        if (i < size && partner > i) {
+        for (int i = threadIdx.x; i < size; i += kThreads) {
+          const int partner = i ^ j;
+          if (partner <= i) continue;
           const bool descending = (i & k) == 0;
           const uint64_t x = ranked[i], y = ranked[partner];
           if ((x < y) == descending) {
@@ -1569,7 +1543,7 @@ __global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs 
         }
         __syncthreads();
       }
-    for (int i = threadIdx.x; i < n_c; i += blockDim.x) ranked_x[i] = key_x(ranked[i]);
+    for (int i = threadIdx.x; i < n_c; i += kThreads) ranked_x[i] = key_x(ranked[i]);
     __syncthreads();
     if (threadIdx.x == 0 && c.topk == 0 && !continued) {
       const int32_t k = min(int64_t(r.c.top_k), int64_t(all.allowed)) <= n_c ? 1 : 0;
@@ -1647,7 +1621,7 @@ __global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs 
   if (truncated) {
     Winner mine{neg_inf(), neg_inf(), -1, -1};
     float weighted = 0.0f;
-    for (int i = threadIdx.x; i < kept; i += blockDim.x) {
+    for (int i = threadIdx.x; i < kept; i += kThreads) {
       const int32_t token = key_token(ranked[i]);
       const float x = ranked_x[i];
       weighted += expf(x - lse) * x;
@@ -1664,15 +1638,15 @@ __global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs 
       weighted += __shfl_down_sync(0xffffffffu, weighted, offset);
     }
     if ((threadIdx.x & 31) == 0) {
-      winners[threadIdx.x >> 5] = mine;
-      sums[threadIdx.x >> 5] = weighted;
+      sh.winners[threadIdx.x >> 5] = mine;
+      sh.sums[threadIdx.x >> 5] = weighted;
     }
     __syncthreads();
     w = Winner{neg_inf(), neg_inf(), -1, -1};
     weighted = 0.0f;
-    for (int k = 0; k < kRowThreads / 32; ++k) {
-      merge_winner(w, winners[k]);
-      weighted += sums[k];
+    for (int k = 0; k < kThreads / 32; ++k) {
+      merge_winner(w, sh.winners[k]);
+      weighted += sh.sums[k];
     }
     if (w.index >= 0) {
       best_x = ranked_x[w.index];
@@ -1784,6 +1758,137 @@ __global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs 
   }
 }
 
+__global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs a) {
+  pdl_wait();  // launched dependent: may start before its predecessor ends
+  const int row = blockIdx.x;
+  const RowSetup r = row_setup(a.common, row);
+  if (a.continued && !a.continuing[row].active) return;  // the first pass wrote this row
+  __shared__ ControlPartial groups[kMaxVocabulary / kSliceTokens];
+  __shared__ SummaryShared<kRowThreads> sh;
+  if (r.plan.status == FLASHSPEC_OK)
+    for (int g = threadIdx.x; g < a.groups; g += blockDim.x)
+      groups[g] = a.partials[int64_t(g) * a.partial_stride + row];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    ControlPartial p = empty_control_partial();
+    if (r.plan.status == FLASHSPEC_OK)
+      for (int g = 0; g < a.groups; ++g) merge_control_partial(p, groups[g]);
+    sh.all = p;
+  }
+  __syncthreads();
+  summarize_row(a, r, row, sh);
+}
+
+// The controlled streaming scan's shared memory after its second grid
+// barrier, in place of its logits.
+struct FinishShared {
+  MergeShared merge;
+  SummaryShared<stream::kThreads> summary;
+};
+
+template <flashspec_dtype kW, int kShape>
+__global__ void __launch_bounds__(stream::kThreads, tuning::stream_shape(is_codes(kW), kShape).min_blocks)
+    fused_stream_kernel(const FusedArgs a) {
+  constexpr int kNT = tuning::stream_shape(is_codes(kW), kShape).row_groups;
+  extern __shared__ float fused_smem[];  // logits [rows][cta_tokens], each warp's selection buffer; then FinishShared
+  pdl_wait();     // plans, bias lists and staged hidden rows come from the kernels before
+  pdl_trigger();  // the finalize may launch now; it waits for this grid to finish
+  const ScanParams& p = a.scan;
+  const int warp = int(threadIdx.x) >> 5;
+  const int64_t grid_warps = int64_t(gridDim.x) * stream::kWarps;
+  const stream::WarpRun run = stream::warp_run(p.vocab);
+  const int32_t cta_first = stream::first_tile_of(int64_t(blockIdx.x) * stream::kWarps, grid_warps, p.vocab) * 16;
+  const int32_t cta_end =
+      min(p.vocab, stream::first_tile_of(int64_t(blockIdx.x + 1) * stream::kWarps, grid_warps, p.vocab) * 16);
+  float* logits = fused_smem;
+  const int stride = a.cta_tokens;
+  // The rows' setups (plans, controls: a chain of dependent loads) are read
+  // while W streams.
+  __shared__ RowSetup setups[stream::kMaxRows];
+  if (int(threadIdx.x) < p.rows) setups[threadIdx.x] = row_setup(a.summary.common, int(threadIdx.x));
+  stream::stream_tiles<kW, kShape>(p, run.first_tile, run.tiles, [&](int tok_a, auto&& logit) {
+    stream::each_logit<kNT>(p, tok_a, logit,
+                            [&](int row, int token, float l) { logits[row * stride + (token - cta_first)] = l; });
+  });
+  __syncthreads();
+  // Then each warp's kSelectBuffer keys, then each warp's kSelectBuffer
+  // item indices (8-byte aligned: stride is a multiple of 16).
+  uint64_t* buffers = reinterpret_cast<uint64_t*>(fused_smem + int64_t(p.rows) * stride);
+  uint64_t* buffer = buffers + warp * kSelectBuffer;
+  int32_t* items = reinterpret_cast<int32_t*>(buffers + stream::kWarps * kSelectBuffer) + warp * kSelectBuffer;
+  // Few rows take several warps each (their parts of the range in order);
+  // more rows than warps take two rounds. parts[round][warp] holds a warp's
+  // part of a row until the row's selection after the grid's barrier.
+  static_assert(stream::kMaxRows <= 2 * stream::kWarps, "at most two rounds of rows");
+  __shared__ PartFold parts[2][stream::kWarps];
+  const int lane = int(threadIdx.x) & 31, n = cta_end - cta_first;
+  const int per_row = p.rows >= stream::kWarps ? 1 : stream::kWarps / p.rows;
+  const int rows_per_round = stream::kWarps / per_row;
+  const int slot = warp / per_row, part_index = warp % per_row;
+  const int rounds = (p.rows + rows_per_round - 1) / rows_per_round;
+  // First each warp folds its parts, and every row's two best keys of this
+  // CTA are published, for every CTA's selection after the grid's barrier.
+  for (int round = 0; round < rounds; ++round) {
+    const int row = round * rows_per_round + slot;
+    const bool active = slot < rows_per_round && row < p.rows;
+    if (active) {
+      const int begin = int(int64_t(n) * part_index / per_row) & ~3;
+      const int end = part_index + 1 == per_row ? n : int(int64_t(n) * (part_index + 1) / per_row) & ~3;
+      const PartFold f = fold_and_pick(setups[row], logits + row * stride, cta_first, begin, end);
+      if (lane == 0) parts[round][warp] = f;
+    }
+    __syncthreads();
+    if (active && part_index == 0 && lane == 0) {
+      uint64_t best = 0, next = 0, raw_best = 0, raw_next = 0;
+      for (int w = warp; w < warp + per_row; ++w) {
+        insert_top2(parts[round][w].best, best, next);
+        insert_top2(parts[round][w].next, best, next);
+        insert_top2(parts[round][w].raw_best, raw_best, raw_next);
+        insert_top2(parts[round][w].raw_next, raw_best, raw_next);
+      }
+      const int64_t at = (int64_t(row) * gridDim.x + blockIdx.x) * 2;
+      __stcg(a.slots + at, best);
+      __stcg(a.slots + at + 1, next);
+      __stcg(a.top_slots + at, raw_best);
+      __stcg(a.top_slots + at + 1, raw_next);
+    }
+  }
+  // The lists start empty (their counts grow after the barrier). Every
+  // CTA's keys are published before any CTA selects (a cooperative launch:
+  // all CTAs are resident); the CTAs reach here at about the same time, at
+  // the end of their share of W.
+  if (blockIdx.x == 0 && int(threadIdx.x) < p.rows) {
+    a.counts[threadIdx.x] = 0;
+    a.top_counts[threadIdx.x] = 0;
+  }
+  cooperative_groups::this_grid().sync();
+  for (int round = 0; round < rounds; ++round) {
+    const int row = round * rows_per_round + slot;
+    if (slot < rows_per_round && row < p.rows && part_index == 0)
+      finish_row(a, setups[row], row, parts[round] + warp, per_row, logits + row * stride, buffer, items, cta_first,
+                 n);
+  }
+  // Every CTA's partials and lists are in: CTA b finishes rows b, b + grid,
+  // ... in the shared memory the logits held.
+  cooperative_groups::this_grid().sync();
+  FinishShared& finish = *reinterpret_cast<FinishShared*>(fused_smem);
+  for (int row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    merge_row(a, setups[row], row, finish.merge, &finish.summary.all);
+    __syncthreads();
+    summarize_row(a.summary, setups[row], row, finish.summary);
+    __syncthreads();
+  }
+}
+
+struct FusedScan {
+  template <flashspec_dtype kW, int kShape>
+  static const void* of() {
+    return reinterpret_cast<const void*>(&fused_stream_kernel<kW, kShape>);
+  }
+};
+
+const void* fused_kernel(int shape, flashspec_dtype w_dtype) { return stream::kernel_for<FusedScan>(shape, w_dtype); }
+
 int64_t align(int64_t v) { return (v + 255) / 256 * 256; }
 
 }  // namespace
@@ -1892,8 +1997,9 @@ FusedLayout fused_layout(const Pass& p, const Outputs& out) {
   // A CTA's range is a difference of floors of multiples of tiles / blocks:
   // at most ⌈tiles / blocks⌉ tiles.
   const int32_t cta_tokens = int32_t((tiles + blocks - 1) / blocks * 16);
-  const size_t smem = size_t(p.rows) * size_t(cta_tokens) * sizeof(float) +
-                      size_t(stream::kWarps) * kSelectBuffer * sizeof(uint64_t);
+  const size_t smem = std::max(size_t(p.rows) * size_t(cta_tokens) * sizeof(float) +
+                                   size_t(stream::kWarps) * kSelectBuffer * (sizeof(uint64_t) + sizeof(int32_t)),
+                               sizeof(FinishShared));
   const void* kernel = fused_kernel(shape, p.w_dtype);
   int resident = 0;
   if (smem > p.max_smem ||
@@ -1951,13 +2057,6 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
       ws.slices_per_chunk > kMaxSlicesPerChunk)
     return cudaErrorInvalidValue;
   cudaError_t e = cudaSuccess;
-  // Each row's lists start empty; merged list 0 is read first.
-  for (auto [ptr, bytes] : {std::pair<void*, size_t>{ws.merged_counts, size_t(ws.max_rows) * 8},
-                            std::pair<void*, size_t>{ws.thresholds, size_t(ws.max_rows) * 8},
-                            std::pair<void*, size_t>{ws.top_merged_counts, size_t(ws.max_rows) * 8},
-                            std::pair<void*, size_t>{ws.top_thresholds, size_t(ws.max_rows) * 8},
-                            std::pair<void*, size_t>{ws.continue_flag, sizeof(int32_t)}})
-    if ((e = cudaMemsetAsync(ptr, 0, bytes, stream)) != cudaSuccess) return e;
 
   // Every kernel of the pass launches as a programmatic dependent (it waits
   // in pdl_wait()); a fold that follows an event wait launches plainly.
@@ -1967,7 +2066,10 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
                      : launch(kernel, grid, dim3(unsigned(threads)), 0, false, on, params);
   };
   const FusedLayout fused = fused_layout(p, out);
-  BiasArgs b{p.controls, p.draft_offsets, p.requests, p.rows, p.batch_status, ws.row_requests,
+  // The bias kernel also clears what the pass starts from (PassReset), so
+  // no memset node sits between the kernels of a captured call.
+  BiasArgs b{PassReset{ws.merged_counts, ws.top_merged_counts, ws.thresholds, ws.top_thresholds, ws.continue_flag},
+             p.controls, p.draft_offsets, p.requests, p.rows, p.batch_status, ws.row_requests,
              ws.bias_tokens, ws.bias_values, ws.bias_counts};
   e = launch_on(reinterpret_cast<const void*>(&bias_kernel), dim3(unsigned(p.requests)), kBiasThreads, stream, &b,
                 true);
@@ -2001,12 +2103,25 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
                                    p.d,      p.d_load, p.hidden, p.k_pad,   p.rows};
   cudaStream_t fold_stream = pipelined ? p.side : stream;
   int group = 0, from = 0, index = 0;
+  // Rows whose top-p or min-p kept set runs past their candidate list
+  // continue (controls.h): only top-p and min-p can, and only outside stream
+  // capture, where the host cannot learn whether a row did before it records
+  // the passes (a captured call's such rows fail with UNSUPPORTED instead).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if ((e = cudaStreamIsCapturing(stream, &capture)) != cudaSuccess) return e;
+  const bool may_continue =
+      out.topk == 0 && (p.controls.top_p || p.controls.min_p) && capture == cudaStreamCaptureStatusNone;
+  auto* continuing = may_continue ? static_cast<Continuation*>(ws.continuations) : nullptr;
+  auto* band = static_cast<BandPartial*>(ws.band_partials);
   if (fused.kernel) {
-    // ≤ 16 rows: one read of W by the controlled streaming scan, then the
-    // merge of its CTAs' lists and partials (merged lists 0, one partial).
+    // ≤ 16 rows: one read of W by the controlled streaming scan, which also
+    // merges its CTAs' lists and partials (merged lists 0, one partial per
+    // row in ws.partials) and writes the rows' summaries.
     FusedArgs f = {};
     f.scan = stream_params(p, 0, p.vocab);
-    f.common = common;
+    f.summary = SummaryArgs{common, static_cast<const ControlPartial*>(ws.partials), ws.max_rows, 1, 0, 0,
+                            p.hidden_bad, out, 0, continuing, ws.continue_flag, band, ws.max_rows, 0};
+    f.merged = static_cast<ControlPartial*>(ws.partials);
     f.cta_tokens = fused.cta_tokens;
     f.partials = fused.partials;
     f.keys = fused.keys;
@@ -2022,12 +2137,6 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
     void* scan_args[] = {&f};
     e = launch(fused.kernel, dim3(unsigned(fused.blocks)), dim3(unsigned(stream::kThreads)), fused.smem, true, stream,
                scan_args);
-    if (e != cudaSuccess) return e;
-    FusedMergeArgs m{common,          fused.partials,  fused.blocks,       static_cast<ControlPartial*>(ws.partials),
-                     fused.keys,      fused.raws,      fused.counts,       fused.capacity,
-                     fused.top_keys,  fused.top_raws,  fused.counts + p.rows, fused.top_capacity};
-    e = launch_on(reinterpret_cast<const void*>(&fused_merge_kernel), dim3(unsigned(p.rows)), kRowThreads, stream,
-                  &m, true);
     if (e != cudaSuccess) return e;
     group = 1;
   }
@@ -2063,21 +2172,14 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
     if ((e = cudaEventRecord(p.joined, fold_stream)) != cudaSuccess) return e;
     if ((e = cudaStreamWaitEvent(stream, p.joined, 0)) != cudaSuccess) return e;
   }
-  // Rows whose top-p or min-p kept set runs past their candidate list
-  // continue (controls.h): only top-p and min-p can, and only outside stream
-  // capture, where the host cannot learn whether a row did before it records
-  // the passes (a captured call's such rows fail with UNSUPPORTED instead).
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if ((e = cudaStreamIsCapturing(stream, &capture)) != cudaSuccess) return e;
-  const bool may_continue =
-      out.topk == 0 && (p.controls.top_p || p.controls.min_p) && capture == cudaStreamCaptureStatusNone;
-  auto* continuing = may_continue ? static_cast<Continuation*>(ws.continuations) : nullptr;
-  auto* band = static_cast<BandPartial*>(ws.band_partials);
-  SummaryArgs s{common, static_cast<const ControlPartial*>(ws.partials), ws.max_rows, group, from, from,
-                p.hidden_bad, out, 0, continuing, ws.continue_flag, band, ws.max_rows, 0};
-  e = launch_on(reinterpret_cast<const void*>(&summary_kernel), dim3(unsigned(p.rows)), kRowThreads, stream, &s,
-                !pipelined || fused.kernel);
-  if (e != cudaSuccess || !may_continue) return e;
+  if (!fused.kernel) {
+    SummaryArgs s{common, static_cast<const ControlPartial*>(ws.partials), ws.max_rows, group, from, from,
+                  p.hidden_bad, out, 0, continuing, ws.continue_flag, band, ws.max_rows, 0};
+    e = launch_on(reinterpret_cast<const void*>(&summary_kernel), dim3(unsigned(p.rows)), kRowThreads, stream, &s,
+                  !pipelined);
+    if (e != cudaSuccess) return e;
+  }
+  if (!may_continue) return cudaSuccess;
   int32_t flag = 0;
   if ((e = cudaMemcpyAsync(&flag, ws.continue_flag, sizeof flag, cudaMemcpyDeviceToHost, stream)) != cudaSuccess)
     return e;

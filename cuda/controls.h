@@ -6,17 +6,19 @@
 // weight-streaming scan reads, and whose controls carry top-k (or no top-p
 // and min-p), reads W once in a controlled streaming scan (the loop of
 // stream_tiles.cuh; a cooperative launch). Each CTA keeps its token range's
-// logits [rows][range] in shared memory. When its warps are done it
-// publishes, per row, two real candidate keys of its range (the largest
-// raw logits among allowed tokens, as keys of x) and the two largest raw
-// logits; after a grid-wide barrier its warps fold the range as the fold
-// kernel below folds a slice (a ControlPartial per CTA), and each row's
-// keep-th largest published key (keep ≤ 64) bounds the row's keep-th best
-// candidate from below: the CTA lists only its candidates at or above it,
-// at most keep of them, usually none or a few. A merge kernel (one block
-// per row) ranks the short lists and folds the partials; the summary
-// follows as below. Rows without a bound (keep > 64) list their range's
-// best keep and the merge selects by radix. Rows that continue (top-p or
+// logits [rows][range] in shared memory. When its warps are done they fold
+// the range as the fold kernel below folds a slice (a ControlPartial per
+// CTA) and, in the same pass, the CTA publishes per row two real candidate
+// keys of its range (the largest raw logits among allowed tokens, as keys
+// of x) and the two largest raw logits. After a grid-wide barrier each
+// row's keep-th largest published key (keep ≤ 64) bounds the row's keep-th
+// best candidate from below: the CTA lists only its candidates at or above
+// it, at most keep of them, usually none or a few. After a second barrier
+// CTA b takes rows b, b + grid, ...: it ranks the row's short list, folds
+// the CTAs' partials and writes the row's summary with the summary kernel's
+// code (below), in the shared memory the logits held; no kernel of the
+// pass follows the scan. Rows without a bound (keep > 64) list their
+// range's best keep and the finish selects by radix. Rows that continue (top-p or
 // min-p past the list) take their later passes over logits the same loop
 // computes, so the values they rank are the first pass's. The lists live
 // in the cuBLAS chunks' buffers; a call whose lists or CTA ranges do not
