@@ -1816,21 +1816,22 @@ __global__ void __launch_bounds__(stream::kThreads, tuning::stream_shape(is_code
   uint64_t* buffers = reinterpret_cast<uint64_t*>(fused_smem + int64_t(p.rows) * stride);
   uint64_t* buffer = buffers + warp * kSelectBuffer;
   int32_t* items = reinterpret_cast<int32_t*>(buffers + stream::kWarps * kSelectBuffer) + warp * kSelectBuffer;
-  // Few rows take several warps each (their parts of the range in order);
-  // more rows than warps take two rounds. parts[round][warp] holds a warp's
-  // part of a row until the row's selection after the grid's barrier.
+  // Rows go in rounds of at most kWarps rows; a round of fewer rows gives
+  // each row several warps (its parts of the range, in order).
+  // parts[round][warp] holds a warp's part of a row until the row's
+  // selection after the grid's barrier.
   static_assert(stream::kMaxRows <= 2 * stream::kWarps, "at most two rounds of rows");
   __shared__ PartFold parts[2][stream::kWarps];
   const int lane = int(threadIdx.x) & 31, n = cta_end - cta_first;
-  const int per_row = p.rows >= stream::kWarps ? 1 : stream::kWarps / p.rows;
-  const int rows_per_round = stream::kWarps / per_row;
-  const int slot = warp / per_row, part_index = warp % per_row;
-  const int rounds = (p.rows + rows_per_round - 1) / rows_per_round;
+  const int rounds = (p.rows + stream::kWarps - 1) / stream::kWarps;
+  auto round_rows = [&](int round) { return min(stream::kWarps, p.rows - round * stream::kWarps); };
   // First each warp folds its parts, and every row's two best keys of this
   // CTA are published, for every CTA's selection after the grid's barrier.
   for (int round = 0; round < rounds; ++round) {
-    const int row = round * rows_per_round + slot;
-    const bool active = slot < rows_per_round && row < p.rows;
+    const int per_row = stream::kWarps / round_rows(round);
+    const int slot = warp / per_row, part_index = warp % per_row;
+    const int row = round * stream::kWarps + slot;
+    const bool active = slot < round_rows(round);
     if (active) {
       const int begin = int(int64_t(n) * part_index / per_row) & ~3;
       const int end = part_index + 1 == per_row ? n : int(int64_t(n) * (part_index + 1) / per_row) & ~3;
@@ -1863,8 +1864,10 @@ __global__ void __launch_bounds__(stream::kThreads, tuning::stream_shape(is_code
   }
   cooperative_groups::this_grid().sync();
   for (int round = 0; round < rounds; ++round) {
-    const int row = round * rows_per_round + slot;
-    if (slot < rows_per_round && row < p.rows && part_index == 0)
+    const int per_row = stream::kWarps / round_rows(round);
+    const int slot = warp / per_row, part_index = warp % per_row;
+    const int row = round * stream::kWarps + slot;
+    if (slot < round_rows(round) && part_index == 0)
       finish_row(a, setups[row], row, parts[round] + warp, per_row, logits + row * stride, buffer, items, cta_first,
                  n);
   }
