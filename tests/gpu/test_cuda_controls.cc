@@ -416,8 +416,11 @@ TEST_F(Gpu, QuantisedHeadsWithControlsMatchCpu) {
 // The controlled streaming scan (≤ 16 rows): best tokens packed into one
 // stretch of ids with exact ties among them (the CTAs there keep their own
 // best `keep`; the rest find a bound in the keys every CTA published), top-k
-// below and above the bound's reach (64), and 8-bit heads.
+// below and above the bound's reach (64), 8-bit heads, and a vocabulary of
+// a few tiles (two CTAs, each finishing several rows).
 TEST_F(Gpu, StreamingScanWithClusteredTokensMatchesCpu) {
+  for (int requests : {2, 4, 7})  // 5, 7 and 13 rows
+    run_controls_parity({kBf16, 211, 64, requests, 3, 0.8f, 40, 0.95f, 0.05f, true, true, false, false, 4});
   for (int top_k : {40, 64, 100}) {
     ControlsCase c{kBf16, 30011, 64, 4, 3, 0.9f, top_k, 0.95f, 0.0f, true, false, false, false, 6};
     c.clustered = 600;
