@@ -1791,7 +1791,8 @@ __global__ void __launch_bounds__(stream::kThreads, tuning::stream_shape(is_code
     fused_stream_kernel(const FusedArgs a) {
   constexpr int kNT = tuning::stream_shape(is_codes(kW), kShape).row_groups;
   extern __shared__ float fused_smem[];  // logits [rows][cta_tokens], each warp's selection buffer; then FinishShared
-  pdl_wait();     // plans, bias lists and staged hidden rows come from the kernels before
+  // A cooperative launch, after the kernels before it have finished (a
+  // programmatic launch of this barrier kernel measured far slower).
   pdl_trigger();  // the finalize may launch now; it waits for this grid to finish
   const ScanParams& p = a.scan;
   const int warp = int(threadIdx.x) >> 5;
@@ -1942,6 +1943,13 @@ Workspace carve_workspace(void* base, int32_t max_rows, int32_t max_requests, in
 
 namespace {
 
+// The W dtypes the controlled streaming scan reads, in ScanSmemLimits' order.
+constexpr flashspec_dtype kStreamDtypes[] = {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_E4M3,
+                                             FLASHSPEC_DTYPE_I8};
+int w_dtype_index(flashspec_dtype dtype) {
+  return dtype == FLASHSPEC_DTYPE_F16 ? 1 : dtype == FLASHSPEC_DTYPE_E4M3 ? 2 : dtype == FLASHSPEC_DTYPE_I8 ? 3 : 0;
+}
+
 // Where the controlled streaming scan of a call goes: its partials, lists
 // and published keys, carved from the cuBLAS chunks' buffers (which it does
 // not use); kernel NULL when the call
@@ -2003,12 +2011,7 @@ FusedLayout fused_layout(const Pass& p, const Outputs& out) {
   const size_t smem = std::max(size_t(p.rows) * size_t(cta_tokens) * sizeof(float) +
                                    size_t(stream::kWarps) * kSelectBuffer * (sizeof(uint64_t) + sizeof(int32_t)),
                                sizeof(FinishShared));
-  const void* kernel = fused_kernel(shape, p.w_dtype);
-  int resident = 0;
-  if (smem > p.max_smem ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, stream::kThreads, smem) != cudaSuccess ||
-      resident < per_sm)
-    return f;
+  if (smem > p.smem_limits->bytes[shape][w_dtype_index(p.w_dtype)]) return f;
   const int64_t capacity = int64_t(blocks) * std::min<int32_t>(kCandidates, cta_tokens);
   const int64_t top_capacity = p.top_n > 0 ? int64_t(blocks) * std::min<int32_t>(kTopN, cta_tokens) : 0;
   uintptr_t at = reinterpret_cast<uintptr_t>(p.fused_scratch);
@@ -2025,7 +2028,7 @@ FusedLayout fused_layout(const Pass& p, const Outputs& out) {
   f.counts = static_cast<int32_t*>(take(2 * p.rows * 4));
   f.slots = static_cast<uint64_t*>(take(4 * int64_t(p.rows) * blocks * 8));
   if (at - reinterpret_cast<uintptr_t>(p.fused_scratch) > p.fused_scratch_bytes) return FusedLayout{};
-  f.kernel = kernel;
+  f.kernel = fused_kernel(shape, p.w_dtype);
   f.shape = shape;
   f.max_blocks = p.sm_count * per_sm;
   f.blocks = blocks;
@@ -2038,16 +2041,22 @@ FusedLayout fused_layout(const Pass& p, const Outputs& out) {
 
 }  // namespace
 
-cudaError_t configure(size_t max_smem) {
+cudaError_t configure(size_t max_smem, ScanSmemLimits* limits) {
   cudaFuncAttributes attributes{};
   cudaError_t e = cudaSuccess;
   for (int shape = 0; shape < tuning::kStreamShapeCount; ++shape)
-    for (flashspec_dtype dtype : {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_E4M3, FLASHSPEC_DTYPE_I8}) {
+    for (flashspec_dtype dtype : kStreamDtypes) {
       const void* kernel = fused_kernel(shape, dtype);
       if ((e = cudaFuncGetAttributes(&attributes, kernel)) != cudaSuccess) return e;
-      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(max_smem - std::min(max_smem, attributes.sharedSizeBytes)));
+      const size_t opt_in = max_smem - std::min(max_smem, attributes.sharedSizeBytes);
+      if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(opt_in))) != cudaSuccess)
+        return e;
+      size_t resident = 0;  // per block, with the shape's blocks per SM resident
+      e = cudaOccupancyAvailableDynamicSMemPerBlock(&resident, kernel,
+                                                    tuning::stream_shape(is_codes(dtype), shape).min_blocks,
+                                                    stream::kThreads);
       if (e != cudaSuccess) return e;
+      limits->bytes[shape][w_dtype_index(dtype)] = std::min(opt_in, resident);
     }
   return cudaSuccess;
 }
@@ -2122,8 +2131,9 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
     // row in ws.partials) and writes the rows' summaries.
     FusedArgs f = {};
     f.scan = stream_params(p, 0, p.vocab);
-    f.summary = SummaryArgs{common, static_cast<const ControlPartial*>(ws.partials), ws.max_rows, 1, 0, 0,
-                            p.hidden_bad, out, 0, continuing, ws.continue_flag, band, ws.max_rows, 0};
+    // The finish hands summarize_row each row's partial itself (no groups).
+    f.summary = SummaryArgs{common, nullptr, 0, 0, 0, 0, p.hidden_bad, out, 0, continuing, ws.continue_flag,
+                            band, ws.max_rows, 0};
     f.merged = static_cast<ControlPartial*>(ws.partials);
     f.cta_tokens = fused.cta_tokens;
     f.partials = fused.partials;

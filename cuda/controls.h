@@ -68,10 +68,19 @@
 #include "kernels/args.h"
 #include "sampling/fold.h"
 #include "sampling/row_summary.h"
+#include "tuning.h"
 
 namespace flashspec {
 namespace cuda {
 namespace controls {
+
+// The dynamic shared memory a block of each controlled streaming scan may
+// take with its tuned number of blocks per SM resident, per stream shape
+// and W dtype (bf16, fp16, e4m3, int8); configure() finds it once per
+// context, so a call only compares.
+struct ScanSmemLimits {
+  size_t bytes[tuning::kStreamShapeCount][4];
+};
 
 constexpr int32_t kSliceTokens = 4096;                 // tokens per fold block
 constexpr int32_t kCandidates = FLASHSPEC_MAX_TOP_K;   // candidates a row keeps
@@ -148,18 +157,20 @@ struct Pass {
   cudaEvent_t ready[2], freed[2], joined;
   // The controlled streaming scan (≤ tuning::kStreamMaxRows rows): whether
   // the hidden rows are staged for it (the tensor-core scans apply), the
-  // device's SMs and per-block shared memory, and the scratch its lists may
-  // take (the chunk buffers: fused_scratch_bytes of them).
+  // device's SMs, the scans' shared-memory limits (configure), and the
+  // scratch its lists may take (the chunk buffers: fused_scratch_bytes of
+  // them).
   bool stream_scan;
   int sm_count;
-  size_t max_smem;
+  const ScanSmemLimits* smem_limits;
   void* fused_scratch;
   size_t fused_scratch_bytes;
 };
 
 // Lets the controlled streaming scans use the shared memory a block may opt
-// in to (max_smem, less their static shared memory); once per context.
-cudaError_t configure(size_t max_smem);
+// in to (max_smem, less their static shared memory) and writes how much of
+// it each may take at its tuned occupancy into *limits; once per context.
+cudaError_t configure(size_t max_smem, ScanSmemLimits* limits);
 
 // Where a controlled pass writes: verify summaries (and the top raw tokens
 // and logprobs, [rows][top_n]), a draft call's outputs, or a top-k draft's

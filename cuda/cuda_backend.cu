@@ -45,7 +45,8 @@ class CudaBackend final : public Backend {
             "device " + std::to_string(device_) + " does not exist (" + std::to_string(count) + " devices)");
     DeviceScope scope(device_);
     limits_ = configure_scans(device_);
-    check_cuda(controls::configure(limits_.max_smem), "cudaFuncSetAttribute (controlled streaming scan)");
+    check_cuda(controls::configure(limits_.max_smem, &controls_smem_),
+               "controlled streaming scan setup");
     check_cuda(finalize::configure(), "cudaFuncSetAttribute (finalize)");
 
     const size_t partials = size_t(tuning::kMaxGroups) * size_t(max_rows_);
@@ -476,7 +477,7 @@ class CudaBackend final : public Backend {
     p.joined = side_joined_;
     p.stream_scan = tc;
     p.sm_count = limits_.sm_count;
-    p.max_smem = limits_.max_smem;
+    p.smem_limits = &controls_smem_;
     p.fused_scratch = chunk_logits_.as<void>();
     p.fused_scratch_bytes = chunk_logits_.bytes();
     const char* cublas_failure = nullptr;
@@ -571,6 +572,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer shard_summaries_, shard_status_;  // finalize of gathered shard records
   DeviceBuffer controls_storage_;                // calls with sampling controls or logprobs
   controls::Workspace controls_ = {};
+  controls::ScanSmemLimits controls_smem_ = {};  // the controlled streaming scans' (configure)
   cudaStream_t side_stream_ = nullptr;           // the controlled pass's folds
   cudaEvent_t chunk_ready_[2] = {}, chunk_freed_[2] = {}, side_joined_ = nullptr;
 };
