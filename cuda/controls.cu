@@ -142,6 +142,30 @@ __device__ void merge_control_partial(ControlPartial& a, const ControlPartial& b
   a.flags |= b.flags;
 }
 
+// The warp's partials merged into lane 0's, lanes in a fixed order.
+__device__ void warp_merge_control_partial(ControlPartial& part) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll 1
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    ControlPartial other;
+    other.m = __shfl_down_sync(0xffffffffu, part.m, offset);
+    other.s = __shfl_down_sync(0xffffffffu, part.s, offset);
+    other.w = __shfl_down_sync(0xffffffffu, part.w, offset);
+    other.rm = __shfl_down_sync(0xffffffffu, part.rm, offset);
+    other.rs = __shfl_down_sync(0xffffffffu, part.rs, offset);
+    other.best = __shfl_down_sync(0xffffffffu, part.best, offset);
+    other.second = __shfl_down_sync(0xffffffffu, part.second, offset);
+    other.best_x = __shfl_down_sync(0xffffffffu, part.best_x, offset);
+    other.best_raw = __shfl_down_sync(0xffffffffu, part.best_raw, offset);
+    other.token = __shfl_down_sync(0xffffffffu, part.token, offset);
+    other.tracked_x = __shfl_down_sync(0xffffffffu, part.tracked_x, offset);
+    other.tracked_raw = __shfl_down_sync(0xffffffffu, part.tracked_raw, offset);
+    other.allowed = __shfl_down_sync(0xffffffffu, part.allowed, offset);
+    other.flags = __shfl_down_sync(0xffffffffu, part.flags, offset);
+    if (lane < offset) merge_control_partial(part, other);
+  }
+}
+
 // A row whose kept set runs past its candidate list (the first pass's
 // summary writes it; the second pass adds the crossing bin).
 struct Continuation {
@@ -958,6 +982,7 @@ constexpr int kBoundKeep = 64;      // the largest keep a bound from lanes' best
 __device__ uint64_t kth_of_lane_pairs(uint64_t first, uint64_t second, int keep) {
   if (keep > kBoundKeep) return 0;
   int rank_first = 0, rank_second = 0;
+#pragma unroll 2
   for (int source = 0; source < 32; ++source) {
     const uint64_t a = __shfl_sync(0xffffffffu, first, source), b = __shfl_sync(0xffffffffu, second, source);
     rank_first += (a > first) + (b > first);
@@ -992,19 +1017,31 @@ __device__ void warp_select(int n, int keep, Key key, uint64_t* buffer, int32_t*
   {
     int filled = 0;
     bool fits = true;
-    for (int start = 0; start < n; start += 32) {
-      const int i = start + lane;
-      const uint64_t k = i < n ? key(i) : 0;
-      const unsigned has = __ballot_sync(0xffffffffu, k != 0);
-      if (filled + __popc(has) > kSelectBuffer) {
-        fits = false;  // the same on every lane
-        break;
+    // Lane L reads items 4L .. 4L + 3 of each 128; a block of 128 with no
+    // key on any lane (the usual case) costs one vote.
+    for (int start = 0; start < n && fits; start += 128) {
+      uint64_t k[4];
+      bool any = false;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int i = start + 4 * lane + q;
+        k[q] = i < n ? key(i) : 0;
+        any |= k[q] != 0;
       }
-      if (k) {
-        buffer[filled + __popc(has & below)] = k;
-        items[filled + __popc(has & below)] = i;
+      if (!__any_sync(0xffffffffu, any)) continue;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const unsigned has = __ballot_sync(0xffffffffu, k[q] != 0);
+        if (filled + __popc(has) > kSelectBuffer) {
+          fits = false;  // the same on every lane
+          break;
+        }
+        if (k[q]) {
+          buffer[filled + __popc(has & below)] = k[q];
+          items[filled + __popc(has & below)] = start + 4 * lane + q;
+        }
+        filled += __popc(has);
       }
-      filled += __popc(has);
     }
     __syncwarp();
     if (fits) {
@@ -1131,6 +1168,7 @@ __device__ void insert_top2(uint64_t k, uint64_t& best, uint64_t& next) {
 
 // The two largest of every lane's (best, next), on every lane.
 __device__ void warp_top2(uint64_t& best, uint64_t& next) {
+#pragma unroll 1
   for (int offset = 16; offset > 0; offset >>= 1) {
     const uint64_t b = __shfl_xor_sync(0xffffffffu, best, offset), n = __shfl_xor_sync(0xffffffffu, next, offset);
     const uint64_t hi = max(best, b);
@@ -1139,14 +1177,129 @@ __device__ void warp_top2(uint64_t& best, uint64_t& next) {
   }
 }
 
+// Logits l[base .. base + 4) of a range ending at `end` (base a multiple of
+// 4; l 16-byte aligned); a token at or past end reads as 0.
+__device__ __forceinline__ void load_four(const float* l, int base, int end, float* lv) {
+  if (base + 4 <= end) {
+    const float4 four = *reinterpret_cast<const float4*>(l + base);
+    lv[0] = four.x;
+    lv[1] = four.y;
+    lv[2] = four.z;
+    lv[3] = four.w;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) lv[k] = base + k < end ? l[base + k] : 0.0f;
+  }
+}
+
+// fold_and_pick for a truncated row whose every token in the part is a
+// candidate with x = l · scale (no mask, no bias entry in the part): the
+// first pass finds the warp's largest and second-largest logit, the second
+// sums against the largest and forms keys only for logits at or above the
+// second (every lane compares with the same floor, so the warp rarely
+// diverges). The lanes' sums meet in lane 0 in a fixed order.
+__device__ PartFold fold_and_pick_unmasked(const RowSetup& r, const float* l, int32_t v0, int begin, int end,
+                                           float scale) {
+  const int lane = threadIdx.x & 31;
+  float high = neg_inf(), second = neg_inf(), low = INFINITY, non_finite = 0.0f;  // l · 0: NaN for a non-finite l
+  for (int base = begin + lane * 4; base < end; base += 128) {
+    float lv[4];
+    load_four(l, base, end, lv);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (base + k >= end) break;
+      second = fmaxf(second, fminf(high, lv[k]));
+      high = fmaxf(high, lv[k]);
+      low = fminf(low, lv[k]);
+      non_finite += lv[k] * 0.0f;
+    }
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float other_high = __shfl_xor_sync(0xffffffffu, high, offset);
+    const float other_second = __shfl_xor_sync(0xffffffffu, second, offset);
+    second = fmaxf(fmaxf(second, other_second), fminf(high, other_high));
+    high = fmaxf(high, other_high);
+    low = fminf(low, __shfl_xor_sync(0xffffffffu, low, offset));
+  }
+  const float raw_max = high, x_max = raw_max * scale;
+  const bool weighted = !r.greedy;
+  float raw_sum = 0.0f, sum = 0.0f, weighted_sum = 0.0f;
+  uint64_t best = 0, next = 0;
+  for (int base = begin + lane * 4; base < end && raw_max != neg_inf(); base += 128) {
+    float lv[4];
+    load_four(l, base, end, lv);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (base + k >= end) break;
+      raw_sum += expf(lv[k] - raw_max);
+      if (weighted) {
+        const float x = lv[k] * scale;
+        const float e = expf(x - x_max);
+        sum += e;
+        weighted_sum += e * x;
+      }
+      if (lv[k] >= second) insert_top2(rank_key(lv[k], v0 + base + k), best, next);
+    }
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    raw_sum += __shfl_down_sync(0xffffffffu, raw_sum, offset);
+    sum += __shfl_down_sync(0xffffffffu, sum, offset);
+    weighted_sum += __shfl_down_sync(0xffffffffu, weighted_sum, offset);
+  }
+  warp_top2(best, next);
+  PartFold f;
+  ControlPartial& part = f.part;
+  part = empty_control_partial();
+  if (begin < end) {
+    part.rm = raw_max;
+    part.rs = raw_sum;
+    if (weighted) {
+      part.m = x_max;
+      part.s = sum;
+      part.w = weighted_sum;
+    }
+    part.allowed = end - begin;
+    if (__any_sync(0xffffffffu, non_finite != 0.0f)) part.flags |= kPartialNonFinite;  // NaN != 0
+    else if (!is_finite(x_max) || !is_finite(low * scale)) part.flags |= kPartialScaleOverflow;
+    const int tracked = r.plan.tracked - (v0 + begin);
+    if (tracked >= 0 && tracked < end - begin) {
+      part.tracked_raw = l[begin + tracked];
+      part.tracked_x = part.tracked_raw * scale;
+      part.flags |= kPartialTracked;
+    }
+  }
+  // Every token is a candidate: the best two keys of x are those of the
+  // logits, ordered again (scaling may round two logits to one x).
+  auto as_candidate = [&](uint64_t raw_key) {
+    if (!raw_key) return uint64_t(0);
+    const float x = key_x(raw_key) * scale;
+    return is_finite(x) ? rank_key(x, key_token(raw_key)) : uint64_t(0);
+  };
+  f.best = as_candidate(best);
+  f.next = as_candidate(next);
+  if (f.next > f.best) {
+    const uint64_t t = f.best;
+    f.best = f.next;
+    f.next = t;
+  }
+  f.raw_best = best;
+  f.raw_next = next;
+  return f;
+}
+
 // A warp's part [begin, end) of a row of the CTA's range (begin a multiple
-// of 4; the range starts at v0, a multiple of 16), in one pass over its
-// logits: its fold as fold_kernel folds a slice (lane 0 returns the
-// ControlPartial, lanes merged in a fixed order), and the keys the CTA
-// publishes before the grid's barrier, on every lane: the two largest raw
-// logits of all its tokens (tops) and of its allowed ones, turned into
-// candidate keys (real keys of allowed tokens, though with a bias not always
-// the part's largest x).
+// of 4; the range starts at v0, a multiple of 16), in two passes over its
+// logits: its fold (lane 0 returns the ControlPartial, lanes merged in a
+// fixed order), and the keys the CTA publishes before the grid's barrier,
+// on every lane: the two largest raw logits of all its tokens (tops) and of
+// its allowed ones, turned into candidate keys (real keys of allowed
+// tokens, though with a bias not always the part's largest x).
+//
+// The first pass finds the part's largest raw logit and x (and the counts,
+// flags, keys and a sample); the second sums e^(l − max) and e^(x − max)
+// against them, so no token rescales a running sum and no lane's branches
+// diverge on whether a token raised the maximum. The part's log-sum-exps
+// are those of the online fold up to rounding.
 __device__ PartFold fold_and_pick(const RowSetup& r, const float* l, int32_t v0, int begin, int end) {
   const int lane = threadIdx.x & 31;
   const bool inert = r.plan.status != FLASHSPEC_OK;
@@ -1163,51 +1316,75 @@ __device__ PartFold fold_and_pick(const RowSetup& r, const float* l, int32_t v0,
   ControlPartial& part = f.part;
   part = empty_control_partial();
   uint64_t any_best = 0, any_next = 0, allowed_best = 0, allowed_next = 0;
-  const bool sampled = !inert && !r.greedy && r.keep == 0;
-  // Lane L takes the Philox blocks of four tokens begin + 4L, + 128, ...
+  const bool offers = !inert && r.keep == 0;  // the row's sample comes from the fold
+  const bool sampled = offers && !r.greedy;
+  const float scale = r.greedy ? 1.0f : r.plan.inv_t;  // x = l · scale where no bias entry names the token
+  if (!inert && !offers && !r.c.mask && bhi == blo) return fold_and_pick_unmasked(r, l, v0, begin, end, scale);
+  // Lane L takes the blocks of four tokens begin + 4L, + 128, ... (a
+  // Philox block each).
+  auto four_logits = [&](int base, float* lv) { load_four(l, base, end, lv); };
+  float raw_max = neg_inf(), x_max = neg_inf();
   for (int base = begin + lane * 4; base < end && !inert; base += 128) {
     const int32_t token0 = v0 + base;
     Philox4 noise = {{0, 0, 0, 0}};
     if (sampled) noise = row_block(r.plan.key, uint32_t(token0) >> 2);
     float lv[4];
-    if (base + 4 <= end) {
-      const float4 four = *reinterpret_cast<const float4*>(l + base);
-      lv[0] = four.x;
-      lv[1] = four.y;
-      lv[2] = four.z;
-      lv[3] = four.w;
-    } else {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) lv[k] = base + k < end ? l[base + k] : 0.0f;
-    }
+    four_logits(base, lv);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       if (base + k >= end) break;
-      float x;  // a candidate's x: the selection recomputes it
-      const bool candidate = fold_token(part, r, lv[k], token0 + k, blo, bhi, noise.v[k], &x);
-      const uint64_t key = rank_key(lv[k], token0 + k);
+      const int32_t token = token0 + k;
+      if (!is_finite(lv[k])) part.flags |= kPartialNonFinite;
+      raw_max = fmaxf(raw_max, lv[k]);
+      if (token == r.plan.tracked) {
+        part.tracked_raw = lv[k];
+        part.flags |= kPartialTracked;
+      }
+      const uint64_t key = rank_key(lv[k], token);
       insert_top2(key, any_best, any_next);
-      if (candidate) insert_top2(key, allowed_best, allowed_next);
+      if (!token_allowed(r.c, token)) continue;
+      const float x = controlled_x(r, lv[k], token, blo, bhi);
+      if (!is_finite(x)) part.flags |= is_finite(lv[k]) ? kPartialScaleOverflow : kPartialNonFinite;
+      ++part.allowed;
+      if (token == r.plan.tracked) part.tracked_x = x;
+      x_max = fmaxf(x_max, x);
+      insert_top2(key, allowed_best, allowed_next);
+      if (offers && token != r.plan.excluded)
+        offer_sample(part, r.greedy ? x : x + gumbel_from_bits(noise.v[k]), x, lv[k], token);
     }
   }
   for (int offset = 16; offset > 0; offset >>= 1) {
-    ControlPartial other;
-    other.m = __shfl_down_sync(0xffffffffu, part.m, offset);
-    other.s = __shfl_down_sync(0xffffffffu, part.s, offset);
-    other.w = __shfl_down_sync(0xffffffffu, part.w, offset);
-    other.rm = __shfl_down_sync(0xffffffffu, part.rm, offset);
-    other.rs = __shfl_down_sync(0xffffffffu, part.rs, offset);
-    other.best = __shfl_down_sync(0xffffffffu, part.best, offset);
-    other.second = __shfl_down_sync(0xffffffffu, part.second, offset);
-    other.best_x = __shfl_down_sync(0xffffffffu, part.best_x, offset);
-    other.best_raw = __shfl_down_sync(0xffffffffu, part.best_raw, offset);
-    other.token = __shfl_down_sync(0xffffffffu, part.token, offset);
-    other.tracked_x = __shfl_down_sync(0xffffffffu, part.tracked_x, offset);
-    other.tracked_raw = __shfl_down_sync(0xffffffffu, part.tracked_raw, offset);
-    other.allowed = __shfl_down_sync(0xffffffffu, part.allowed, offset);
-    other.flags = __shfl_down_sync(0xffffffffu, part.flags, offset);
-    if (lane < offset) merge_control_partial(part, other);
+    raw_max = fmaxf(raw_max, __shfl_xor_sync(0xffffffffu, raw_max, offset));
+    x_max = fmaxf(x_max, __shfl_xor_sync(0xffffffffu, x_max, offset));
   }
+  // Every lane of the warp sums against the same maxima, so the lanes'
+  // merge below adds their sums (each scale is e^0).
+  const bool weighted = !r.greedy && x_max != neg_inf();
+  const bool every_x = !r.c.mask && bhi == blo;
+  float raw_sum = 0.0f, sum = 0.0f, weighted_sum = 0.0f;
+  for (int base = begin + lane * 4; base < end && !inert && raw_max != neg_inf(); base += 128) {
+    const int32_t token0 = v0 + base;
+    float lv[4];
+    four_logits(base, lv);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (base + k >= end) break;
+      raw_sum += expf(lv[k] - raw_max);
+      if (!weighted || (!every_x && !token_allowed(r.c, token0 + k))) continue;
+      const float x = every_x ? lv[k] * scale : controlled_x(r, lv[k], token0 + k, blo, bhi);
+      const float e = expf(x - x_max);
+      sum += e;
+      weighted_sum += e * x;
+    }
+  }
+  part.rm = raw_max;
+  part.rs = raw_sum;
+  if (weighted) {
+    part.m = x_max;
+    part.s = sum;
+    part.w = weighted_sum;
+  }
+  warp_merge_control_partial(part);
   auto as_candidate = [&](uint64_t raw_key) {
     if (!raw_key) return uint64_t(0);
     const int32_t token = key_token(raw_key);
@@ -1256,13 +1433,19 @@ __device__ void finish_row(const FusedArgs& a, const RowSetup& r, int row, const
     a.partials[int64_t(blockIdx.x) * c.rows + row] = part;
   }
   if (r.plan.status != FLASHSPEC_OK) return;
-  auto select = [&](int keep, auto key_of, const uint64_t* slots, uint64_t* keys, float* raws, int32_t* count,
+  // A token's key is rank_key(x_of(i), token) (x_of: NaN for a token that
+  // is not a candidate); a float compare with the bound's x rules out the
+  // most of them before their keys are formed.
+  auto select = [&](int keep, auto x_of, const uint64_t* slots, uint64_t* keys, float* raws, int32_t* count,
                     int32_t capacity) {
     const uint64_t bound = published_bound(slots, 2 * int(gridDim.x), keep);
+    const float bound_x = bound ? key_x(bound) : neg_inf();
     warp_select(
         n, keep,
         [&](int i) {
-          const uint64_t k = key_of(i);
+          const float x = x_of(i);
+          if (!(x >= bound_x)) return uint64_t(0);
+          const uint64_t k = rank_key(x, v0 + i);
           return k >= bound ? k : uint64_t(0);
         },
         buffer, items, [&](int total) { return atomicAdd(count, total); },
@@ -1275,7 +1458,7 @@ __device__ void finish_row(const FusedArgs& a, const RowSetup& r, int row, const
   };
   const int64_t slot_row = int64_t(row) * gridDim.x * 2;
   if (r.keep > 0) {
-    // A candidate's key, as the folds compute x (allowed tokens only).
+    // A candidate's x, as the folds compute it (allowed tokens only).
     int32_t blo = 0, bhi = 0;
     if (r.c.bias_count > 0) {
       if (lane == 0) {
@@ -1285,15 +1468,24 @@ __device__ void finish_row(const FusedArgs& a, const RowSetup& r, int row, const
       blo = __shfl_sync(0xffffffffu, blo, 0);
       bhi = __shfl_sync(0xffffffffu, bhi, 0);
     }
-    auto candidate = [&](int i) {
-      const int32_t token = v0 + i;
-      return token_allowed(r.c, token) ? rank_key(controlled_x(r, l[i], token, blo, bhi), token) : uint64_t(0);
-    };
-    select(r.keep, candidate, a.slots + slot_row,
-           a.keys + int64_t(row) * a.capacity, a.raws + int64_t(row) * a.capacity, a.counts + row, a.capacity);
+    uint64_t* keys = a.keys + int64_t(row) * a.capacity;
+    float* raws = a.raws + int64_t(row) * a.capacity;
+    if (!r.c.mask && bhi == blo) {
+      const float scale = r.greedy ? 1.0f : r.plan.inv_t;
+      select(r.keep, [&](int i) { return l[i] * scale; }, a.slots + slot_row, keys, raws, a.counts + row,
+             a.capacity);
+    } else {
+      select(
+          r.keep,
+          [&](int i) {
+            const int32_t token = v0 + i;
+            return token_allowed(r.c, token) ? controlled_x(r, l[i], token, blo, bhi) : NAN;
+          },
+          a.slots + slot_row, keys, raws, a.counts + row, a.capacity);
+    }
   }
   if (c.top_n > 0)
-    select(c.top_n, [&](int i) { return rank_key(l[i], v0 + i); }, a.top_slots + slot_row,
+    select(c.top_n, [&](int i) { return l[i]; }, a.top_slots + slot_row,
            a.top_keys + int64_t(row) * a.top_capacity, a.top_raws + int64_t(row) * a.top_capacity,
            a.top_counts + row, a.top_capacity);
 }
@@ -1347,39 +1539,79 @@ struct CachedFlatKeys {
 
 // A CTA's shared memory while it merges a row's lists and partials.
 struct MergeShared {
-  ControlPartial reduce[stream::kThreads];
+  ControlPartial reduce[stream::kWarps];
+  float maxima[2][stream::kWarps];
   uint64_t staged[stream::kThreads];
   uint32_t hist[256];
   int32_t shared[4];
 };
 
+// Where the scan's finish hands summarize_row a candidate list it already
+// ranked (SummaryShared's ranked keys and order; count −1: none handed).
+struct RankedHandoff {
+  uint64_t* ranked;
+  int16_t* order;
+  int32_t* count;
+};
+
 // The first half of the scan's finish of one row, by a whole CTA after the
 // second grid barrier: the CTAs' partials folded in a fixed order into
 // *merged (and a.merged[row]), and the row's flat lists cut to its best keep
-// candidates and top_n raw logits: merged list 0 of each. An inert row reads
-// nothing (*merged: empty).
-__device__ void merge_row(const FusedArgs& a, const RowSetup& r, int row, MergeShared& sh, ControlPartial* merged) {
+// candidates and top_n raw logits: merged list 0 of each. A short candidate
+// list is written in rank order and handed over ranked as well. An inert
+// row reads nothing (*merged: empty).
+__device__ void merge_row(const FusedArgs& a, const RowSetup& r, int row, MergeShared& sh, ControlPartial* merged,
+                          const RankedHandoff& handoff) {
   constexpr int kThreads = stream::kThreads;
-  static_assert((kThreads & (kThreads - 1)) == 0, "the partials' tree halves the block");
   const Common& c = a.summary.common;
-  const int t = int(threadIdx.x);
+  const int t = int(threadIdx.x), warp = t >> 5, lane = t & 31;
+  if (t == 0) *handoff.count = -1;
   if (r.plan.status != FLASHSPEC_OK) {
     if (t == 0) *merged = empty_control_partial();
     return;
   }
+  // The CTAs' partials are first brought to the row's largest m and rm, so
+  // that the merges below add sums (no lane's branch differs); each warp
+  // folds its lanes' partials, then the first warp the warps'.
   ControlPartial part = empty_control_partial();
   for (int g = t; g < int(gridDim.x); g += kThreads) merge_control_partial(part, a.partials[int64_t(g) * c.rows + row]);
-  sh.reduce[t] = part;
+  float m = part.m, rm = part.rm;
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+    rm = fmaxf(rm, __shfl_xor_sync(0xffffffffu, rm, offset));
+  }
+  if (lane == 0) {
+    sh.maxima[0][warp] = m;
+    sh.maxima[1][warp] = rm;
+  }
   __syncthreads();
-  for (int half = kThreads / 2; half > 0; half >>= 1) {
-    if (t < half) merge_control_partial(sh.reduce[t], sh.reduce[t + half]);
-    __syncthreads();
+  for (int w = 0; w < stream::kWarps; ++w) {
+    m = fmaxf(m, sh.maxima[0][w]);
+    rm = fmaxf(rm, sh.maxima[1][w]);
   }
-  if (t == 0) {
-    *merged = sh.reduce[0];
-    a.merged[row] = sh.reduce[0];
+  if (part.m != neg_inf()) {
+    const float e = expf(part.m - m);
+    part.s *= e;
+    part.w *= e;
+    part.m = m;
   }
-  auto cut = [&](const Lists& list, const uint64_t* keys, const float* raws, int32_t count, int keep) {
+  if (part.rm != neg_inf()) {
+    part.rs *= expf(part.rm - rm);
+    part.rm = rm;
+  }
+  warp_merge_control_partial(part);
+  if (lane == 0) sh.reduce[warp] = part;
+  __syncthreads();
+  if (warp == 0) {
+    part = lane < stream::kWarps ? sh.reduce[lane] : empty_control_partial();
+    warp_merge_control_partial(part);
+    if (lane == 0) {
+      *merged = part;
+      a.merged[row] = part;
+    }
+  }
+  auto cut = [&](const Lists& list, const uint64_t* keys, const float* raws, int32_t count, int keep,
+                 const RankedHandoff* ranked) {
     const int64_t to = int64_t(row) * list.capacity;  // merged list 0
     if (count <= kThreads) {
       // A short list (the scan's bound cut most candidates): each thread
@@ -1393,9 +1625,16 @@ __device__ void merge_row(const FusedArgs& a, const RowSetup& r, int row, MergeS
         if (rank < keep) {
           list.merged_keys[to + rank] = mine;
           list.merged_raws[to + rank] = __ldcg(raws + t);
+          if (ranked) {
+            ranked->ranked[rank] = mine;
+            ranked->order[rank] = int16_t(rank);
+          }
         }
       }
-      if (t == 0) list.merged_counts[row] = min(count, keep);
+      if (t == 0) {
+        list.merged_counts[row] = min(count, keep);
+        if (ranked) *ranked->count = min(count, keep);
+      }
       __syncthreads();  // the staged keys are free again
       return;
     }
@@ -1416,12 +1655,13 @@ __device__ void merge_row(const FusedArgs& a, const RowSetup& r, int row, MergeS
   };
   if (r.keep > 0) {
     const int32_t count = min(__ldcg(a.counts + row), a.capacity);
-    cut(c.candidates, a.keys + int64_t(row) * a.capacity, a.raws + int64_t(row) * a.capacity, count, r.keep);
+    cut(c.candidates, a.keys + int64_t(row) * a.capacity, a.raws + int64_t(row) * a.capacity, count, r.keep,
+        &handoff);
   }
   if (c.top_n > 0) {
     const int32_t count = min(__ldcg(a.top_counts + row), a.top_capacity);
     cut(c.tops, a.top_keys + int64_t(row) * a.top_capacity, a.top_raws + int64_t(row) * a.top_capacity, count,
-        c.top_n);
+        c.top_n, nullptr);
   }
 }
 
@@ -1454,9 +1694,11 @@ struct SummaryShared {
   ControlPartial all;
   BandPartial above;  // continued rows: the kept tokens above the crossing bin
   int32_t continues;  // first pass: this row continues
+  int32_t ranked_count;  // ≥ 0: ranked and order hold the row's candidates already ranked (the scan's finish)
   uint64_t ranked[kCandidates];
   int16_t order[kCandidates];
   float ranked_x[kCandidates];
+  float weights[kCandidates];  // e^(x_i − x_0) of the ranked candidates
   uint64_t listed[kRankByCounting];
   Winner winners[kThreads / 32];
   float sums[kThreads / 32];
@@ -1479,17 +1721,21 @@ __device__ void summarize_row(const SummaryArgs& a, const RowSetup& r, int row, 
   float* ranked_x = sh.ranked_x;
   int32_t &kept = sh.kept, &status_shared = sh.status_shared, &candidate_count = sh.candidate_count;
   float& lse_shared = sh.lse_shared;
+  const bool handed = sh.ranked_count >= 0;  // the candidates come ranked
   if (threadIdx.x == 0) {
     const ControlPartial& p = all;
+    const bool live = r.plan.status == FLASHSPEC_OK;
+    // Both loads issue before either is needed.
+    const int32_t hidden_bad = live ? a.hidden_bad[row] : 0;
+    const int32_t listed = live && r.keep > 0 && !handed ? c.candidates.merged_counts[a.final_list * c.rows + row]
+                                                         : sh.ranked_count;
     int32_t status = r.plan.status;
     if (status == FLASHSPEC_OK) status = r.bias_status;
-    if (status == FLASHSPEC_OK && (a.hidden_bad[row] || (p.flags & (kPartialNonFinite | kPartialScaleOverflow))))
+    if (status == FLASHSPEC_OK && (hidden_bad || (p.flags & (kPartialNonFinite | kPartialScaleOverflow))))
       status = FLASHSPEC_ERR_NON_FINITE;
     if (status == FLASHSPEC_OK && p.allowed == 0) status = FLASHSPEC_ERR_INVALID_ARGUMENT;  // the mask allows nothing
     status_shared = status;
-    candidate_count = (status == FLASHSPEC_OK && r.keep > 0)
-                          ? c.candidates.merged_counts[a.final_list * c.rows + row]
-                          : 0;
+    candidate_count = (status == FLASHSPEC_OK && r.keep > 0) ? listed : 0;
     continues = 0;
     if (continued) {
       BandPartial b = empty_band_partial();
@@ -1505,7 +1751,7 @@ __device__ void summarize_row(const SummaryArgs& a, const RowSetup& r, int row, 
   // thread counts the keys above its own; else a bitonic sort).
   const int n_c = candidate_count;
   const int64_t list_at = (int64_t(a.final_list) * c.rows + row) * c.candidates.capacity;
-  if (n_c > 0 || (continued && status_shared == FLASHSPEC_OK)) {
+  if ((n_c > 0 && !handed) || (continued && status_shared == FLASHSPEC_OK)) {
     const bool counted = n_c <= kRankByCounting;
     uint64_t* listed = sh.listed;
     for (int i = threadIdx.x; i < kCandidates; i += kThreads) {
@@ -1543,12 +1789,21 @@ __device__ void summarize_row(const SummaryArgs& a, const RowSetup& r, int row, 
         }
         __syncthreads();
       }
-    for (int i = threadIdx.x; i < n_c; i += kThreads) ranked_x[i] = key_x(ranked[i]);
+  }
+  if (n_c > 0 || (continued && status_shared == FLASHSPEC_OK)) {
+    // Each candidate's x and weight e^(x − x_0), which the kept count and
+    // the kept mass below sum in rank order.
+    const float x0 = n_c > 0 ? key_x(ranked[0]) : 0.0f;
+    for (int i = threadIdx.x; i < n_c; i += kThreads) {
+      ranked_x[i] = key_x(ranked[i]);
+      sh.weights[i] = expf(ranked_x[i] - x0);
+    }
     __syncthreads();
     if (threadIdx.x == 0 && c.topk == 0 && !continued) {
       const int32_t k = min(int64_t(r.c.top_k), int64_t(all.allowed)) <= n_c ? 1 : 0;
       const float mass = all.s * expf(all.m - ranked_x[0]);
-      int32_t n = k ? kept_count(ranked_x, n_c, r.c) : kept_count_of_first(ranked_x, n_c, mass, r.c);
+      const PrecomputedWeights weights{sh.weights};
+      int32_t n = k ? kept_count_weighted(weights, n_c, r.c) : kept_count_of_first_weighted(weights, n_c, mass, r.c);
       // The kept set runs past the list: keep all of it for now; the row
       // continues (only top-p and min-p leave n < 0).
       if (n < 0) {
@@ -1557,7 +1812,7 @@ __device__ void summarize_row(const SummaryArgs& a, const RowSetup& r, int row, 
       }
       n = n < 0 ? (continues ? n_c : 0) : n;
       float s = 0.0f;
-      for (int32_t i = 0; i < n; ++i) s += expf(ranked_x[i] - ranked_x[0]);
+      for (int32_t i = 0; i < n; ++i) s += sh.weights[i];
       kept = n;
       lse_shared = n > 0 ? ranked_x[0] + logf(s) : 0.0f;
       if (continues) {
@@ -1774,6 +2029,7 @@ __global__ void __launch_bounds__(kRowThreads) summary_kernel(const SummaryArgs 
     if (r.plan.status == FLASHSPEC_OK)
       for (int g = 0; g < a.groups; ++g) merge_control_partial(p, groups[g]);
     sh.all = p;
+    sh.ranked_count = -1;
   }
   __syncthreads();
   summarize_row(a, r, row, sh);
@@ -1877,7 +2133,8 @@ __global__ void __launch_bounds__(stream::kThreads, tuning::stream_shape(is_code
   cooperative_groups::this_grid().sync();
   FinishShared& finish = *reinterpret_cast<FinishShared*>(fused_smem);
   for (int row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    merge_row(a, setups[row], row, finish.merge, &finish.summary.all);
+    merge_row(a, setups[row], row, finish.merge, &finish.summary.all,
+              RankedHandoff{finish.summary.ranked, finish.summary.order, &finish.summary.ranked_count});
     __syncthreads();
     summarize_row(a.summary, setups[row], row, finish.summary);
     __syncthreads();

@@ -65,60 +65,88 @@ FS_HOST_DEVICE bool ranks_before(float xa, int32_t a, float xb, int32_t b) {
   return xa > xb || (xa == xb && a < b);
 }
 
-// The length n ≥ 1 of the kept prefix S, from x of the allowed tokens in
-// rank order: ranked_x[0 .. count), where count ≥ min(top_k, allowed
-// tokens) and, when top-k keeps every allowed token, count is all of them
-// (top-p's mass is taken over the tokens top-k keeps). Sums run in rank
-// order in fp32, so every backend finds the same n.
-FS_HOST_DEVICE int32_t kept_count(const float* ranked_x, int32_t count, const RowControls& c) {
+// The weights e^(x_i − x_0) of ranked candidates, computed where they are
+// read (RankedWeights) or read from an array that holds exactly those
+// values (PrecomputedWeights: a caller that needs each weight more than
+// once, or computes them in parallel).
+struct RankedWeights {
+  const float* ranked_x;
+  FS_HOST_DEVICE float operator()(int32_t i) const { return expf(ranked_x[i] - ranked_x[0]); }
+};
+struct PrecomputedWeights {
+  const float* weights;
+  FS_HOST_DEVICE float operator()(int32_t i) const { return weights[i]; }
+};
+
+// Top-p's cut: the first n with weight(0) + … + weight(n − 1) ≥ target,
+// summed in rank order in fp32, n ≤ count; `none` when the sum stays below.
+// The weights are read four at a time ahead of the sums (a device thread's
+// reads then overlap), the sums taken one by one in order.
+template <class Weights>
+FS_HOST_DEVICE int32_t kept_by_mass(const Weights& weight, int32_t count, float target, int32_t none) {
+  float cumulative = 0.0f;
+  for (int32_t i = 0; i < count; i += 4) {
+    float w[4];
+    for (int32_t q = 0; q < 4; ++q) w[q] = i + q < count ? weight(i + q) : 0.0f;
+    for (int32_t q = 0; q < 4 && i + q < count; ++q) {
+      cumulative += w[q];
+      if (cumulative >= target) return i + q + 1;
+    }
+  }
+  return none;
+}
+
+// Min-p's cut: the first i in [1, end) with weight(i) < min_p; `none`
+// when there is none.
+template <class Weights>
+FS_HOST_DEVICE int32_t cut_by_min_p(const Weights& weight, int32_t end, float min_p, int32_t none) {
+  for (int32_t i = 1; i < end; i += 4) {
+    float w[4];
+    for (int32_t q = 0; q < 4; ++q) w[q] = i + q < end ? weight(i + q) : min_p;
+    for (int32_t q = 0; q < 4; ++q)
+      if (w[q] < min_p) return i + q;
+  }
+  return none;
+}
+
+// The length n ≥ 1 of the kept prefix S, from the weights e^(x_i − x_0) of
+// the allowed tokens in rank order, i < count, where count ≥ min(top_k,
+// allowed tokens) and, when top-k keeps every allowed token, count is all
+// of them (top-p's mass is taken over the tokens top-k keeps). Sums run in
+// rank order in fp32, so every backend finds the same n.
+template <class Weights>
+FS_HOST_DEVICE int32_t kept_count_weighted(const Weights& weight, int32_t count, const RowControls& c) {
   const int32_t k = c.top_k < count ? c.top_k : count;
-  const float x0 = ranked_x[0];
   int32_t n = k;
   if (c.top_p < 1.0f) {
     float mass = 0.0f;
-    for (int32_t i = 0; i < k; ++i) mass += expf(ranked_x[i] - x0);
-    const float target = c.top_p * mass;
-    float cumulative = 0.0f;
-    for (int32_t i = 0; i < k; ++i) {
-      cumulative += expf(ranked_x[i] - x0);
-      if (cumulative >= target) {
-        n = i + 1;
-        break;
-      }
-    }
+    for (int32_t i = 0; i < k; ++i) mass += weight(i);
+    n = kept_by_mass(weight, k, c.top_p * mass, k);
   }
-  if (c.min_p > 0.0f)
-    for (int32_t i = 1; i < n; ++i)
-      if (expf(ranked_x[i] - x0) < c.min_p) {
-        n = i;
-        break;
-      }
+  if (c.min_p > 0.0f) n = cut_by_min_p(weight, n, c.min_p, n);
   return n;
 }
 
-// The kept prefix's length n when the ranked tokens given, ranked_x[0 ..
-// count), are only the first of more allowed tokens and top-k keeps all of
-// them (the CUDA backend's candidate list): top-p's mass over every allowed
-// token is `mass` = Σ exp(x − ranked_x[0]), summed elsewhere. Returns n, or
-// −1 when the prefix would run past the tokens given.
-FS_HOST_DEVICE int32_t kept_count_of_first(const float* ranked_x, int32_t count, float mass, const RowControls& c) {
-  const float x0 = ranked_x[0];
+// kept_count_weighted from x of the allowed tokens in rank order:
+// ranked_x[0 .. count).
+FS_HOST_DEVICE int32_t kept_count(const float* ranked_x, int32_t count, const RowControls& c) {
+  return kept_count_weighted(RankedWeights{ranked_x}, count, c);
+}
+
+// The kept prefix's length n when the ranked tokens given (their weights
+// e^(x_i − x_0), i < count) are only the first of more allowed tokens and
+// top-k keeps all of them (the CUDA backend's candidate list): top-p's mass
+// over every allowed token is `mass` = Σ exp(x − x_0), summed elsewhere.
+// Returns n, or −1 when the prefix would run past the tokens given.
+template <class Weights>
+FS_HOST_DEVICE int32_t kept_count_of_first_weighted(const Weights& weight, int32_t count, float mass,
+                                                    const RowControls& c) {
   int32_t n = -1;
-  if (c.top_p < 1.0f) {
-    const float target = c.top_p * mass;
-    float cumulative = 0.0f;
-    for (int32_t i = 0; i < count; ++i) {
-      cumulative += expf(ranked_x[i] - x0);
-      if (cumulative >= target) {
-        n = i + 1;
-        break;
-      }
-    }
-  }
+  if (c.top_p < 1.0f) n = kept_by_mass(weight, count, c.top_p * mass, -1);
   if (c.min_p > 0.0f) {
     const int32_t end = n < 0 ? count : n;
-    for (int32_t i = 1; i < end; ++i)
-      if (expf(ranked_x[i] - x0) < c.min_p) return i;
+    const int32_t cut = cut_by_min_p(weight, end, c.min_p, -1);
+    if (cut >= 0) return cut;
   }
   return n;
 }
