@@ -1177,6 +1177,17 @@ __device__ void warp_top2(uint64_t& best, uint64_t& next) {
   }
 }
 
+// The keys a part publishes: its two candidate keys, in order again (a bias
+// or the scale by 1/T may reorder what the raw logits ranked), and its two
+// best raw keys.
+__device__ void publish(PartFold& f, uint64_t candidate_a, uint64_t candidate_b, uint64_t raw_best,
+                        uint64_t raw_next) {
+  f.best = max(candidate_a, candidate_b);
+  f.next = min(candidate_a, candidate_b);
+  f.raw_best = raw_best;
+  f.raw_next = raw_next;
+}
+
 // Logits l[base .. base + 4) of a range ending at `end` (base a multiple of
 // 4; l 16-byte aligned); a token at or past end reads as 0.
 __device__ __forceinline__ void load_four(const float* l, int base, int end, float* lv) {
@@ -1269,21 +1280,13 @@ __device__ PartFold fold_and_pick_unmasked(const RowSetup& r, const float* l, in
     }
   }
   // Every token is a candidate: the best two keys of x are those of the
-  // logits, ordered again (scaling may round two logits to one x).
+  // logits.
   auto as_candidate = [&](uint64_t raw_key) {
     if (!raw_key) return uint64_t(0);
     const float x = key_x(raw_key) * scale;
     return is_finite(x) ? rank_key(x, key_token(raw_key)) : uint64_t(0);
   };
-  f.best = as_candidate(best);
-  f.next = as_candidate(next);
-  if (f.next > f.best) {
-    const uint64_t t = f.best;
-    f.best = f.next;
-    f.next = t;
-  }
-  f.raw_best = best;
-  f.raw_next = next;
+  publish(f, as_candidate(best), as_candidate(next), best, next);
   return f;
 }
 
@@ -1391,15 +1394,7 @@ __device__ PartFold fold_and_pick(const RowSetup& r, const float* l, int32_t v0,
     const float x = controlled_x(r, key_x(raw_key), token, 0, r.c.bias_count);
     return is_finite(x) ? rank_key(x, token) : uint64_t(0);
   };
-  f.best = as_candidate(allowed_best);
-  f.next = as_candidate(allowed_next);
-  if (f.next > f.best) {
-    const uint64_t t = f.best;
-    f.best = f.next;
-    f.next = t;
-  }
-  f.raw_best = any_best;
-  f.raw_next = any_next;
+  publish(f, as_candidate(allowed_best), as_candidate(allowed_next), any_best, any_next);
   warp_top2(f.best, f.next);
   warp_top2(f.raw_best, f.raw_next);
   return f;
