@@ -1413,16 +1413,18 @@ __device__ uint64_t published_bound(const uint64_t* slots, int count, int keep) 
   return kth_of_lane_pairs(best, next, keep);
 }
 
-// The CTA's tail for one row, by the row's first warp, after its warps
-// folded their parts (parts[0 .. warps) in token order): the CTA's partial,
-// and the candidates (and top raw logits) the bound from the keys every CTA
-// published does not rule out, at most keep of them, appended to the row's
-// lists.
+// The CTA's tail for one row, by the row's `warps` warps (this one is
+// part_index of them) after they folded their parts (parts[0 .. warps) in
+// token order): three jobs, job j by warp j mod warps: the candidates (0)
+// and the top raw logits (1) the bound from the keys every CTA published
+// does not rule out, at most keep of them, appended to the row's lists,
+// and the CTA's partial (2).
 __device__ void finish_row(const FusedArgs& a, const RowSetup& r, int row, const PartFold* parts, int warps,
-                           const float* l, uint64_t* buffer, int32_t* items, int32_t v0, int n) {
+                           int part_index, const float* l, uint64_t* buffer, int32_t* items, int32_t v0, int n) {
   const Common& c = a.summary.common;
   const int lane = threadIdx.x & 31;
-  if (lane == 0) {
+  auto mine = [&](int job) { return job % warps == part_index; };
+  if (mine(2) && lane == 0) {
     ControlPartial part = parts[0].part;
     for (int w = 1; w < warps; ++w) merge_control_partial(part, parts[w].part);
     a.partials[int64_t(blockIdx.x) * c.rows + row] = part;
@@ -1452,7 +1454,7 @@ __device__ void finish_row(const FusedArgs& a, const RowSetup& r, int row, const
         });
   };
   const int64_t slot_row = int64_t(row) * gridDim.x * 2;
-  if (r.keep > 0) {
+  if (mine(0) && r.keep > 0) {
     // A candidate's x, as the folds compute it (allowed tokens only).
     int32_t blo = 0, bhi = 0;
     if (r.c.bias_count > 0) {
@@ -1479,7 +1481,7 @@ __device__ void finish_row(const FusedArgs& a, const RowSetup& r, int row, const
           a.slots + slot_row, keys, raws, a.counts + row, a.capacity);
     }
   }
-  if (c.top_n > 0)
+  if (mine(1) && c.top_n > 0)
     select(c.top_n, [&](int i) { return l[i]; }, a.top_slots + slot_row,
            a.top_keys + int64_t(row) * a.top_capacity, a.top_raws + int64_t(row) * a.top_capacity,
            a.top_counts + row, a.top_capacity);
@@ -2119,9 +2121,9 @@ __global__ void __launch_bounds__(stream::kThreads, tuning::stream_shape(is_code
     const int per_row = stream::kWarps / round_rows(round);
     const int slot = warp / per_row, part_index = warp % per_row;
     const int row = round * stream::kWarps + slot;
-    if (slot < round_rows(round) && part_index == 0)
-      finish_row(a, setups[row], row, parts[round] + warp, per_row, logits + row * stride, buffer, items, cta_first,
-                 n);
+    if (slot < round_rows(round))
+      finish_row(a, setups[row], row, parts[round] + (warp - part_index), per_row, part_index, logits + row * stride,
+                 buffer, items, cta_first, n);
   }
   // Every CTA's partials and lists are in: CTA b finishes rows b, b + grid,
   // ... in the shared memory the logits held.
