@@ -329,11 +329,12 @@ __device__ __forceinline__ float controlled_x(const RowSetup& r, float lv, int32
   return r.greedy ? biased : biased * r.plan.inv_t;
 }
 
-// One token of a row folded into a ControlPartial (the fold kernel's and
-// the controlled streaming scan's rule): the raw logit's log-sum-exp and
-// flags; for an allowed token its x, the count, the log-sum-exp of x and,
-// in a row nothing truncates, the Gumbel-max sample (noise: the token's
-// word). Returns whether the token is a candidate (allowed, in a row that
+// One token of a row folded into a ControlPartial (the fold kernel's rule;
+// the controlled streaming scan's fold_and_pick applies the same per-token
+// rules in its first pass and sums the log-sum-exps in a second): the raw
+// logit's log-sum-exp and flags; for an allowed token its x, the count, the
+// log-sum-exp of x and, in a row nothing truncates, the Gumbel-max sample
+// (noise: the token's word). Returns whether the token is a candidate (allowed, in a row that
 // keeps candidates), with its x in *x.
 __device__ __forceinline__ bool fold_token(ControlPartial& part, const RowSetup& r, float lv, int32_t token,
                                            int32_t blo, int32_t bhi, uint32_t noise, float* x_out) {
