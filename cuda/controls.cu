@@ -270,7 +270,6 @@ struct Lists {
 struct Common {
   const RowPlan* plans;
   ControlsArgs controls;
-  const int32_t* row_requests;
   const int32_t* bias_tokens;
   const float* bias_values;
   const int32_t* bias_counts;
@@ -292,7 +291,7 @@ __device__ RowSetup row_setup(const Common& a, int row) {
   r.keep = 0;
   r.bias_status = FLASHSPEC_OK;
   if (r.plan.status != FLASHSPEC_OK) return r;  // an inert row: its request's arrays may not be read
-  r.request = a.row_requests[row];
+  r.request = r.plan.request;
   r.c = row_controls(a.controls, r.request, row);
   if (a.controls.bias_offsets) {
     const int32_t count = a.bias_counts[r.request];
@@ -508,8 +507,8 @@ __device__ int select_into(const Keys& keys, Raw raw_of, int keep, uint64_t floo
 
 // ---- Bias entries: sorted by token, repeats summed in list order ---------
 
-// What every pass starts from, cleared by the bias kernel's first block:
-// merged lists 0 and 1 empty, no thresholds, no continuing row.
+// What every chunked pass starts from, cleared by the bias kernel's first
+// block: merged lists 0 and 1 empty, no thresholds, no continuing row.
 struct PassReset {
   int32_t* merged_counts;      // [2][rows] each
   int32_t* top_merged_counts;
@@ -521,11 +520,8 @@ struct PassReset {
 struct BiasArgs {
   PassReset reset;
   ControlsArgs controls;
-  const int32_t* draft_offsets;  // verify: rows of request r; NULL: row r is request r
-  int32_t requests;
   int32_t rows;
   const int32_t* batch_status;
-  int32_t* row_requests;
   int32_t* bias_tokens;
   float* bias_values;
   int32_t* bias_counts;
@@ -548,14 +544,6 @@ __global__ void __launch_bounds__(kBiasThreads) bias_kernel(const BiasArgs a) {
     if (threadIdx.x == 0) *a.reset.continue_flag = 0;
   }
   const bool bad_batch = a.batch_status && *a.batch_status != FLASHSPEC_OK;
-  if (threadIdx.x == 0 && !bad_batch) {
-    if (a.draft_offsets) {
-      const int32_t first = a.draft_offsets[r] + r, last = a.draft_offsets[r + 1] + r;
-      for (int32_t row = first; row <= last && row < a.rows; ++row) a.row_requests[row] = r;
-    } else {
-      a.row_requests[r] = r;
-    }
-  }
   if (!a.controls.bias_offsets || bad_batch) return;
   __shared__ uint64_t entries[kBiasSort];
   const int32_t lo = a.controls.bias_offsets[r], hi = a.controls.bias_offsets[r + 1];
@@ -2116,6 +2104,7 @@ __global__ void __launch_bounds__(stream::kThreads, tuning::stream_shape(is_code
   if (blockIdx.x == 0 && int(threadIdx.x) < p.rows) {
     a.counts[threadIdx.x] = 0;
     a.top_counts[threadIdx.x] = 0;
+    if (threadIdx.x == 0) *a.summary.continue_flag = 0;  // set after the second barrier
   }
   cooperative_groups::this_grid().sync();
   for (int round = 0; round < rounds; ++round) {
@@ -2154,7 +2143,7 @@ int64_t align(int64_t v) { return (v + 255) / 256 * 256; }
 
 size_t workspace_bytes(int32_t max_rows, int32_t max_requests, int32_t chunk) {
   Workspace ws = carve_workspace(nullptr, max_rows, max_requests, chunk);
-  return size_t(reinterpret_cast<uintptr_t>(ws.row_requests) + align(int64_t(max_rows) * sizeof(int32_t)));
+  return size_t(reinterpret_cast<uintptr_t>(ws.continue_flag) + align(sizeof(int32_t)));
 }
 
 Workspace carve_workspace(void* base, int32_t max_rows, int32_t max_requests, int32_t chunk) {
@@ -2192,7 +2181,6 @@ Workspace carve_workspace(void* base, int32_t max_rows, int32_t max_requests, in
   ws.band_partials = take(int64_t(ws.max_groups) * rows * int64_t(sizeof(BandPartial)));
   ws.histograms = static_cast<uint64_t*>(take(rows * kMassBins * 8));
   ws.continue_flag = static_cast<int32_t*>(take(4));
-  ws.row_requests = static_cast<int32_t*>(reinterpret_cast<void*>(at));
   return ws;
 }
 
@@ -2333,19 +2321,21 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
                      : launch(kernel, grid, dim3(unsigned(threads)), 0, false, on, params);
   };
   const FusedLayout fused = fused_layout(p, out);
-  // The bias kernel also clears what the pass starts from (PassReset), so
-  // no memset node sits between the kernels of a captured call.
-  BiasArgs b{PassReset{ws.merged_counts, ws.top_merged_counts, ws.thresholds, ws.top_thresholds, ws.continue_flag},
-             p.controls, p.draft_offsets, p.requests, p.rows, p.batch_status, ws.row_requests,
-             ws.bias_tokens, ws.bias_values, ws.bias_counts};
-  e = launch_on(reinterpret_cast<const void*>(&bias_kernel), dim3(unsigned(p.requests)), kBiasThreads, stream, &b,
-                true);
-  if (e != cudaSuccess) return e;
+  // The bias kernel also clears what a chunked pass starts from
+  // (PassReset), so no memset node sits between the kernels of a captured
+  // call. The streaming scan clears what it needs itself: without bias
+  // entries it is the pass's first kernel.
+  if (!fused.kernel || p.controls.bias_offsets) {
+    BiasArgs b{PassReset{ws.merged_counts, ws.top_merged_counts, ws.thresholds, ws.top_thresholds, ws.continue_flag},
+               p.controls, p.rows, p.batch_status, ws.bias_tokens, ws.bias_values, ws.bias_counts};
+    e = launch_on(reinterpret_cast<const void*>(&bias_kernel), dim3(unsigned(p.requests)), kBiasThreads, stream, &b,
+                  true);
+    if (e != cudaSuccess) return e;
+  }
 
   Common common = {};
   common.plans = p.plans;
   common.controls = p.controls;
-  common.row_requests = ws.row_requests;
   common.bias_tokens = ws.bias_tokens;
   common.bias_values = ws.bias_values;
   common.bias_counts = ws.bias_counts;

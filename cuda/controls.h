@@ -120,7 +120,6 @@ struct Workspace {
   void* band_partials;            // [max_groups][max_rows]
   uint64_t* histograms;           // [max_rows][kMassBins]: fixed-point mass per bin
   int32_t* continue_flag;         // 1 when a row of the last first pass continues
-  int32_t* row_requests;          // [max_rows]
 };
 
 // Bytes of each array of a workspace for `max_rows` rows, `max_requests`
@@ -145,7 +144,6 @@ struct Pass {
   const int32_t* hidden_bad;      // [rows]
   ControlsArgs controls;          // per request
   int32_t requests;               // requests the controls' arrays index
-  const int32_t* draft_offsets;   // verify: [requests + 1]; draft calls: NULL (row r is request r)
   const int32_t* batch_status;    // verify: the plans' batch status; NULL for a draft call
   int32_t top_n;                  // top raw logprobs per row
   cublasHandle_t cublas;           // bound to the pass's stream

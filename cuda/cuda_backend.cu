@@ -205,7 +205,7 @@ class CudaBackend final : public Backend {
         controls::Outputs out = {};
         out.tokens_out = args.tokens_out;
         out.scores_out = args.scores_out;
-        run_controlled(head, tc, args.rows, args.controls, args.rows, nullptr, nullptr, 0, out, Field::kHidden);
+        run_controlled(head, tc, args.rows, args.controls, args.rows, nullptr, 0, out, Field::kHidden);
         return;
       }
       StreamTail tail = stream_tail();
@@ -235,7 +235,7 @@ class CudaBackend final : public Backend {
       out.topk = k;
       out.topk_tokens = tokens;
       out.topk_logprobs = logprobs;
-      run_controlled(head, tc, args.rows, args.controls, args.rows, nullptr, nullptr, 0, out, Field::kHidden);
+      run_controlled(head, tc, args.rows, args.controls, args.rows, nullptr, 0, out, Field::kHidden);
     });
   }
 
@@ -256,8 +256,8 @@ class CudaBackend final : public Backend {
         out.summaries = store.rows.as<RowSummary>();
         out.top_tokens = store.top_tokens.as<int32_t>();
         out.top_logprobs = store.top_logprobs.as<float>();
-        run_controlled(head, tc, args.total_rows, args.controls, args.num_requests, args.draft_offsets,
-                       store.batch_status.as<int32_t>(), args.top_logprobs, out, Field::kHidden);
+        run_controlled(head, tc, args.total_rows, args.controls, args.num_requests, store.batch_status.as<int32_t>(),
+                       args.top_logprobs, out, Field::kHidden);
         return;
       }
       StreamTail tail = stream_tail();
@@ -434,7 +434,7 @@ class CudaBackend final : public Backend {
   // hidden rows staged): cuBLAS chunks over W in its own dtype, so the
   // hidden rows must have been staged in it.
   void run_controlled(const CudaLmHead& head, bool tc, int rows, const ControlsArgs& c, int32_t requests,
-                      const int32_t* draft_offsets, const int32_t* batch_status, int32_t top_n,
+                      const int32_t* batch_status, int32_t top_n,
                       const controls::Outputs& out, Field field) {
     const bool wide = head.dtype == FLASHSPEC_DTYPE_F32;
     require(tc || wide, FLASHSPEC_ERR_UNSUPPORTED, field,
@@ -462,7 +462,6 @@ class CudaBackend final : public Backend {
     p.hidden_bad = hidden_bad_.as<int32_t>();
     p.controls = c;
     p.requests = requests;
-    p.draft_offsets = draft_offsets;
     p.batch_status = batch_status;
     p.top_n = top_n;
     p.cublas = cublas_;

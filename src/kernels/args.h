@@ -198,6 +198,7 @@ struct ResultArgs {
 // Request r of a verify batch whose offsets are valid.
 FS_HOST_DEVICE RequestView request_view(const VerifyArgs& args, int32_t r) {
   RequestView v;
+  v.index = r;
   v.first_draft = args.draft_offsets[r];
   v.num_drafts = args.draft_offsets[r + 1] - v.first_draft;
   v.first_row = v.first_draft + r;
@@ -212,6 +213,7 @@ FS_HOST_DEVICE RequestView request_view(const VerifyArgs& args, int32_t r) {
 // Row r of a draft call.
 FS_HOST_DEVICE DraftRowView draft_row_view(const DraftArgs& args, int32_t r) {
   DraftRowView v;
+  v.row = r;
   v.temperature = args.temperatures ? args.temperatures[r] : args.temperature;
   v.seed = args.seeds ? args.seeds[r] : args.default_seed;
   v.request_id = args.request_ids ? args.request_ids[r] : uint64_t(r);

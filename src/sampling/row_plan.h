@@ -15,6 +15,7 @@ namespace flashspec {
 // One request of a verify batch, its optional per-request values resolved to
 // their documented defaults (kernels/args.h: request_view).
 struct RequestView {
+  int32_t index;            // r: the request's place in the batch
   int32_t first_draft;      // index of draft token 1 in draft_tokens
   int32_t num_drafts;       // n
   int32_t first_row;        // index of the request's first target row
@@ -26,6 +27,7 @@ struct RequestView {
 // One row of a draft call, defaults resolved (kernels/args.h:
 // draft_row_view).
 struct DraftRowView {
+  int32_t row;        // the row's place in the call (its request)
   float temperature;  // 0: greedy
   uint64_t seed, request_id, step;
   int32_t position;
@@ -43,6 +45,7 @@ struct RowPlan {
   int32_t status;    // flashspec_status found while planning (0 = valid)
   int32_t q_row;     // row of draft_logits for a stochastic draft row, else −1
   float inv_td;      // 1/T_d of q
+  int32_t request;   // the row's request (a draft call: the row itself); 0 in an inert plan
 };
 
 // A greedy plan that tracks and excludes nothing: the plan of a row that is
@@ -56,6 +59,7 @@ FS_HOST_DEVICE RowPlan inert_plan(int32_t status) {
   plan.status = status;
   plan.q_row = -1;
   plan.inv_td = 1.0f;
+  plan.request = 0;
   return plan;
 }
 
@@ -69,6 +73,7 @@ FS_HOST_DEVICE RowPlan verify_row_plan(const RequestView& v, int32_t j, const in
   const bool greedy = v.temperature == 0.0f;
   const bool bonus = j == v.num_drafts;
   RowPlan plan = inert_plan(FLASHSPEC_OK);
+  plan.request = v.index;
   plan.flags = greedy ? kPlanGreedy : 0;
   plan.inv_t = greedy ? 1.0f : 1.0f / v.temperature;
   plan.tracked = bonus ? -1 : draft_tokens[v.first_draft + j];
@@ -88,6 +93,7 @@ FS_HOST_DEVICE RowPlan verify_row_plan(const RequestView& v, int32_t j, const in
 FS_HOST_DEVICE RowPlan tree_row_plan(const RequestView& v, int32_t j) {
   const bool greedy = v.temperature == 0.0f;
   RowPlan plan = inert_plan(FLASHSPEC_OK);
+  plan.request = v.index;
   plan.flags = greedy ? kPlanGreedy : 0;
   plan.inv_t = greedy ? 1.0f : 1.0f / v.temperature;
   if (!greedy) plan.key = make_row_key(v.seed, v.request_id, v.step, j, FLASHSPEC_RNG_BONUS_NOISE);
@@ -113,6 +119,7 @@ FS_HOST_DEVICE RowPlan stochastic_tree_row_plan(const RequestView& v, int32_t j,
 FS_HOST_DEVICE RowPlan draft_row_plan(const DraftRowView& v) {
   const bool greedy = v.temperature == 0.0f;
   RowPlan plan = inert_plan(FLASHSPEC_OK);
+  plan.request = v.row;
   plan.flags = greedy ? kPlanGreedy : 0;
   plan.inv_t = greedy ? 1.0f : 1.0f / v.temperature;
   if (!greedy) plan.key = make_row_key(v.seed, v.request_id, v.step, v.position, FLASHSPEC_RNG_DRAFT_NOISE);
