@@ -328,17 +328,18 @@ __device__ __forceinline__ float controlled_x(const RowSetup& r, float lv, int32
   return r.greedy ? biased : biased * r.plan.inv_t;
 }
 
-// One token of a row folded into a ControlPartial (the fold kernel's rule;
-// the controlled streaming scan's fold_and_pick applies the same per-token
-// rules in its first pass and sums the log-sum-exps in a second): the raw
-// logit's log-sum-exp and flags; for an allowed token its x, the count, the
-// log-sum-exp of x and, in a row nothing truncates, the Gumbel-max sample
-// (noise: the token's word). Returns whether the token is a candidate (allowed, in a row that
-// keeps candidates), with its x in *x.
-__device__ __forceinline__ bool fold_token(ControlPartial& part, const RowSetup& r, float lv, int32_t token,
-                                           int32_t blo, int32_t bhi, uint32_t noise, float* x_out) {
+// The per-token rules of a row's fold, one token into a ControlPartial: the
+// raw logit's flags and tracking; for an allowed token its x, the count, its
+// flags and tracking and, where `offers` (a row nothing truncates), the
+// Gumbel-max sample (noise: the token's word). What a fold sums about a token
+// it adds in on_raw(l) (every token) and on_allowed(x) (an allowed one).
+// Returns whether the token is allowed, with its x in *x_out.
+template <class OnRaw, class OnAllowed>
+__device__ __forceinline__ bool fold_token_rules(ControlPartial& part, const RowSetup& r, float lv, int32_t token,
+                                                 int32_t blo, int32_t bhi, bool offers, uint32_t noise, float* x_out,
+                                                 OnRaw&& on_raw, OnAllowed&& on_allowed) {
   if (!is_finite(lv)) part.flags |= kPartialNonFinite;
-  lse_add(part.rm, part.rs, lv);
+  on_raw(lv);
   if (token == r.plan.tracked) {
     part.tracked_raw = lv;
     part.flags |= kPartialTracked;
@@ -348,11 +349,25 @@ __device__ __forceinline__ bool fold_token(ControlPartial& part, const RowSetup&
   if (!is_finite(x)) part.flags |= is_finite(lv) ? kPartialScaleOverflow : kPartialNonFinite;
   ++part.allowed;
   if (token == r.plan.tracked) part.tracked_x = x;
-  if (!r.greedy) weighted_lse_add(part.m, part.s, part.w, x);
+  on_allowed(x);
   *x_out = x;
-  if (r.keep > 0) return true;
-  if (token != r.plan.excluded) offer_sample(part, r.greedy ? x : x + gumbel_from_bits(noise), x, lv, token);
-  return false;
+  if (offers && token != r.plan.excluded)
+    offer_sample(part, r.greedy ? x : x + gumbel_from_bits(noise), x, lv, token);
+  return true;
+}
+
+// One token folded online (the fold kernel's rule): fold_token_rules with
+// the log-sum-exps of the raw logit and of x added as it goes. Returns
+// whether the token is a candidate (allowed, in a row that keeps
+// candidates), with its x in *x_out.
+__device__ __forceinline__ bool fold_token(ControlPartial& part, const RowSetup& r, float lv, int32_t token,
+                                           int32_t blo, int32_t bhi, uint32_t noise, float* x_out) {
+  const bool allowed = fold_token_rules(
+      part, r, lv, token, blo, bhi, r.keep == 0, noise, x_out, [&](float l) { lse_add(part.rm, part.rs, l); },
+      [&](float x) {
+        if (!r.greedy) weighted_lse_add(part.m, part.s, part.w, x);
+      });
+  return allowed && r.keep > 0;
 }
 
 // ---- Block-wide selection of the K largest distinct keys -----------------
@@ -1287,8 +1302,8 @@ __device__ PartFold fold_and_pick_unmasked(const RowSetup& r, const float* l, in
 // its allowed ones, turned into candidate keys (real keys of allowed
 // tokens, though with a bias not always the part's largest x).
 //
-// The first pass finds the part's largest raw logit and x (and the counts,
-// flags, keys and a sample); the second sums e^(l − max) and e^(x − max)
+// The first pass applies fold_token_rules and finds the part's largest raw
+// logit and x (and the counts, flags, keys and a sample); the second sums e^(l − max) and e^(x − max)
 // against them, so no token rescales a running sum and no lane's branches
 // diverge on whether a token raised the maximum. The part's log-sum-exps
 // are those of the online fold up to rounding.
@@ -1326,23 +1341,18 @@ __device__ PartFold fold_and_pick(const RowSetup& r, const float* l, int32_t v0,
     for (int k = 0; k < 4; ++k) {
       if (base + k >= end) break;
       const int32_t token = token0 + k;
-      if (!is_finite(lv[k])) part.flags |= kPartialNonFinite;
-      raw_max = fmaxf(raw_max, lv[k]);
-      if (token == r.plan.tracked) {
-        part.tracked_raw = lv[k];
-        part.flags |= kPartialTracked;
-      }
       const uint64_t key = rank_key(lv[k], token);
-      insert_top2(key, any_best, any_next);
-      if (!token_allowed(r.c, token)) continue;
-      const float x = controlled_x(r, lv[k], token, blo, bhi);
-      if (!is_finite(x)) part.flags |= is_finite(lv[k]) ? kPartialScaleOverflow : kPartialNonFinite;
-      ++part.allowed;
-      if (token == r.plan.tracked) part.tracked_x = x;
-      x_max = fmaxf(x_max, x);
-      insert_top2(key, allowed_best, allowed_next);
-      if (offers && token != r.plan.excluded)
-        offer_sample(part, r.greedy ? x : x + gumbel_from_bits(noise.v[k]), x, lv[k], token);
+      float x;
+      fold_token_rules(
+          part, r, lv[k], token, blo, bhi, offers, noise.v[k], &x,
+          [&](float l) {
+            raw_max = fmaxf(raw_max, l);
+            insert_top2(key, any_best, any_next);
+          },
+          [&](float x_allowed) {
+            x_max = fmaxf(x_max, x_allowed);
+            insert_top2(key, allowed_best, allowed_next);
+          });
     }
   }
   for (int offset = 16; offset > 0; offset >>= 1) {
