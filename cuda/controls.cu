@@ -1407,8 +1407,17 @@ __device__ PartFold fold_and_pick(const RowSetup& r, const float* l, int32_t v0,
 // drop its keys below it.
 __device__ uint64_t published_bound(const uint64_t* slots, int count, int keep) {
   if (keep > kBoundKeep) return 0;
+  // Eight loads in flight per lane: the slots were written by other CTAs
+  // just before the barrier, so each is a trip to L2.
+  constexpr int kLoads = 8;
   uint64_t best = 0, next = 0;
-  for (int i = threadIdx.x & 31; i < count; i += 32) insert_top2(__ldcg(slots + i), best, next);
+  for (int i = threadIdx.x & 31; i < count; i += 32 * kLoads) {
+    uint64_t keys[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) keys[u] = i + 32 * u < count ? __ldcg(slots + i + 32 * u) : 0;
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) insert_top2(keys[u], best, next);
+  }
   return kth_of_lane_pairs(best, next, keep);
 }
 
