@@ -98,6 +98,35 @@ __device__ __forceinline__ void finish_scan(const ScanParams& p, const StreamTai
   if (tid == 0) *tail.done_counter = 0;
 }
 
+// The RNG words of the lane's four logits of a tile in row group nt: word
+// 2j + k is that of token tile_id0 + g + 8k on row nt*8 + 2t + j (tile_id0,
+// the tile's first token id, a multiple of 4). The tile's 16 tokens lie in
+// four Philox blocks; the eight lanes of one t need those four blocks on
+// their two rows, eight blocks, so each computes one (lane g: block g mod 4
+// on row 2t + g/4) instead of the four its own words come from, and four
+// shuffles hand every lane its words. The lanes with g of one parity hold
+// the blocks the lanes g/4 = parity read (blocks parity and parity + 2 on
+// both rows); in round r the one with index i = g/2 among them gives word
+// (r + i) mod 4, which is the word every lane reading it that round needs.
+// A greedy row's blocks are not computed (its words are never read).
+__device__ __forceinline__ void tile_noise(const RowPlan* plans, int nt, int32_t tile_id0, int lane,
+                                           uint32_t (&words)[4]) {
+  const int g = lane >> 2, t = lane & 3;
+  const RowPlan& own = plans[nt * 8 + 2 * t + (g >> 2)];
+  Philox4 block = {{0, 0, 0, 0}};
+  if (!(own.flags & kPlanGreedy)) block = row_block(own.key, uint32_t(tile_id0) / 4 + uint32_t(g & 3));
+  const int word = g & 3, pair = g >> 2;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const uint32_t given = philox_word(block, (r + (g >> 1)) & 3);
+    const int item = (word - r) & 3;  // 2j + k of what this lane reads this round
+    const uint32_t got = __shfl_sync(0xffffffffu, given, (pair + 2 * item) * 4 + t);
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (item == k) words[k] = got;
+  }
+}
+
 // kShape: the entry of tuning::kStreamShapes (rows, 8-row groups, burst
 // length, CTAs per SM); kW: W's dtype (bf16, fp16, e4m3, int8).
 template <flashspec_dtype kW, int kShape>
@@ -126,6 +155,11 @@ __global__ void __launch_bounds__(kThreads, tuning::stream_shape(is_codes(kW), k
   __syncthreads();
 
   const stream::WarpRun run = stream::warp_run(p.vocab);
+  // Sampled rows take their noise from tile_noise where the tiles' tokens
+  // start on Philox blocks (a shard may begin anywhere).
+  bool sampled = false;
+  for (int row = 0; row < p.rows; ++row) sampled |= !(plans[row].flags & kPlanGreedy);
+  const bool shared_noise = sampled && (p.token_base & 3) == 0;
 
   // The epilogue folds each logit into the lane's running Partial of its
   // rows (online log-sum-exp, Gumbel top-2, tracked logit); tokens reach a
@@ -133,7 +167,9 @@ __global__ void __launch_bounds__(kThreads, tuning::stream_shape(is_codes(kW), k
   stream::stream_tiles<kW, kShape>(p, run.first_tile, run.tiles, [&](int tok_a, auto&& logit) {
     const int tok_b = tok_a + 8;
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+    for (int nt = 0; nt < kNT; ++nt) {
+      uint32_t words[4] = {0, 0, 0, 0};
+      if (shared_noise) tile_noise(plans, nt, p.token_base + tok_a - (lane >> 2), lane, words);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int row = nt * 8 + 2 * t + j;
@@ -142,11 +178,14 @@ __global__ void __launch_bounds__(kThreads, tuning::stream_shape(is_codes(kW), k
           const bool greedy = plan.flags & kPlanGreedy;
           Partial part = running[warp][nt][j][lane];
           const int32_t id_a = p.token_base + tok_a, id_b = p.token_base + tok_b;
-          if (tok_a < p.vocab) fold_logit(part, plan, logit(nt, j), id_a, greedy ? 0u : noise_word(plan.key, id_a));
-          if (tok_b < p.vocab) fold_logit(part, plan, logit(nt, 2 + j), id_b, greedy ? 0u : noise_word(plan.key, id_b));
+          const uint32_t noise_a = greedy ? 0u : shared_noise ? words[2 * j] : noise_word(plan.key, id_a);
+          const uint32_t noise_b = greedy ? 0u : shared_noise ? words[2 * j + 1] : noise_word(plan.key, id_b);
+          if (tok_a < p.vocab) fold_logit(part, plan, logit(nt, j), id_a, noise_a);
+          if (tok_b < p.vocab) fold_logit(part, plan, logit(nt, 2 + j), id_b, noise_b);
           running[warp][nt][j][lane] = part;
         }
       }
+    }
   });
 
   Partial part[kNT][2];
