@@ -1303,10 +1303,10 @@ __device__ PartFold fold_and_pick_unmasked(const RowSetup& r, const float* l, in
 // tokens, though with a bias not always the part's largest x).
 //
 // The first pass applies fold_token_rules and finds the part's largest raw
-// logit and x (and the counts, flags, keys and a sample); the second sums e^(l − max) and e^(x − max)
-// against them, so no token rescales a running sum and no lane's branches
-// diverge on whether a token raised the maximum. The part's log-sum-exps
-// are those of the online fold up to rounding.
+// logit and x (and the counts, flags, keys and a sample); the second sums
+// e^(l − max) and e^(x − max) against them, so no token rescales a running
+// sum and no lane's branches diverge on whether a token raised the maximum.
+// The part's log-sum-exps are those of the online fold up to rounding.
 __device__ PartFold fold_and_pick(const RowSetup& r, const float* l, int32_t v0, int begin, int end) {
   const int lane = threadIdx.x & 31;
   const bool inert = r.plan.status != FLASHSPEC_OK;
