@@ -608,6 +608,16 @@ __global__ void __launch_bounds__(kBiasThreads) bias_kernel(const BiasArgs a) {
 
 // ---- The fold of one slice of a chunk ------------------------------------
 
+// The row's sorted bias entries [range[0], range[1]) that name tokens in
+// [first, last), in the block's shared `range` (thread 0 searches).
+__device__ void slice_bias_range(const RowSetup& r, int32_t first, int32_t last, int32_t* range) {
+  if (threadIdx.x == 0) {
+    range[0] = lower_bound(r.c.bias_tokens, r.c.bias_count, first);
+    range[1] = lower_bound(r.c.bias_tokens, r.c.bias_count, last);
+  }
+  __syncthreads();
+}
+
 struct FoldArgs {
   Common common;
   const float* logits;  // [rows][chunk_ld]
@@ -630,11 +640,7 @@ __global__ void __launch_bounds__(kFoldThreads) fold_kernel(const FoldArgs a) {
   __shared__ ControlPartial reduce[kFoldThreads];
   __shared__ uint32_t hist[256];
   __shared__ int32_t shared[4];
-  if (threadIdx.x == 0) {
-    bias_range[0] = lower_bound(r.c.bias_tokens, r.c.bias_count, a.v0 + begin);
-    bias_range[1] = lower_bound(r.c.bias_tokens, r.c.bias_count, a.v0 + end);
-  }
-  __syncthreads();
+  slice_bias_range(r, a.v0 + begin, a.v0 + end, bias_range);
   const bool inert = r.plan.status != FLASHSPEC_OK;
   const int32_t blo = bias_range[0], bhi = bias_range[1];
 
@@ -800,14 +806,6 @@ __device__ void continuing_tokens(const PassArgs& a, const RowSetup& r, const Co
     if (k.min_p > 0.0f && e < k.min_p) continue;  // min-p's cut, as kept_count applies it
     take(q, token, x, lv, e);
   }
-}
-
-__device__ void slice_bias_range(const RowSetup& r, int32_t first, int32_t last, int32_t* range) {
-  if (threadIdx.x == 0) {
-    range[0] = lower_bound(r.c.bias_tokens, r.c.bias_count, first);
-    range[1] = lower_bound(r.c.bias_tokens, r.c.bias_count, last);
-  }
-  __syncthreads();
 }
 
 // Second pass: each continuing row with a top-p target sums its remaining
