@@ -2371,11 +2371,10 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
   // Two logits buffers: while the side stream folds and merges one chunk,
   // cuBLAS writes the next into the other buffer on the pass's stream
   // (events order the buffers' reuse; the whole pass stays capturable).
-  const bool pipelined = p.side != nullptr;
+  const bool pipelined = p.chunks.pipelined();
   const int32_t chunk = p.chunk;
   const gemm_scan::Product product{p.cublas, p.w,      p.ldw,    p.w_dtype, p.w_scale, p.dequantized,
                                    p.d,      p.d_load, p.hidden, p.k_pad,   p.rows};
-  cudaStream_t fold_stream = pipelined ? p.side : stream;
   int group = 0, from = 0, index = 0;
   // Rows whose top-p or min-p kept set runs past their candidate list
   // continue (controls.h): only top-p and min-p can, and only outside stream
@@ -2416,9 +2415,8 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
     group = 1;
   }
   for (int32_t v0 = 0; v0 < p.vocab && !fused.kernel; v0 += chunk, ++index) {
-    const int buffer = pipelined ? index % 2 : 0;
-    float* logits = p.chunk_logits[buffer];
-    if (pipelined && index >= 2 && (e = cudaStreamWaitEvent(stream, p.freed[buffer], 0)) != cudaSuccess) return e;
+    float* logits = nullptr;
+    if ((e = p.chunks.acquire(index, stream, &logits)) != cudaSuccess) return e;
     const int32_t count = std::min(chunk, p.vocab - v0);
     const gemm_scan::Status status = gemm_scan::logits_chunk(product, v0, count, logits, chunk, stream);
     if (status.cuda != cudaSuccess) return status.cuda;
@@ -2426,16 +2424,14 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
       *cublas_failure = status.what;
       return cudaSuccess;
     }
-    if (pipelined) {
-      if ((e = cudaEventRecord(p.ready[buffer], stream)) != cudaSuccess) return e;
-      if ((e = cudaStreamWaitEvent(fold_stream, p.ready[buffer], 0)) != cudaSuccess) return e;
-    }
+    cudaStream_t fold_stream = stream;
+    if ((e = p.chunks.hand_over(index, stream, &fold_stream)) != cudaSuccess) return e;
     const int slices = (count + kSliceTokens - 1) / kSliceTokens;
     FoldArgs f{common, logits, chunk, v0, count, static_cast<ControlPartial*>(ws.partials), ws.max_rows, group};
     e = launch_on(reinterpret_cast<const void*>(&fold_kernel), dim3(unsigned(slices), unsigned(p.rows)),
                   kFoldThreads, fold_stream, &f, !pipelined);
     if (e != cudaSuccess) return e;
-    if (pipelined && (e = cudaEventRecord(p.freed[buffer], fold_stream)) != cudaSuccess) return e;
+    if ((e = p.chunks.release(index)) != cudaSuccess) return e;
     MergeArgs m{common, slices, from, nullptr};
     e = launch_on(reinterpret_cast<const void*>(&merge_kernel), dim3(unsigned(p.rows)), kRowThreads, fold_stream, &m,
                   true);
@@ -2443,10 +2439,7 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
     from = 1 - from;
     group += slices;
   }
-  if (pipelined && !fused.kernel) {  // the pass's stream takes the side stream's work back
-    if ((e = cudaEventRecord(p.joined, fold_stream)) != cudaSuccess) return e;
-    if ((e = cudaStreamWaitEvent(stream, p.joined, 0)) != cudaSuccess) return e;
-  }
+  if (!fused.kernel && (e = p.chunks.join(stream)) != cudaSuccess) return e;  // the side stream's work back
   if (!fused.kernel) {
     SummaryArgs s{common, static_cast<const ControlPartial*>(ws.partials), ws.max_rows, group, from, from,
                   p.hidden_bad, out, 0, continuing, ws.continue_flag, band, ws.max_rows, 0};
@@ -2462,7 +2455,7 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
   if (!flag) return cudaSuccess;
   if ((e = cudaMemsetAsync(ws.histograms, 0, size_t(p.rows) * kMassBins * 8, stream)) != cudaSuccess) return e;
   // Pass two: the mass histograms.
-  float* logits = p.chunk_logits[0];
+  float* logits = p.chunks.logits[0];
   auto pass_over_w = [&](auto&& fold_chunk) -> cudaError_t {
     int32_t groups = 0;
     for (int32_t v0 = 0; v0 < p.vocab; v0 += chunk) {

@@ -68,6 +68,7 @@
 #include "kernels/args.h"
 #include "sampling/fold.h"
 #include "sampling/row_summary.h"
+#include "scan_gemm.h"
 #include "tuning.h"
 
 namespace flashspec {
@@ -147,12 +148,8 @@ struct Pass {
   const int32_t* batch_status;    // verify: the plans' batch status; NULL for a draft call
   int32_t top_n;                  // top raw logprobs per row
   cublasHandle_t cublas;           // bound to the pass's stream
-  float* chunk_logits[2];         // two buffers of [rows, chunk]
+  gemm_scan::ChunkPipeline chunks;  // two buffers of [rows, chunk] (side NULL: the first only)
   int32_t chunk;
-  // A second stream (non-blocking) and events for the two-buffer pipeline;
-  // side NULL: chunk_logits[0] only, everything on the pass's stream.
-  cudaStream_t side;
-  cudaEvent_t ready[2], freed[2], joined;
   // The controlled streaming scan (≤ tuning::kStreamMaxRows rows): whether
   // the hidden rows are staged for it (the tensor-core scans apply), the
   // device's SMs, the scans' shared-memory limits (configure), and the

@@ -73,13 +73,13 @@ class CudaBackend final : public Backend {
       const size_t controls_bytes = controls::workspace_bytes(max_rows_, config.max_requests, chunk_);
       controls_storage_.allocate(controls_bytes, "cudaMalloc (sampling controls workspace)");
       controls_ = controls::carve_workspace(controls_storage_.as<void>(), max_rows_, config.max_requests, chunk_);
-      // The controlled pass folds one logits chunk on a side stream while
-      // cuBLAS writes the next (controls.h).
+      // The cuBLAS scans fold one logits chunk on a side stream while cuBLAS
+      // writes the next (scan_gemm.h).
       check_cuda(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
       for (cudaEvent_t* e : {&chunk_ready_[0], &chunk_ready_[1], &chunk_freed_[0], &chunk_freed_[1], &side_joined_})
         check_cuda(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-      // Two chunks of logits: the many-row scan uses the first; the
-      // controlled pass folds one while cuBLAS writes the other.
+      // Two chunks of logits: the cuBLAS scans fold one while cuBLAS writes
+      // the other (scan_gemm.h).
       chunk_logits_.allocate(2 * size_t(max_rows_) * size_t(chunk_) * sizeof(float), "cudaMalloc (logits chunks)");
       cublas_workspace_.allocate(tuning::kCublasWorkspaceBytes, "cudaMalloc (cuBLAS workspace)");
       cublasHandle_t handle = nullptr;
@@ -465,15 +465,8 @@ class CudaBackend final : public Backend {
     p.batch_status = batch_status;
     p.top_n = top_n;
     p.cublas = cublas_;
-    p.chunk_logits[0] = chunk_logits_.as<float>();
-    p.chunk_logits[1] = chunk_logits_.as<float>() + size_t(max_rows_) * size_t(chunk_);
+    p.chunks = chunk_pipeline();
     p.chunk = chunk_;
-    p.side = side_stream_;
-    p.ready[0] = chunk_ready_[0];
-    p.ready[1] = chunk_ready_[1];
-    p.freed[0] = chunk_freed_[0];
-    p.freed[1] = chunk_freed_[1];
-    p.joined = side_joined_;
     p.stream_scan = tc;
     p.sm_count = limits_.sm_count;
     p.smem_limits = &controls_smem_;
@@ -500,10 +493,21 @@ class CudaBackend final : public Backend {
   }
 
   ScanWorkspace workspace(const CudaLmHead& head) const {
-    return ScanWorkspace{plans_.as<RowPlan>(),       staging_.as<void>(),        partials_.as<Partial>(),
-                         q_partials_.as<QPartial>(), residuals_.as<Residual>(),  max_rows_,
-                         cublas_,                    chunk_logits_.as<float>(),  chunk_,
-                         dequantized_for(head)};
+    return ScanWorkspace{plans_.as<RowPlan>(),       staging_.as<void>(),       partials_.as<Partial>(),
+                         q_partials_.as<QPartial>(), residuals_.as<Residual>(), max_rows_,
+                         cublas_,                    chunk_pipeline(),          dequantized_for(head)};
+  }
+
+  // The two logits buffers of the cuBLAS scans and what orders them.
+  gemm_scan::ChunkPipeline chunk_pipeline() const {
+    const int64_t capacity = int64_t(max_rows_) * int64_t(chunk_);
+    float* first = chunk_logits_.as<float>();
+    return gemm_scan::ChunkPipeline{{first, first ? first + capacity : nullptr},
+                                    capacity,
+                                    side_stream_,
+                                    {chunk_ready_[0], chunk_ready_[1]},
+                                    {chunk_freed_[0], chunk_freed_[1]},
+                                    side_joined_};
   }
 
   // The bf16 rows an 8-bit head's cuBLAS scans use: NULL for other heads,

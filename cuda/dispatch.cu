@@ -136,9 +136,7 @@ ScanLimits configure_scans(int device) {
 }
 
 int32_t gemm_chunk_tokens(int32_t max_rows) {
-  const int64_t slice = tuning::kGemmSliceTokens;
-  const int64_t fit = int64_t(tuning::kGemmWorkspaceBytes) / (int64_t(max_rows) * int64_t(sizeof(float)));
-  return int32_t(std::max<int64_t>(slice, std::min<int64_t>(tuning::kGemmMaxChunkTokens, fit / slice * slice)));
+  return gemm_scan::chunk_tokens(max_rows, int64_t(tuning::kGemmWorkspaceBytes / sizeof(float)));
 }
 
 ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const CudaLmHead& head, bool tc, int rows,
@@ -163,11 +161,12 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
   if (tc && ws.cublas) {
     require(!head.codes() || ws.dequantized, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, Field::kHead,
             "an 8-bit head needs a workspace this context reserves when the head is created on it");
-    const gemm_scan::Request r{p, int32_t(head.hidden), ws.cublas, ws.chunk_logits, ws.chunk, ws.dequantized};
+    const int32_t chunk = gemm_scan::chunk_tokens(rows, ws.chunks.capacity);
+    const gemm_scan::Request r{p, int32_t(head.hidden), ws.cublas, ws.chunks, chunk, ws.dequantized};
     const gemm_scan::Status status = gemm_scan::scan(r, stream);
     if (status.cuda != cudaSuccess) cuda_fail(status.cuda, std::string("scan (cuBLAS chunks): ") + status.what);
     if (status.what) fail(FLASHSPEC_ERR_CUDA, std::string("scan (cuBLAS chunks): cublasGemmEx: ") + status.what);
-    return ScanOutcome{gemm_scan::groups_for(p.vocab, ws.chunk), false};
+    return ScanOutcome{gemm_scan::groups_for(p.vocab, chunk), false};
   }
   if (tc && !head.codes()) {
     const int shape = tuning::mma_shape_for(rows);

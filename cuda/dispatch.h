@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "device_storage.h"
+#include "scan_gemm.h"
 #include "scan_params.h"
 #include "tuning.h"
 
@@ -44,8 +45,7 @@ struct ScanWorkspace {
   Residual* residuals;     // [kMaxGroups, max_rows]
   int32_t max_rows;        // the partials' stride
   cublasHandle_t cublas;   // NULL when max_rows ≤ kStreamMaxRows
-  float* chunk_logits;     // [max_rows, chunk] for the cuBLAS scan
-  int32_t chunk;           // tokens per cuBLAS chunk
+  gemm_scan::ChunkPipeline chunks;  // the cuBLAS scan's logits buffers, each [max_rows, chunk]
   uint16_t* dequantized;   // an 8-bit head's bf16 rows for the cuBLAS scan; NULL if none is reserved
 };
 

@@ -168,6 +168,12 @@ Status logits_chunk(const Product& g, int32_t v0, int32_t count, float* logits, 
   return Status{cudaSuccess, nullptr};
 }
 
+int32_t chunk_tokens(int32_t rows, int64_t capacity) {
+  const int64_t slice = kSliceTokens;
+  const int64_t fit = std::min<int64_t>(tuning::kGemmMaxChunkTokens, capacity / std::max(1, rows)) / slice * slice;
+  return int32_t(std::max(slice, fit));
+}
+
 int groups_for(int32_t vocab, int32_t chunk) {
   int groups = 0;
   for (int32_t v0 = 0; v0 < vocab; v0 += chunk) {
@@ -182,24 +188,37 @@ Status scan(const Request& r, cudaStream_t stream) {
   const Product product{r.handle, p.w,       p.ldw, p.w_dtype, p.w_scale, r.dequantized, r.d, p.d_load,
                         static_cast<const unsigned char*>(p.h) + int64_t(p.row_base) * p.k_pad * 2,
                         p.k_pad,  p.rows};
-  int group = 0;
-  for (int32_t v0 = 0; v0 < p.vocab; v0 += r.chunk) {
+  const ChunkPipeline& chunks = r.chunks;
+  int group = 0, index = 0;
+  for (int32_t v0 = 0; v0 < p.vocab; v0 += r.chunk, ++index) {
     const int32_t count = std::min(r.chunk, p.vocab - v0);
-    const Status status = logits_chunk(product, v0, count, r.workspace, r.chunk, stream);
+    float* buffer = nullptr;
+    cudaError_t e = chunks.acquire(index, stream, &buffer);
+    if (e != cudaSuccess) return Status{e, "order of the logits buffers"};
+    const Status status = logits_chunk(product, v0, count, buffer, r.chunk, stream);
     if (status.cuda != cudaSuccess || status.what) return status;
+    cudaStream_t fold_stream = stream;
+    if ((e = chunks.hand_over(index, stream, &fold_stream)) != cudaSuccess)
+      return Status{e, "order of the logits buffers"};
     const int slices = (count + kSliceTokens - 1) / kSliceTokens;
-    const float* logits = r.workspace;
+    const float* logits = buffer;
     int32_t chunk_ld = r.chunk, slice = kSliceTokens, row_base = p.row_base, stride = p.partial_stride;
     const RowPlan* plans = p.plans;
     Partial* partials = p.partials;
     int32_t first = p.token_base + v0, n = count, group_base = group;
     void* args[] = {&logits, &chunk_ld, &first, &n, &slice, &plans, &row_base, &partials, &stride, &group_base};
-    cudaError_t e = launch_dependent(reinterpret_cast<const void*>(&fold_chunk_kernel), dim3(slices, p.rows),
-                                     dim3(kThreads), 0, stream, args);
+    // On the side stream the fold follows an event, not the product itself,
+    // so it is an ordinary launch there.
+    e = chunks.pipelined() ? launch_with(reinterpret_cast<const void*>(&fold_chunk_kernel), dim3(slices, p.rows),
+                                         dim3(kThreads), 0, fold_stream, args, nullptr)
+                           : launch_dependent(reinterpret_cast<const void*>(&fold_chunk_kernel),
+                                              dim3(slices, p.rows), dim3(kThreads), 0, stream, args);
     if (e != cudaSuccess) return Status{e, "fold of a logits chunk"};
+    if ((e = chunks.release(index)) != cudaSuccess) return Status{e, "order of the logits buffers"};
     group += slices;
   }
-  return Status{cudaSuccess, nullptr};
+  const cudaError_t e = chunks.join(stream);
+  return Status{e, e != cudaSuccess ? "order of the logits buffers" : nullptr};
 }
 
 }  // namespace gemm_scan

@@ -19,6 +19,46 @@ namespace gemm_scan {
 // (exactly) into a workspace first, and each logit is scaled after.
 constexpr int32_t kDequantTokens = 4096;
 
+// Two logits buffers and a second stream, so that one chunk is folded while
+// cuBLAS writes the next: each chunk's product runs on the call's stream and
+// its fold on `side`; events order the reuse of each buffer, and the call's
+// stream takes the side stream's work back at the end, so a captured call
+// captures both streams. side NULL: logits[0] only, every kernel on the
+// call's stream.
+struct ChunkPipeline {
+  float* logits[2];  // each holds `capacity` floats
+  int64_t capacity;
+  cudaStream_t side;  // non-blocking
+  cudaEvent_t ready[2], freed[2], joined;
+
+  bool pipelined() const { return side != nullptr; }
+  // Where chunk `index` is written: its buffer, once the call's stream has
+  // waited for the fold of chunk index − 2 that read it last.
+  cudaError_t acquire(int index, cudaStream_t stream, float** out) const {
+    const int buffer = pipelined() ? index % 2 : 0;
+    *out = logits[buffer];
+    return pipelined() && index >= 2 ? cudaStreamWaitEvent(stream, freed[buffer], 0) : cudaSuccess;
+  }
+  // Chunk `index` is written (on `stream`): the stream its fold runs on,
+  // after it, is `*fold_stream`.
+  cudaError_t hand_over(int index, cudaStream_t stream, cudaStream_t* fold_stream) const {
+    *fold_stream = pipelined() ? side : stream;
+    if (!pipelined()) return cudaSuccess;
+    const cudaError_t e = cudaEventRecord(ready[index % 2], stream);
+    return e != cudaSuccess ? e : cudaStreamWaitEvent(side, ready[index % 2], 0);
+  }
+  // Chunk `index`'s fold is enqueued: its buffer may be written again after it.
+  cudaError_t release(int index) const {
+    return pipelined() ? cudaEventRecord(freed[index % 2], side) : cudaSuccess;
+  }
+  // `stream` waits for everything enqueued on the side stream.
+  cudaError_t join(cudaStream_t stream) const {
+    if (!pipelined()) return cudaSuccess;
+    const cudaError_t e = cudaEventRecord(joined, side);
+    return e != cudaSuccess ? e : cudaStreamWaitEvent(stream, joined, 0);
+  }
+};
+
 // The scan's rows and W as every scan takes them (p.h holds the staged
 // hidden rows in W's 16-bit dtype — bf16 for 8-bit codes — row stride
 // p.k_pad), plus what the cuBLAS product needs.
@@ -26,8 +66,8 @@ struct Request {
   ScanParams p;
   int32_t d;              // reduction length (W's hidden size)
   cublasHandle_t handle;  // bound to the stream, with its workspace set
-  float* workspace;       // [rows, chunk] fp32
-  int32_t chunk;          // tokens per chunk, a multiple of tuning::kGemmSliceTokens
+  ChunkPipeline chunks;   // logits [rows, chunk] fp32 per buffer
+  int32_t chunk;          // tokens per chunk (chunk_tokens), a multiple of tuning::kGemmSliceTokens
   uint16_t* dequantized;  // 8-bit heads: [kDequantTokens, p.d_load] bf16; else unused
 };
 
@@ -59,6 +99,15 @@ struct Product {
 Status logits_chunk(const Product& product, int32_t v0, int32_t count, float* logits, int32_t ld,
                     cudaStream_t stream);
 
+// Tokens per chunk of a scan of `rows` rows whose buffers hold `capacity`
+// floats each: as many whole slices as a buffer holds, at most
+// tuning::kGemmMaxChunkTokens. Fewer rows get longer chunks: the products
+// run at cuBLAS's speed either way, and fewer chunks mean fewer folds
+// (with 64 rows on an H100, chunks of 64K tokens against 32K: verify ÷ GEMM
+// 1.28 → 1.23; cutting the vocabulary into four or eight chunks to shorten
+// the last fold was slower, bench/RESULTS.md). The partials' slices are the
+// same token ranges whatever the chunk, so the result is too.
+int32_t chunk_tokens(int32_t rows, int64_t capacity);
 // Partials (groups) a scan of `vocab` tokens in chunks of `chunk` writes.
 int groups_for(int32_t vocab, int32_t chunk);
 // Enqueues the whole scan on `stream`.

@@ -64,7 +64,10 @@ struct ContextPair {
 };
 
 TEST_F(GpuGraph, ReplaysAdvanceStepsAndMatchCpu) {
-  constexpr int kReq = 48, kN = 3, kVocab = 1999, kD = 64, kRows = kReq * (kN + 1);
+  // 192 rows over two cuBLAS chunks (at most 65536 tokens each): the captured
+  // graph holds the scan's two streams (the first chunk folded beside the
+  // second chunk's product).
+  constexpr int kReq = 48, kN = 3, kVocab = 70001, kD = 64, kRows = kReq * (kN + 1);
   Rng rng(4242);
   Matrix w = random_matrix(FLASHSPEC_DTYPE_BF16, kVocab, kD, rng, 3.0 / 8.0);
   Matrix h = random_matrix(FLASHSPEC_DTYPE_BF16, kRows, kD, rng, 1.0);
