@@ -15,5 +15,12 @@ namespace cuda {
 // store or the copy failed.
 bool read_summaries(const SummaryStore& store, int32_t rows, RowSummary* out);
 
+// Evaluates gumbel_from_bits (util/philox.h) on the current device for every
+// 32-bit word and compares it with bounds[word >> 24] (256 floats). Returns
+// false if a CUDA call failed; else *violations is the number of words
+// whose noise exceeds its bound (or is NaN) and *closest the smallest
+// bound − noise (0 where any word exceeds its bound).
+bool check_gumbel_bounds(const float* bounds, uint64_t* violations, float* closest);
+
 }  // namespace cuda
 }  // namespace flashspec

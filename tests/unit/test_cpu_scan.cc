@@ -13,6 +13,7 @@
 #include "../common/rng.h"
 #include "kernels/cpu/cpu_scan.h"
 #include "sampling/fold.h"
+#include "sampling/gumbel_bounds.h"
 #include "util/dtype.h"
 #include "util/philox.h"
 
@@ -163,18 +164,9 @@ TEST(CpuScan, RowWordsAreThePhiloxBlocks) {
     }
 }
 
-// g(x) = −ln(−ln u), u = (x + 0.5)/2^32, in double (ln u for u > 1/2 from
-// log1p of the exact 1 − u).
-double exact_gumbel(uint32_t x) {
-  const double two32 = 4294967296.0;
-  const double log_u = x < 0x80000000u ? std::log((double(x) + 0.5) / two32)
-                                       : std::log1p(-((two32 - double(x) - 0.5) / two32));
-  return -std::log(-log_u);
-}
-
 void check_gumbel_bound(uint32_t x) {
   const float g = gumbel_from_bits(x);
-  // The error model the bounds rest on (cpu_scan.cc: margin 1e-3 + 1e-4·|g|).
+  // The error model the bounds rest on (sampling/gumbel_bounds.h: margin 1e-3 + 1e-4·|g|).
   ASSERT_LE(std::fabs(double(g) - exact_gumbel(x)), 1e-4) << "x = " << x;
   ASSERT_LE(g, cpu::gumbel_bucket_bound(x >> 24)) << "x = " << x;
   ASSERT_LE(g, cpu::gumbel_max_bound()) << "x = " << x;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "sampling/gumbel_bounds.h"
 #include "util/dtype.h"
 #include "util/philox.h"
 
@@ -467,46 +468,8 @@ void tile_logits(const WeightRows& w, int64_t count, const float* hidden, int64_
   if (!tile_logits_avx2(w, count, hidden, rows, d, logits)) tile_logits_portable(w, count, hidden, rows, d, logits);
 }
 
-namespace {
-
-// g(x) = −ln(−ln u), u = (x + 0.5) / 2^32, in double; ln u for u > 1/2 as
-// log1p(−(1 − u)), 1 − u exact.
-double exact_gumbel(uint64_t x) {
-  const double two32 = 4294967296.0;
-  const double log_u = x < 0x80000000u ? std::log((double(x) + 0.5) / two32)
-                                       : std::log1p(-((two32 - double(x) - 0.5) / two32));
-  return -std::log(-log_u);
-}
-
-// Bucket b holds x in [b·2^24, (b + 1)·2^24). The exact g increases with x,
-// so its largest value in a bucket is at the bucket's last x. The float
-// evaluation (gumbel_from_bits) stays within about 1e-5 of the exact value
-// (tests/unit/test_cpu_scan.cc checks 1e-4 on millions of inputs, every
-// bucket edge included); the margin of 1e-3 + 1e-4·|g| covers that many
-// times over, and the sum is rounded up to a float. A check of all 2^32
-// inputs against these bounds (x86-64, glibc 2.36 logf) found every value
-// below its bound, the closest by 1.0002e-3.
-std::array<float, 256> make_gumbel_bounds() {
-  std::array<float, 256> bounds{};
-  for (uint32_t b = 0; b < 256; ++b) {
-    const double g = exact_gumbel((uint64_t(b) << 24) + 0xffffffu);
-    const double bound = g + 1e-3 + 1e-4 * std::fabs(g);
-    float f = float(bound);
-    if (double(f) < bound) f = std::nextafter(f, INFINITY);
-    bounds[b] = f;
-  }
-  return bounds;
-}
-
-const std::array<float, 256>& gumbel_bounds() {
-  static const std::array<float, 256> bounds = make_gumbel_bounds();
-  return bounds;
-}
-
-}  // namespace
-
-float gumbel_bucket_bound(uint32_t bucket) { return gumbel_bounds()[bucket & 255u]; }
-float gumbel_max_bound() { return gumbel_bounds()[255]; }
+float gumbel_bucket_bound(uint32_t bucket) { return gumbel_bucket_bounds()[bucket & 255u]; }
+float gumbel_max_bound() { return gumbel_bucket_bounds()[255]; }
 
 Partial fold_tile(const RowPlan& plan, const float* l, int64_t count, int32_t first_token, bool prune,
                   int64_t* noised, Kernel kernel) {
@@ -533,7 +496,7 @@ Partial fold_tile(const RowPlan& plan, const float* l, int64_t count, int32_t fi
   // a time, computed when a token of the group first needs its noise.
   constexpr int64_t kGroupWords = kGroupBlocks * 4;
   uint32_t words[(kChunk / kGroupWords + 1) * kGroupWords];
-  const std::array<float, 256>& bounds = gumbel_bounds();
+  const std::array<float, 256>& bounds = gumbel_bucket_bounds();
   const float max_bound = bounds[255];
   int64_t noise_count = 0;
   for (int64_t c0 = 0; c0 < count; c0 += kChunk) {
