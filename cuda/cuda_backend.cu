@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -18,6 +19,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda_module.h"
 #include "prepare.h"
+#include "sampling/gumbel_bounds.h"
 #include "scan_gemm.h"
 #include "util/dtype.h"
 #include "util/status.h"
@@ -82,6 +84,12 @@ class CudaBackend final : public Backend {
       // the other (scan_gemm.h).
       chunk_logits_.allocate(2 * size_t(max_rows_) * size_t(chunk_) * sizeof(float), "cudaMalloc (logits chunks)");
       cublas_workspace_.allocate(tuning::kCublasWorkspaceBytes, "cudaMalloc (cuBLAS workspace)");
+      // The Gumbel bounds the fold of a sampled row prunes with: the CPU
+      // backend's table.
+      const std::array<float, 256>& bounds = gumbel_bucket_bounds();
+      gumbel_bounds_.allocate(sizeof bounds, "cudaMalloc (Gumbel bounds)");
+      check_cuda(cudaMemcpy(gumbel_bounds_.as<void>(), bounds.data(), sizeof bounds, cudaMemcpyHostToDevice),
+                 "cudaMemcpy (Gumbel bounds)");
       cublasHandle_t handle = nullptr;
       check_cublas(cublasCreate(&handle), "cublasCreate");
       cublasStatus_t bound = cublasSetStream(handle, stream_);
@@ -104,8 +112,8 @@ class CudaBackend final : public Backend {
     if (side_stream_) cudaStreamDestroy(side_stream_);
     for (DeviceBuffer* b : {&plans_, &hidden_bad_, &partials_, &q_partials_, &residuals_, &level_partials_,
                             &row_drafts_, &tried_, &verdicts_, &flag_, &done_counter_,
-                            &staging_, &chunk_logits_, &cublas_workspace_, &shard_summaries_, &shard_status_,
-                            &controls_storage_})
+                            &staging_, &chunk_logits_, &cublas_workspace_, &gumbel_bounds_, &shard_summaries_,
+                            &shard_status_, &controls_storage_})
       b->reset();
     if (previous != device_) cudaSetDevice(previous);
   }
@@ -495,7 +503,8 @@ class CudaBackend final : public Backend {
   ScanWorkspace workspace(const CudaLmHead& head) const {
     return ScanWorkspace{plans_.as<RowPlan>(),       staging_.as<void>(),       partials_.as<Partial>(),
                          q_partials_.as<QPartial>(), residuals_.as<Residual>(), max_rows_,
-                         cublas_,                    chunk_pipeline(),          dequantized_for(head)};
+                         cublas_,                    chunk_pipeline(),          dequantized_for(head),
+                         gumbel_bounds_.as<float>()};
   }
 
   // The two logits buffers of the cuBLAS scans and what orders them.
@@ -566,7 +575,7 @@ class CudaBackend final : public Backend {
   ScanLimits limits_;
   cublasHandle_t cublas_ = nullptr;  // many-row scans and calls with sampling controls
   int32_t chunk_ = 0;                // tokens per cuBLAS logits chunk
-  DeviceBuffer chunk_logits_, cublas_workspace_;
+  DeviceBuffer chunk_logits_, cublas_workspace_, gumbel_bounds_;
   DeviceBuffer dequantized_;  // bf16 copies of 8-bit codes (reserve_dequantized)
   DeviceBuffer done_counter_;  // CTAs of a weight-streaming scan that have finished
   int last_error_ = 0;

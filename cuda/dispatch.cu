@@ -162,11 +162,12 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
     require(!head.codes() || ws.dequantized, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, Field::kHead,
             "an 8-bit head needs a workspace this context reserves when the head is created on it");
     const int32_t chunk = gemm_scan::chunk_tokens(rows, ws.chunks.capacity);
-    const gemm_scan::Request r{p, int32_t(head.hidden), ws.cublas, ws.chunks, chunk, ws.dequantized};
+    const gemm_scan::Request r{p, int32_t(head.hidden), ws.cublas, ws.chunks, chunk, ws.dequantized,
+                               ws.gumbel_bounds};
     const gemm_scan::Status status = gemm_scan::scan(r, stream);
     if (status.cuda != cudaSuccess) cuda_fail(status.cuda, std::string("scan (cuBLAS chunks): ") + status.what);
     if (status.what) fail(FLASHSPEC_ERR_CUDA, std::string("scan (cuBLAS chunks): cublasGemmEx: ") + status.what);
-    return ScanOutcome{gemm_scan::groups_for(p.vocab, chunk), false};
+    return ScanOutcome{gemm_scan::groups_for(p.vocab, chunk, rows), false};
   }
   if (tc && !head.codes()) {
     const int shape = tuning::mma_shape_for(rows);

@@ -47,6 +47,7 @@ struct ScanWorkspace {
   cublasHandle_t cublas;   // NULL when max_rows ≤ kStreamMaxRows
   gemm_scan::ChunkPipeline chunks;  // the cuBLAS scan's logits buffers, each [max_rows, chunk]
   uint16_t* dequantized;   // an 8-bit head's bf16 rows for the cuBLAS scan; NULL if none is reserved
+  const float* gumbel_bounds;  // [256] sampling/gumbel_bounds.h, for the cuBLAS scan's fold
 };
 
 // Tokens per cuBLAS chunk for max_rows rows: as many as fit the logits

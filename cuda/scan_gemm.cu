@@ -1,13 +1,15 @@
 // The scan for many rows (> 16): the product is compute-bound there, so the
 // vocabulary is walked in chunks of a few ten thousand tokens, cuBLAS writes
-// one chunk's logits [rows, chunk] into a workspace that stays in L2, and a
-// fold kernel reduces them to per-row partials before the next chunk
-// overwrites it. W is read once; nothing vocabulary-sized is ever written.
+// one chunk's logits [rows, chunk] into one of two workspaces that stay in
+// L2, and a fold kernel reduces them to per-row partials on a side stream
+// while cuBLAS writes the next chunk into the other. W is read once;
+// nothing vocabulary-sized is ever written.
 //
 // The fold gives each thread four consecutive tokens of one row, so one
-// Philox block serves four Gumbel draws, and writes one Partial per (row,
-// slice of the chunk); slices are numbered in token order, so the combine
-// folds them exactly like the other scans' groups.
+// Philox block serves four Gumbel draws, gives noise only to tokens that
+// could place (fold_slice_sampled), and writes one Partial per (row, slice
+// of the chunk); slices are numbered in token order, so the combine folds
+// them exactly like the other scans' groups.
 #include "codes.cuh"
 #include "launch.cuh"
 #include "scan_gemm.h"
@@ -24,32 +26,104 @@ constexpr int kThreads = tuning::kGemmFoldThreads;
 constexpr int kTokensPerThread = tuning::kGemmTokensPerThread;
 constexpr int32_t kSliceTokens = tuning::kGemmSliceTokens;
 
-// Folds logits [begin, end) of one row (token v0 + i at l[i]); each thread
-// takes four consecutive tokens at a time.
-template <bool kGreedy>
-__device__ __forceinline__ void fold_slice(Partial& part, const RowPlan& plan, const float* l, int begin, int end,
-                                           int32_t v0) {
-  for (int base = begin + threadIdx.x * kTokensPerThread; base < end; base += kThreads * kTokensPerThread) {
-    const int token0 = v0 + base;
-    // Tokens 4b .. 4b+3 share one Philox block; chunks and slices are
-    // multiples of 4, so token0 is too unless a shard starts off a multiple.
-    static_assert(kTokensPerThread == 4, "one Philox block per thread step");
-    Philox4 noise = {{0, 0, 0, 0}};
-    if (!kGreedy) {
-      if ((token0 & 3) == 0) noise = row_block(plan.key, uint32_t(token0) >> 2);
-      else
-        for (int k = 0; k < kTokensPerThread; ++k) noise.v[k] = noise_word(plan.key, token0 + k);
+// Folds logits [begin, end) of one greedy row (token v0 + i at l[i]); each
+// thread takes four consecutive tokens at a time.
+__device__ __forceinline__ void fold_slice_greedy(Partial& part, const RowPlan& plan, const float* l, int begin,
+                                                  int end, int32_t v0) {
+  for (int base = begin + threadIdx.x * kTokensPerThread; base < end; base += kThreads * kTokensPerThread)
+#pragma unroll
+    for (int k = 0; k < kTokensPerThread; ++k)
+      if (base + k < end) fold_logit(part, plan, l[base + k], v0 + base + k, 0);
+}
+
+// The same for a sampled row (T > 0), with the result of fold_logit token by
+// token except for the log-sum-exp's rounding (each step's four scaled
+// logits raise the running max once, then add one exp each), but noise only
+// where it can matter. A token whose l/T plus the bound of its RNG word's
+// bucket (sampling/gumbel_bounds.h) stays below `floor`, the largest
+// runner-up of the warp's lanes so far, scores below the slice's final
+// runner-up: it can be neither the slice's winner nor its runner-up, so the
+// CTA's merged Partial is the one every token's noise would give. A lane
+// whose four tokens stay below floor with the largest bound skips the
+// step's Philox block too. Every lane of the warp runs every step (the
+// floor is a warp reduction).
+__device__ __forceinline__ void fold_slice_sampled(Partial& part, const RowPlan& plan, const float* l, int begin,
+                                                   int end, int32_t v0, const float* bounds) {
+  static_assert(kTokensPerThread == 4, "one Philox block per thread step");
+  const float max_bound = bounds[255];
+  float floor = neg_inf();
+  for (int step = begin; step < end; step += kThreads * kTokensPerThread) {
+    const int base = step + threadIdx.x * kTokensPerThread;
+    const int32_t token0 = v0 + base;
+    float x[kTokensPerThread];
+    bool valid[kTokensPerThread];
+    float step_max = neg_inf();
+    bool maybe = false;
+    if (base + kTokensPerThread <= end) {  // chunks and slices are multiples of 4: 16-byte aligned
+      const float4 v = *reinterpret_cast<const float4*>(l + base);
+      x[0] = v.x;
+      x[1] = v.y;
+      x[2] = v.z;
+      x[3] = v.w;
+#pragma unroll
+      for (int k = 0; k < kTokensPerThread; ++k) valid[k] = true;
+    } else {
+#pragma unroll
+      for (int k = 0; k < kTokensPerThread; ++k) {
+        valid[k] = base + k < end;
+        x[k] = valid[k] ? l[base + k] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kTokensPerThread; ++k) {
+      if (!valid[k]) continue;
+      const float raw = x[k];
+      x[k] = raw * plan.inv_t;
+      if (!is_finite(x[k])) part.flags |= is_finite(raw) ? kPartialScaleOverflow : kPartialNonFinite;
+      if (token0 + k == plan.tracked) {
+        part.tracked = x[k];
+        part.flags |= kPartialTracked;
+      }
+      step_max = fmaxf(step_max, x[k]);
+      maybe |= !(x[k] + max_bound < floor);
+    }
+    if (step_max > part.m) {
+      part.s *= expf(part.m - step_max);
+      part.m = step_max;
     }
 #pragma unroll
     for (int k = 0; k < kTokensPerThread; ++k)
-      if (base + k < end) fold_logit(part, plan, l[base + k], token0 + k, noise.v[k]);
+      if (valid[k]) part.s += expf(x[k] - part.m);
+    if (maybe) {
+      Philox4 noise;
+      // Tokens 4b .. 4b+3 share one Philox block; token0 is a multiple of 4
+      // unless a shard starts off one.
+      if ((token0 & 3) == 0) noise = row_block(plan.key, uint32_t(token0) >> 2);
+      else
+        for (int k = 0; k < kTokensPerThread; ++k) noise.v[k] = noise_word(plan.key, token0 + k);
+#pragma unroll
+      for (int k = 0; k < kTokensPerThread; ++k) {
+        const uint32_t word = noise.v[k];
+        if (!valid[k] || token0 + k == plan.excluded || x[k] + bounds[word >> 24] < floor) continue;
+        offer_candidate(part, x[k] + gumbel_from_bits(word), x[k], token0 + k);
+      }
+    }
+    float runner_up = part.second;
+    for (int mask = 16; mask > 0; mask >>= 1)
+      runner_up = fmaxf(runner_up, __shfl_xor_sync(0xffffffffu, runner_up, mask));
+    floor = runner_up;
   }
 }
 
 __global__ void __launch_bounds__(kThreads) fold_chunk_kernel(const float* logits, int32_t chunk_ld, int32_t v0,
                                                                 int32_t count, int32_t slice, const RowPlan* plans,
                                                                 int32_t row_base, Partial* partials,
-                                                                int32_t partial_stride, int32_t group_base) {
+                                                                int32_t partial_stride, int32_t group_base,
+                                                                const float* gumbel_bounds) {
+  static_assert(kThreads == 256, "one thread per Gumbel bucket bound");
+  __shared__ float bounds[256];
+  bounds[threadIdx.x] = gumbel_bounds[threadIdx.x];  // written when the context was made
+  __syncthreads();
   pdl_wait();
   const int row = blockIdx.y;
   const int s = blockIdx.x;
@@ -59,10 +133,10 @@ __global__ void __launch_bounds__(kThreads) fold_chunk_kernel(const float* logit
   const int begin = s * slice, end = min(count, begin + slice);
 
   // One loop per row kind, so the greedy loop carries no noise and no
-  // scaling (the compiler no longer unswitches it by itself).
+  // scaling.
   Partial part = empty_partial();
-  if (greedy) fold_slice<true>(part, plan, l, begin, end, v0);
-  else fold_slice<false>(part, plan, l, begin, end, v0);
+  if (greedy) fold_slice_greedy(part, plan, l, begin, end, v0);
+  else fold_slice_sampled(part, plan, l, begin, end, v0, bounds);
 
   __shared__ Partial warp_parts[kThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -174,11 +248,20 @@ int32_t chunk_tokens(int32_t rows, int64_t capacity) {
   return int32_t(std::max(slice, fit));
 }
 
-int groups_for(int32_t vocab, int32_t chunk) {
+int32_t slice_tokens(int32_t count, int32_t rows) {
+  int32_t slice = kSliceTokens;
+  while (slice < tuning::kGemmMaxSliceTokens &&
+         int64_t((count + 2 * slice - 1) / (2 * slice)) * rows >= tuning::kGemmFoldMinBlocks)
+    slice *= 2;
+  return slice;
+}
+
+int groups_for(int32_t vocab, int32_t chunk, int32_t rows) {
   int groups = 0;
   for (int32_t v0 = 0; v0 < vocab; v0 += chunk) {
     const int32_t count = std::min(chunk, vocab - v0);
-    groups += (count + kSliceTokens - 1) / kSliceTokens;
+    const int32_t slice = slice_tokens(count, rows);
+    groups += (count + slice - 1) / slice;
   }
   return groups;
 }
@@ -200,13 +283,17 @@ Status scan(const Request& r, cudaStream_t stream) {
     cudaStream_t fold_stream = stream;
     if ((e = chunks.hand_over(index, stream, &fold_stream)) != cudaSuccess)
       return Status{e, "order of the logits buffers"};
-    const int slices = (count + kSliceTokens - 1) / kSliceTokens;
+    const int32_t slice = slice_tokens(count, p.rows);
+    const int slices = (count + slice - 1) / slice;
     const float* logits = buffer;
-    int32_t chunk_ld = r.chunk, slice = kSliceTokens, row_base = p.row_base, stride = p.partial_stride;
+    int32_t chunk_ld = r.chunk, row_base = p.row_base, stride = p.partial_stride;
     const RowPlan* plans = p.plans;
     Partial* partials = p.partials;
     int32_t first = p.token_base + v0, n = count, group_base = group;
-    void* args[] = {&logits, &chunk_ld, &first, &n, &slice, &plans, &row_base, &partials, &stride, &group_base};
+    const float* bounds = r.gumbel_bounds;
+    int32_t slice_arg = slice;
+    void* args[] = {&logits,   &chunk_ld, &first,  &n,          &slice_arg, &plans,
+                    &row_base, &partials, &stride, &group_base, &bounds};
     // On the side stream the fold follows an event, not the product itself,
     // so it is an ordinary launch there.
     e = chunks.pipelined() ? launch_with(reinterpret_cast<const void*>(&fold_chunk_kernel), dim3(slices, p.rows),

@@ -69,6 +69,7 @@ struct Request {
   ChunkPipeline chunks;   // logits [rows, chunk] fp32 per buffer
   int32_t chunk;          // tokens per chunk (chunk_tokens), a multiple of tuning::kGemmSliceTokens
   uint16_t* dequantized;  // 8-bit heads: [kDequantTokens, p.d_load] bf16; else unused
+  const float* gumbel_bounds;  // the 256 bucket bounds of sampling/gumbel_bounds.h
 };
 
 // What failed, if anything: a CUDA error, or (cuda == cudaSuccess) a cuBLAS
@@ -108,8 +109,16 @@ Status logits_chunk(const Product& product, int32_t v0, int32_t count, float* lo
 // the last fold was slower, bench/RESULTS.md). The partials' slices are the
 // same token ranges whatever the chunk, so the result is too.
 int32_t chunk_tokens(int32_t rows, int64_t capacity);
-// Partials (groups) a scan of `vocab` tokens in chunks of `chunk` writes.
-int groups_for(int32_t vocab, int32_t chunk);
+// Tokens per fold CTA (a slice) in a chunk of `count` tokens of `rows` rows:
+// the longest of tuning::kGemmSliceTokens doubled up to
+// tuning::kGemmMaxSliceTokens that still gives tuning::kGemmFoldMinBlocks
+// CTAs. Longer slices cost fewer block reductions per token and let the
+// fold's pruning see more scores before a token comes; too few CTAs leave
+// SMs idle.
+int32_t slice_tokens(int32_t count, int32_t rows);
+// Partials (groups) a scan of `vocab` tokens of `rows` rows in chunks of
+// `chunk` writes.
+int groups_for(int32_t vocab, int32_t chunk, int32_t rows);
 // Enqueues the whole scan on `stream`.
 Status scan(const Request& request, cudaStream_t stream);
 

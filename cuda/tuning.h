@@ -96,7 +96,14 @@ constexpr int kSimtThreads = 256;
 // it before the next chunk overwrites it.
 constexpr size_t kGemmWorkspaceBytes = size_t(64) << 20;      // logits chunk, about L2-sized per chunk
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;    // cuBLAS's own, fixed so graphs can capture it
-constexpr int32_t kGemmSliceTokens = 4096;                    // tokens per fold CTA; chunks are multiples
+constexpr int32_t kGemmSliceTokens = 4096;                    // tokens per fold CTA at least; chunks are multiples
+// The fold doubles its slices up to this while a chunk still gives
+// kGemmFoldMinBlocks CTAs (slice_tokens, scan_gemm.h). H100, verify ÷ GEMM,
+// 4096 → 16384-token slices: 256 rows 1.61 → 1.47 (V = 128256, d = 4096),
+// 512 rows 1.66 → 1.54; 64 rows 1.22 → 1.21 where a 65536-token chunk
+// still gives 256 CTAs, 1.59 → 1.71 at V = 32000 where it gave 128.
+constexpr int32_t kGemmMaxSliceTokens = 16384;
+constexpr int kGemmFoldMinBlocks = 256;
 constexpr int32_t kGemmMaxChunkTokens = 65536;
 constexpr int kGemmFoldThreads = 256;
 constexpr int kGemmTokensPerThread = 4;                       // one Philox block serves four Gumbel draws
