@@ -2439,8 +2439,8 @@ cudaError_t run(const Workspace& ws, const Pass& p, const Outputs& out, cudaStre
     from = 1 - from;
     group += slices;
   }
-  if (!fused.kernel && (e = p.chunks.join(stream)) != cudaSuccess) return e;  // the side stream's work back
   if (!fused.kernel) {
+    if ((e = p.chunks.join(stream)) != cudaSuccess) return e;  // the side stream's work back
     SummaryArgs s{common, static_cast<const ControlPartial*>(ws.partials), ws.max_rows, group, from, from,
                   p.hidden_bad, out, 0, continuing, ws.continue_flag, band, ws.max_rows, 0};
     e = launch_on(reinterpret_cast<const void*>(&summary_kernel), dim3(unsigned(p.rows)), kRowThreads, stream, &s,

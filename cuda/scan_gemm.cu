@@ -283,7 +283,7 @@ Status scan(const Request& r, cudaStream_t stream) {
     cudaStream_t fold_stream = stream;
     if ((e = chunks.hand_over(index, stream, &fold_stream)) != cudaSuccess)
       return Status{e, "order of the logits buffers"};
-    const int32_t slice = slice_tokens(count, p.rows);
+    int32_t slice = slice_tokens(count, p.rows);
     const int slices = (count + slice - 1) / slice;
     const float* logits = buffer;
     int32_t chunk_ld = r.chunk, row_base = p.row_base, stride = p.partial_stride;
@@ -291,8 +291,7 @@ Status scan(const Request& r, cudaStream_t stream) {
     Partial* partials = p.partials;
     int32_t first = p.token_base + v0, n = count, group_base = group;
     const float* bounds = r.gumbel_bounds;
-    int32_t slice_arg = slice;
-    void* args[] = {&logits,   &chunk_ld, &first,  &n,          &slice_arg, &plans,
+    void* args[] = {&logits,   &chunk_ld, &first,  &n,          &slice,     &plans,
                     &row_base, &partials, &stride, &group_base, &bounds};
     // On the side stream the fold follows an event, not the product itself,
     // so it is an ordinary launch there.
