@@ -3,7 +3,7 @@
 # on a GPU machine:
 #   bench/e2e_run.sh BUILD_DIR OUT_DIR [e2e_step.py args...]
 # writes OUT_DIR/e2e-CARD-DATE.json and .log (CARD: h100, h200, ... from
-# nvidia-smi). GPU_ARCH (default sm_90) is the CUDA target.
+# nvidia-smi). GPU_ARCH (default sm_90a) is the CUDA target.
 #
 # Needs nvcc, cuBLAS, meson, ninja and python3 with torch, numpy and scipy
 # (Triton for the standard sampler's kernels). Without swig, the wrapper
@@ -14,7 +14,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=$1
 out=$2
 shift 2
-arch=${GPU_ARCH:-sm_90}
+arch=${GPU_ARCH:-sm_90a}
 mkdir -p "$out"
 
 if ! command -v swig >/dev/null 2>&1; then

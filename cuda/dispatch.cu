@@ -132,6 +132,29 @@ ScanLimits configure_scans(int device) {
                  "cudaFuncSetAttribute (carveout)");
       limits.stream_blocks_per_sm[shape][dtype] = occupancy(kernel, tuning::kStreamThreads, 0);
     }
+
+#ifdef FLASHSPEC_WGMMA
+  int major = 0, minor = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
+  if (major == 9 && minor == 0) {
+    limits.stream_box = true;
+    for (int shape = 0; shape < tuning::kStreamShapeCount; ++shape)
+      for (flashspec_dtype dtype : {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F16}) {
+        const void* kernel = scan::stream_box_kernel(shape, dtype);
+        if (!kernel) continue;  // a shape it does not serve
+        cudaFuncAttributes attributes{};
+        check_cuda(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
+        if (attributes.sharedSizeBytes + scan::stream_box_smem() > limits.max_smem) {
+          limits.stream_box = false;
+          continue;
+        }
+        check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(scan::stream_box_smem())),
+                   "cudaFuncSetAttribute");
+      }
+  }
+#endif
   return limits;
 }
 
@@ -150,6 +173,17 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
   }
   if (tc && rows <= tuning::kStreamMaxRows) {
     const int shape = tuning::stream_shape_for(rows);
+    scan::StreamMaps maps;
+    if (limits.stream_box && tuning::stream_box_serves(shape, int64_t(p.d_load) * 2) &&
+        scan::stream_box_kernel(shape, head.dtype) && scan::stream_box_maps(p, &maps)) {
+      // One CTA per SM.
+      const int blocks = scan::stream_blocks(p.vocab, std::min(max_groups, limits.sm_count));
+      p.groups = blocks;
+      p.row_blocks = 1;
+      check_cuda(scan::launch_stream_box(scan::stream_box_kernel(shape, head.dtype), p, tail, maps, blocks, stream),
+                 "scan (weight stream, TMA)");
+      return ScanOutcome{blocks, true};
+    }
     const int max_blocks = std::min(max_groups, limits.sm_count * limits.stream_blocks_per_sm[shape][head.dtype]);
     const int blocks = scan::stream_blocks(p.vocab, max_blocks);
     p.groups = blocks;

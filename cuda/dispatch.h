@@ -28,6 +28,10 @@ struct ScanLimits {
   int sm_count = 0;
   size_t max_smem = 0;  // dynamic shared memory a block may opt in to
   int stream_blocks_per_sm[tuning::kStreamShapeCount][5] = {};  // [shape][W dtype]
+  // The sm_90a weight-streaming scan (scan::stream_box_kernel) may run: the
+  // build has sm_90a code, the device is compute capability 9.0, and the
+  // kernel's shared memory fits.
+  bool stream_box = false;
   int mma_blocks_per_sm[tuning::kMmaShapeCount] = {};
   int simt_blocks_per_sm = 1;
 };

@@ -3,6 +3,7 @@
 // launcher. Which scan serves a call is decided in dispatch.cu.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -28,6 +29,30 @@ int stream_blocks(int32_t vocab, int max_blocks);
 // or the draft outputs named by `tail`.
 cudaError_t launch_stream(const void* kernel, const ScanParams& params, const StreamTail& tail, int blocks,
                           cudaStream_t stream);
+
+// The same scan on sm_90a (dispatch checks the device and the build) for W
+// and hidden both bf16 or both fp16: W reaches shared memory in TMA boxes
+// and warpgroup MMAs multiply it; one CTA per SM, stream_box_threads()
+// threads and stream_box_smem() bytes of dynamic shared memory. NULL for
+// other dtypes and for shapes it does not serve (tuning::stream_box_serves).
+const void* stream_box_kernel(int shape, flashspec_dtype w_dtype);
+size_t stream_box_smem();
+int stream_box_threads();
+// The tensor maps a stream_box_kernel reads: W in boxes of
+// tuning::kStreamBoxMapTokens tokens and of 16 tokens, and the launch's
+// staged hidden rows; all 64 columns wide.
+struct StreamMaps {
+  CUtensorMap w;
+  CUtensorMap w_tile;
+  CUtensorMap hidden;
+};
+// Encodes the maps for a launch; false (the register path serves it) unless
+// W and the staged rows are 16-bit with 16-byte-aligned rows and the driver
+// can encode tensor maps.
+bool stream_box_maps(const ScanParams& params, StreamMaps* maps);
+// launch_stream's contract for a stream_box_kernel.
+cudaError_t launch_stream_box(const void* kernel, const ScanParams& params, const StreamTail& tail,
+                              const StreamMaps& maps, int blocks, cudaStream_t stream);
 
 // Tiled tensor-core scan, W and hidden both bf16 or both fp16, 16-byte-aligned
 // weight rows, d_load % 8 == 0. One kernel per tuning::kMmaShapes entry.

@@ -11,8 +11,10 @@
 #include "scan.h"
 #include "scan_params.h"
 #include "stream_tiles.cuh"
+#include "tma.cuh"
 #include "tuning.h"
 #include "warp_fold.cuh"
+#include "wgmma.cuh"
 
 namespace flashspec {
 namespace cuda {
@@ -127,6 +129,48 @@ __device__ __forceinline__ void tile_noise(const RowPlan* plans, int nt, int32_t
   }
 }
 
+// The epilogue of a 16-token tile: folds each of the lane's logits into its
+// running Partial of the row (running(nt, j): row nt*8 + 2t + j) — online
+// log-sum-exp, Gumbel top-2, tracked logit. logit(nt, q) is stream_tiles'
+// (tok_a: the lane's token g of the tile as an index into W); tokens reach a
+// Partial in increasing order. Sampled rows take their noise from
+// tile_noise where shared_noise is set.
+template <int kNT, class Logit, class Running>
+__device__ __forceinline__ void fold_tile(const ScanParams& p, const RowPlan* plans, bool shared_noise, int tok_a,
+                                          Logit&& logit, Running&& running) {
+  const int lane = threadIdx.x & 31, t = lane & 3;
+  const int tok_b = tok_a + 8;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    uint32_t words[4] = {0, 0, 0, 0};
+    if (shared_noise) tile_noise(plans, nt, p.token_base + tok_a - (lane >> 2), lane, words);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int row = nt * 8 + 2 * t + j;
+      if (row < p.rows) {
+        const RowPlan& plan = plans[row];
+        const bool greedy = plan.flags & kPlanGreedy;
+        Partial part = running(nt, j);
+        const int32_t id_a = p.token_base + tok_a, id_b = p.token_base + tok_b;
+        const uint32_t noise_a = greedy ? 0u : shared_noise ? words[2 * j] : noise_word(plan.key, id_a);
+        const uint32_t noise_b = greedy ? 0u : shared_noise ? words[2 * j + 1] : noise_word(plan.key, id_b);
+        if (tok_a < p.vocab) fold_logit(part, plan, logit(nt, j), id_a, noise_a);
+        if (tok_b < p.vocab) fold_logit(part, plan, logit(nt, 2 + j), id_b, noise_b);
+        running(nt, j) = part;
+      }
+    }
+  }
+}
+
+// Whether a launch's sampled rows can take their noise from tile_noise:
+// where the tiles' tokens start on Philox blocks (a shard may begin
+// anywhere).
+__device__ __forceinline__ bool tiles_share_noise(const ScanParams& p, const RowPlan* plans) {
+  bool sampled = false;
+  for (int row = 0; row < p.rows; ++row) sampled |= !(plans[row].flags & kPlanGreedy);
+  return sampled && (p.token_base & 3) == 0;
+}
+
 // kShape: the entry of tuning::kStreamShapes (rows, 8-row groups, burst
 // length, CTAs per SM); kW: W's dtype (bf16, fp16, e4m3, int8).
 template <flashspec_dtype kW, int kShape>
@@ -143,7 +187,6 @@ __global__ void __launch_bounds__(kThreads, tuning::stream_shape(is_codes(kW), k
   pdl_trigger();  // what follows may launch now; it waits for this grid to finish
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int t = lane & 3;
   if (tid < kMaxRows) {
     plans[tid] = plan_or_placeholder(p.plans, p.row_base, p.rows, tid);
   }
@@ -155,37 +198,11 @@ __global__ void __launch_bounds__(kThreads, tuning::stream_shape(is_codes(kW), k
   __syncthreads();
 
   const stream::WarpRun run = stream::warp_run(p.vocab);
-  // Sampled rows take their noise from tile_noise where the tiles' tokens
-  // start on Philox blocks (a shard may begin anywhere).
-  bool sampled = false;
-  for (int row = 0; row < p.rows; ++row) sampled |= !(plans[row].flags & kPlanGreedy);
-  const bool shared_noise = sampled && (p.token_base & 3) == 0;
+  const bool shared_noise = tiles_share_noise(p, plans);
 
-  // The epilogue folds each logit into the lane's running Partial of its
-  // rows (online log-sum-exp, Gumbel top-2, tracked logit); tokens reach a
-  // Partial in increasing order.
   stream::stream_tiles<kW, kShape>(p, run.first_tile, run.tiles, [&](int tok_a, auto&& logit) {
-    const int tok_b = tok_a + 8;
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
-      uint32_t words[4] = {0, 0, 0, 0};
-      if (shared_noise) tile_noise(plans, nt, p.token_base + tok_a - (lane >> 2), lane, words);
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int row = nt * 8 + 2 * t + j;
-        if (row < p.rows) {
-          const RowPlan& plan = plans[row];
-          const bool greedy = plan.flags & kPlanGreedy;
-          Partial part = running[warp][nt][j][lane];
-          const int32_t id_a = p.token_base + tok_a, id_b = p.token_base + tok_b;
-          const uint32_t noise_a = greedy ? 0u : shared_noise ? words[2 * j] : noise_word(plan.key, id_a);
-          const uint32_t noise_b = greedy ? 0u : shared_noise ? words[2 * j + 1] : noise_word(plan.key, id_b);
-          if (tok_a < p.vocab) fold_logit(part, plan, logit(nt, j), id_a, noise_a);
-          if (tok_b < p.vocab) fold_logit(part, plan, logit(nt, 2 + j), id_b, noise_b);
-          running[warp][nt][j][lane] = part;
-        }
-      }
-    }
+    fold_tile<kNT>(p, plans, shared_noise, tok_a, logit,
+                   [&](int nt, int j) -> Partial& { return running[warp][nt][j][lane]; });
   });
 
   Partial part[kNT][2];
@@ -196,12 +213,233 @@ __global__ void __launch_bounds__(kThreads, tuning::stream_shape(is_codes(kW), k
   finish_scan<kNT, kWarps>(p, tail, plans, part, merged, warp, lane);
 }
 
+
+// ---- W by the tensor-memory accelerator into warpgroup MMAs (sm_90a) -------
+namespace box {
+constexpr int kGroups = tuning::kStreamBoxGroups;        // consumer warpgroups
+constexpr int kTilesPerGroup = tuning::kStreamBoxTilesPerGroup;
+constexpr int kStages = tuning::kStreamBoxStages;
+constexpr int kTileTokens = 64;                           // a wgmma's M
+constexpr int kStageTokens = kGroups * kTilesPerGroup * kTileTokens;
+constexpr int kStageTiles = kStageTokens / 16;            // 16-token tiles (the vocabulary's split)
+constexpr int kBoxColumns = 64;                           // elements of a row per TMA box: 128 bytes
+constexpr int kRowBytes = kBoxColumns * 2;
+constexpr int kPanels = tuning::kStreamBoxPanels;         // boxes side by side along a row per stage
+constexpr int kColumns = kPanels * kBoxColumns;           // elements of each row a stage holds
+constexpr int kTileBytes = kTileTokens * kRowBytes;
+constexpr int kPanelBytes = kStageTokens * kRowBytes;     // one panel of W's tokens
+constexpr int kHiddenPanelBytes = kMaxRows * kRowBytes;   // one panel of the hidden rows
+constexpr int kWBytes = kPanels * kPanelBytes;
+constexpr int kStageBytes = kWBytes + kPanels * kHiddenPanelBytes;  // W's panels, then the hidden rows' panels
+constexpr int kAlign = 1024;                              // the 128-byte swizzle's period
+constexpr int kConsumerWarps = kGroups * 4;
+constexpr int kProducerWarp = kConsumerWarps;
+constexpr int kThreads = (kConsumerWarps + 1) * 32;
+constexpr size_t kSmemBytes = size_t(kStages) * kStageBytes + kAlign;
+static_assert(kStageBytes % kAlign == 0 && kPanelBytes % kAlign == 0 && kHiddenPanelBytes % kAlign == 0,
+              "every tile starts on the swizzle's period");
+static_assert(kStageTokens % tuning::kStreamBoxMapTokens == 0, "a full stage is whole boxes of the bulk map");
+}  // namespace box
+
+// The weight-streaming scan on sm_90a. CTA c takes tiles
+// [c·T/C, (c+1)·T/C) of the vocabulary's T 16-token tiles (the split of
+// stream::first_tile_of, by CTA) and walks them in units of
+// box::kStageTokens tokens, each unit in stages of 64 columns: the producer
+// warp's lane 0 loads a stage's tokens (whole boxes of the bulk map, 16-token
+// boxes for a unit's ragged end) and the hidden rows' same columns, and the
+// stage's full barrier counts their bytes; consumer warpgroup w multiplies
+// its kTilesPerGroup 64-token tiles of the stage by the hidden rows (four
+// k16 wgmma each), then its warps arrive on the stage's empty barrier. After
+// a unit's last stage each consumer warp folds its 16-token tiles' logits
+// with fold_tile, exactly as the register path does, while the producer
+// already fills the next unit's stages. W's first stages are requested
+// before the grid waits for its predecessors (W depends on none of them).
+template <flashspec_dtype kW, int kShape>
+__global__ void __launch_bounds__(box::kThreads, 1)
+    stream_box_kernel(const ScanParams p, const StreamTail tail, const __grid_constant__ StreamMaps maps) {
+  constexpr int kNT = tuning::stream_shape(false, kShape).row_groups;
+  constexpr int kN = kNT * 8;  // the wgmma's N: hidden rows per launch, padded to 8
+  constexpr bool kBf16 = kW == FLASHSPEC_DTYPE_BF16;
+  __shared__ RowPlan plans[kMaxRows];
+  __shared__ Partial merged[box::kConsumerWarps + 1][kMaxRows];
+  __shared__ __align__(8) uint64_t full[box::kStages], empty[box::kStages];
+  extern __shared__ unsigned char dynamic_smem[];
+  unsigned char* const ring = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(dynamic_smem) + box::kAlign - 1) & ~uintptr_t(box::kAlign - 1));
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int first_tile = stream::first_tile_of(blockIdx.x, gridDim.x, p.vocab);
+  const int tiles = stream::first_tile_of(int64_t(blockIdx.x) + 1, gridDim.x, p.vocab) - first_tile;
+  const int units = (tiles + box::kStageTiles - 1) / box::kStageTiles;
+  const int slices = (p.d_load + box::kColumns - 1) / box::kColumns;
+  const int steps = units * slices;  // step s: unit s / slices, columns (s % slices) · 64
+  const int early = steps < box::kStages ? steps : box::kStages;
+
+  if (tid == 0) {
+    for (int stage = 0; stage < box::kStages; ++stage) {
+      tma::barrier_init(full + stage, 1);
+      tma::barrier_init(empty + stage, box::kConsumerWarps);
+    }
+    tma::barrier_init_fence();
+  }
+  __syncthreads();
+
+  // Producer (lane 0 of the last warp): step s's W boxes, with the stage's
+  // whole byte count announced first; the hidden rows' box separately, since
+  // the first stages' go out only once the staged rows exist.
+  auto stage_of = [](int s) { return s % box::kStages; };
+  auto load_w = [&](int s) {
+    const int stage = stage_of(s), unit = s / slices, column = (s - unit * slices) * box::kColumns;
+    const int unit_tiles = min(box::kStageTiles, tiles - unit * box::kStageTiles);
+    tma::barrier_expect(full + stage,
+                        uint32_t(box::kPanels * (unit_tiles * 16 * box::kRowBytes + kN * box::kRowBytes)));
+    const int token = (first_tile + unit * box::kStageTiles) * 16;
+    const uint64_t once = tma::evict_first_policy();  // W is read once
+    constexpr int kMapTiles = tuning::kStreamBoxMapTokens / 16;
+    for (int panel = 0; panel < box::kPanels; ++panel) {
+      unsigned char* dst = ring + size_t(stage) * box::kStageBytes + panel * box::kPanelBytes;
+      const int x = column + panel * box::kBoxColumns;
+      int tile = 0;
+      for (; tile + kMapTiles <= unit_tiles; tile += kMapTiles)
+        tma::load_box_2d(dst + tile * 16 * box::kRowBytes, &maps.w, full + stage, x, token + tile * 16, once);
+      for (; tile < unit_tiles; ++tile)
+        tma::load_box_2d(dst + tile * 16 * box::kRowBytes, &maps.w_tile, full + stage, x, token + tile * 16, once);
+    }
+  };
+  auto load_hidden = [&](int s) {
+    const uint64_t kept = tma::evict_last_policy();  // every CTA reads the hidden rows
+    const int stage = stage_of(s), column = (s % slices) * box::kColumns;
+    for (int panel = 0; panel < box::kPanels; ++panel)
+      tma::load_box_2d(ring + size_t(stage) * box::kStageBytes + box::kWBytes + panel * box::kHiddenPanelBytes,
+                       &maps.hidden, full + stage, column + panel * box::kBoxColumns, p.row_base, kept);
+  };
+  const bool producer = warp == box::kProducerWarp;
+  if (producer && lane == 0)
+    for (int s = 0; s < early; ++s) load_w(s);
+
+  pdl_wait();     // plans and staged hidden rows come from the kernels before
+  pdl_trigger();  // what follows may launch now; it waits for this grid to finish
+
+  if (tid < kMaxRows) plans[tid] = plan_or_placeholder(p.plans, p.row_base, p.rows, tid);
+  __syncthreads();
+
+  Partial held[kNT][2];
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) held[nt][0] = held[nt][1] = empty_partial();
+
+  if (producer) {
+    if (lane == 0) {
+      for (int s = 0; s < early; ++s) load_hidden(s);
+      for (int s = early; s < steps; ++s) {
+        // The stage's previous use (step s − kStages) has been consumed.
+        tma::barrier_wait(empty + stage_of(s), uint32_t(s / box::kStages - 1) & 1u);
+        load_w(s);
+        load_hidden(s);
+      }
+    }
+  } else {
+    const bool shared_noise = tiles_share_noise(p, plans);
+    const int group = warp >> 2, group_warp = warp & 3;
+    const uint32_t ring_address = tma::smem_address(ring);
+    float acc[box::kTilesPerGroup][kN / 2];
+#pragma unroll
+    for (int i = 0; i < box::kTilesPerGroup; ++i)
+#pragma unroll
+      for (int q = 0; q < kN / 2; ++q) acc[i][q] = 0.0f;
+#pragma unroll 1
+    for (int unit = 0; unit < units; ++unit) {
+#pragma unroll 1
+      for (int slice = 0; slice < slices; ++slice) {
+        const int s = unit * slices + slice, stage = stage_of(s);
+        tma::barrier_wait(full + stage, uint32_t(s / box::kStages) & 1u);
+        const uint32_t a = ring_address + uint32_t(stage * box::kStageBytes + group * box::kTilesPerGroup * box::kTileBytes);
+        const uint32_t b = ring_address + uint32_t(stage * box::kStageBytes + box::kWBytes);
+        wgmma::fence();
+#pragma unroll
+        for (int panel = 0; panel < box::kPanels; ++panel)
+#pragma unroll
+          for (int k = 0; k < box::kBoxColumns / 16; ++k)
+#pragma unroll
+            for (int i = 0; i < box::kTilesPerGroup; ++i)
+              wgmma::mma_k16<kN, kBf16>(
+                  acc[i], wgmma::k_major_sw128(a + panel * box::kPanelBytes + i * box::kTileBytes + k * 32),
+                  wgmma::k_major_sw128(b + panel * box::kHiddenPanelBytes + k * 32), slice > 0 || panel > 0 || k > 0);
+        wgmma::commit();
+        wgmma::wait_all();
+        __syncwarp();
+        if (lane == 0) tma::barrier_arrive(empty + stage);
+      }
+      // Warp group_warp of tile i holds tokens 16·group_warp + g (+ 8) of it.
+#pragma unroll
+      for (int i = 0; i < box::kTilesPerGroup; ++i) {
+        const int tile = unit * box::kStageTiles + (group * box::kTilesPerGroup + i) * 4 + group_warp;
+        if (tile < tiles)
+          fold_tile<kNT>(p, plans, shared_noise, (first_tile + tile) * 16 + (lane >> 2),
+                         [&](int nt, int q) { return acc[i][4 * nt + q]; },
+                         [&](int nt, int j) -> Partial& { return held[nt][j]; });
+      }
+    }
+  }
+  finish_scan<kNT, box::kConsumerWarps + 1>(p, tail, plans, held, merged, warp, lane);
+}
+
 struct StreamScan {
   template <flashspec_dtype kW, int kShape>
   static const void* of() {
     return reinterpret_cast<const void*>(&stream_scan_kernel<kW, kShape>);
   }
 };
+
+
+// The sm_90a kernel of a stream shape it serves, else NULL (not compiled).
+template <flashspec_dtype kW, int kShape>
+const void* box_kernel_address() {
+  if constexpr (kShape >= tuning::kStreamBoxMinShape)
+    return reinterpret_cast<const void*>(&stream_box_kernel<kW, kShape>);
+  else
+    return nullptr;
+}
+template <flashspec_dtype kW, size_t... kShapes>
+const void* box_kernel_of(int shape, std::index_sequence<kShapes...>) {
+  static const void* const kernels[] = {box_kernel_address<kW, int(kShapes)>()...};
+  return kernels[shape];
+}
+
+// cuTensorMapEncodeTiled from the driver the runtime uses (no link against
+// libcuda): NULL where the driver lacks it.
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiled encode_tiled() {
+  static const EncodeTiled encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return EncodeTiled(nullptr);
+    }
+    return reinterpret_cast<EncodeTiled>(fn);
+  }();
+  return encode;
+}
+
+// A 2-D map of 16-bit rows (`columns` elements of which exist, `pitch` bytes
+// apart), read in boxes of 64 elements × box_rows rows with the 128-byte
+// swizzle the wgmma descriptors expect.
+bool encode_rows(EncodeTiled encode, CUtensorMap* map, flashspec_dtype dtype, const void* base, uint64_t columns,
+                 uint64_t rows, uint64_t pitch, uint32_t box_rows) {
+  const cuuint64_t dims[2] = {columns, rows};
+  const cuuint64_t strides[1] = {pitch};
+  const cuuint32_t box[2] = {uint32_t(box::kBoxColumns), box_rows};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUtensorMapDataType type =
+      dtype == FLASHSPEC_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return encode(map, type, 2, const_cast<void*>(base), dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
 
 }  // namespace
 
@@ -218,6 +456,41 @@ cudaError_t launch_stream(const void* kernel, const ScanParams& params, const St
   StreamTail t = tail;
   void* args[] = {&p, &t};
   return launch_dependent(kernel, dim3(blocks), dim3(kThreads), 0, stream, args);
+}
+
+const void* stream_box_kernel(int shape, flashspec_dtype w_dtype) {
+  const auto shapes = std::make_index_sequence<tuning::kStreamShapeCount>();
+  if (w_dtype == FLASHSPEC_DTYPE_BF16) return box_kernel_of<FLASHSPEC_DTYPE_BF16>(shape, shapes);
+  if (w_dtype == FLASHSPEC_DTYPE_F16) return box_kernel_of<FLASHSPEC_DTYPE_F16>(shape, shapes);
+  return nullptr;
+}
+
+size_t stream_box_smem() { return box::kSmemBytes; }
+int stream_box_threads() { return box::kThreads; }
+
+bool stream_box_maps(const ScanParams& p, StreamMaps* maps) {
+  if (p.w_dtype != FLASHSPEC_DTYPE_BF16 && p.w_dtype != FLASHSPEC_DTYPE_F16) return false;
+  const uint64_t pitch = uint64_t(p.ldw) * 2, hidden_pitch = uint64_t(p.k_pad) * 2;
+  if (p.d_load <= 0 || p.vocab <= 0 || pitch % 16 != 0 || hidden_pitch % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || reinterpret_cast<uintptr_t>(p.h) % 16 != 0)
+    return false;
+  const EncodeTiled encode = encode_tiled();
+  if (!encode) return false;
+  const uint32_t n = uint32_t(tuning::stream_shape(false, tuning::stream_shape_for(p.rows)).row_groups * 8);
+  return encode_rows(encode, &maps->w, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch,
+                     tuning::kStreamBoxMapTokens) &&
+         encode_rows(encode, &maps->w_tile, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch, 16) &&
+         encode_rows(encode, &maps->hidden, p.w_dtype, p.h, uint64_t(p.k_pad), uint64_t(p.row_base + p.rows),
+                     hidden_pitch, n);
+}
+
+cudaError_t launch_stream_box(const void* kernel, const ScanParams& params, const StreamTail& tail,
+                              const StreamMaps& maps, int blocks, cudaStream_t stream) {
+  ScanParams p = params;
+  StreamTail t = tail;
+  StreamMaps m = maps;
+  void* args[] = {&p, &t, &m};
+  return launch_dependent(kernel, dim3(blocks), dim3(box::kThreads), box::kSmemBytes, stream, args);
 }
 
 }  // namespace scan

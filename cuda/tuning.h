@@ -58,6 +58,37 @@ constexpr int stream_shape_for(int rows) {
   return i;
 }
 
+// The same scan on sm_90a with W moved by the tensor-memory accelerator
+// into a CTA-wide ring of shared-memory stages and multiplied by warpgroup
+// MMAs (scan_stream.cu, stream_box_kernel), the geometry of cuBLAS's
+// few-row GEMV kernels: one producer warp, kStreamBoxGroups consumer
+// warpgroups, each taking kStreamBoxTilesPerGroup 64-token tiles of every
+// stage; a stage holds kStreamBoxPanels 128-byte panels of its tokens' rows
+// and the hidden rows' same columns, which every token of the stage shares
+// (the register path re-reads the hidden rows through L1 for each 16-token
+// tile). H200, Nsight Compute, V = 128256, d = 4096, the kernel alone: 16
+// rows 356 µs (register path) → 324 µs, but 1 row 270 → 281 µs (cuBLAS's
+// GEMM: 250). In the bench (verify ÷ GEMM, H100 | H200) it pays only with
+// 9–16 rows and rows of at least kStreamBoxMinRowBytes, where each 256-token
+// unit's fold is spread over twice the bytes: 262144 × 8192, 16 rows 0.967
+// → 0.958 | 1.117 → 1.069; 128256 × 8192, 9 rows 0.992 → 0.986 | 1.154 →
+// 1.125; at d = 4096 it lost up to 4 % on the H100, and at ≤ 8 rows 2–4 %
+// on the H200 (bench/RESULTS.md). 256-token stages × 6 beat 128 × 12,
+// 256 × 4 and two-panel stages; 64-token boxes beat 16, 32 and 256.
+constexpr int kStreamBoxGroups = 2;
+constexpr int kStreamBoxTilesPerGroup = 2;
+constexpr int kStreamBoxStages = 6;
+constexpr int kStreamBoxPanels = 1;      // 128-byte column panels per stage
+constexpr int kStreamBoxMapTokens = 64;  // tokens per box of W's bulk tensor map (16 at a ragged unit end)
+constexpr int kStreamBoxMinShape = 1;    // the first kStreamShapes entry it serves (9–16 rows)
+constexpr int64_t kStreamBoxMinRowBytes = 16384;
+
+// Whether the sm_90a scan serves a stream shape whose W rows are
+// row_bytes long (where the device and the build have it).
+constexpr bool stream_box_serves(int shape, int64_t row_bytes) {
+  return shape >= kStreamBoxMinShape && row_bytes >= kStreamBoxMinRowBytes;
+}
+
 // ---- Tensor-core tiled scan (scan_mma.cu): stochastic drafts, and many ----
 // rows without cuBLAS. A CTA owns BM rows and walks its token range in
 // tiles of kMmaTileTokens; each pipeline stage holds BK columns.

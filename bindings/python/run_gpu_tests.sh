@@ -7,12 +7,12 @@
 # sources must have been written beforehand with generate_wrapper.sh into
 # bindings/python/pregenerated/ (carry that directory to the machine).
 #
-# Usage: bindings/python/run_gpu_tests.sh [build-dir] [gpu_arch, default sm_90]
+# Usage: bindings/python/run_gpu_tests.sh [build-dir] [gpu_arch, default sm_90a]
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${1:-$root/build-python-gpu}
-arch=${2:-sm_90}
+arch=${2:-sm_90a}
 
 if ! command -v swig >/dev/null 2>&1; then
   if [ ! -f "$here/pregenerated/capi_wrap.c" ]; then

@@ -356,6 +356,19 @@ TEST_F(Gpu, DraftParityTensorCoresBf16) {
     for (float t : {0.0f, 1.0f}) run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 3001, 200, rows, t, false});
 }
 
+// On sm_90a W reaches the scan for 9–16 rows of ≥ 16 KB in TMA boxes
+// (tuning::stream_box_serves): a vocabulary smaller than one box (one CTA),
+// units with ragged ends, hidden sizes that end inside a 64-column stage;
+// greedy and sampled rows, bf16 and fp16.
+TEST_F(Gpu, DraftParityStreamBoxes) {
+  for (int rows : {9, 16}) {
+    run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 40, 8192, rows, 1.0f, false});
+    for (float t : {0.0f, 1.0f}) run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 5003, 8232, rows, t, false});
+  }
+  run_draft_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 2049, 8200, 12, 0.9f, false});
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2503, 8192, 3, 4, false, 1.0f});
+}
+
 // More than 16 rows go through cuBLAS one vocabulary chunk at a time: a
 // vocabulary of several chunks, with a ragged last slice.
 TEST_F(Gpu, DraftParityManyRowsAcrossChunks) {

@@ -1,0 +1,103 @@
+// Hopper's warpgroup tensor-core instruction (wgmma.mma_async, sm_90a): a
+// warpgroup (4 warps) multiplies a 64 × 16 tile of A by a 16 × N tile of B,
+// both read from shared memory through descriptors, into N/2 fp32
+// accumulators per thread. The scans use it with both operands K-major in
+// the 128-byte swizzle a TMA box of 64 16-bit elements per row writes: row r
+// of a tile at byte 128 r, its 16-byte unit u at unit u ^ (r mod 8), tiles
+// starting on 1024-byte boundaries.
+//
+// The accumulators follow the mma.sync m16n8 layout warp by warp: warp w of
+// the warpgroup holds rows 16 w + g and 16 w + g + 8 (g = lane / 4), and
+// d[4 j + q] is row 16 w + g + 8 (q / 2), column 8 j + 2 (lane % 4) + q % 2.
+//
+// The instructions exist only in sm_90a code (__CUDA_ARCH_FEAT_SM90_ALL);
+// elsewhere these compile to nothing and dispatch never launches their
+// callers (FLASHSPEC_WGMMA, set by meson.build for an sm_90a target).
+#pragma once
+
+#include <cstdint>
+
+namespace flashspec {
+namespace cuda {
+namespace wgmma {
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FLASHSPEC_WGMMA_CODE 1
+#else
+#define FLASHSPEC_WGMMA_CODE 0
+#endif
+
+// The descriptor of a K-major tile at shared-memory address `address`
+// (1024-byte aligned, plus 32 bytes per 16-element step along K inside the
+// swizzled 128-byte rows): 128-byte swizzle, 1024 bytes between the 8-row
+// groups of the swizzle pattern.
+__device__ __forceinline__ uint64_t k_major_sw128(uint32_t address) {
+  constexpr uint64_t kLeadingBytes = 16, kStrideBytes = 1024, kSwizzle128 = 1;
+  return uint64_t((address >> 4) & 0x3FFF) | ((kLeadingBytes >> 4) << 16) | ((kStrideBytes >> 4) << 32) |
+         (kSwizzle128 << 62);
+}
+
+// Orders the warpgroup's earlier register accesses before the next wgmma.
+__device__ __forceinline__ void fence() {
+#if FLASHSPEC_WGMMA_CODE
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void commit() {
+#if FLASHSPEC_WGMMA_CODE
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+// Waits until every committed group has finished (its shared-memory reads
+// included).
+__device__ __forceinline__ void wait_all() {
+#if FLASHSPEC_WGMMA_CODE
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+
+// d = A·Bᵀ + (accumulate ? d : 0), A 64 × 16 and B N × 16, both K-major.
+template <int kN, bool kBf16>
+__device__ __forceinline__ void mma_k16(float (&d)[kN / 2], uint64_t a, uint64_t b, bool accumulate) {
+  static_assert(kN == 8 || kN == 16, "the scans use N = 8 or 16");
+#if FLASHSPEC_WGMMA_CODE
+  const int scale_d = accumulate ? 1 : 0;
+  if constexpr (kN == 8) {
+    if constexpr (kBf16)
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "l"(a), "l"(b), "r"(scale_d));
+    else
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "l"(a), "l"(b), "r"(scale_d));
+  } else {
+    if constexpr (kBf16)
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, 0, "
+          "0;\n}\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+          : "l"(a), "l"(b), "r"(scale_d));
+    else
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, 0, "
+          "0;\n}\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+          : "l"(a), "l"(b), "r"(scale_d));
+  }
+#else
+  (void)d, (void)a, (void)b, (void)accumulate;
+#endif
+}
+
+}  // namespace wgmma
+}  // namespace cuda
+}  // namespace flashspec
