@@ -3,7 +3,9 @@
 //
 //   stochastic drafts            tiled scan (tensor cores, or CUDA cores),
 //                                cooperative, kept logits in shared memory
-//   ≤ kStreamMaxRows rows, 16-bit weight-streaming scan (combines its rows)
+//   ≤ kStreamMaxRows rows, 16-bit weight-streaming scan (combines its rows);
+//                                on sm_90a, where tuning::stream_box_serves,
+//                                its TMA and warpgroup-MMA form
 //   more rows, 16-bit            cuBLAS one vocabulary chunk at a time
 //                                (the tiled tensor-core scan without cuBLAS)
 //   any other dtype combination  CUDA-core fp32 scan
