@@ -32,12 +32,11 @@ cudaError_t launch_stream(const void* kernel, const ScanParams& params, const St
 
 // The same scan on sm_90a (dispatch checks the device and the build) for W
 // and hidden both bf16 or both fp16: W reaches shared memory in TMA boxes
-// and warpgroup MMAs multiply it; one CTA per SM, stream_box_threads()
+// and warpgroup MMAs multiply it; one CTA per SM, launch_stream_box's
 // threads and stream_box_smem() bytes of dynamic shared memory. NULL for
 // other dtypes and for shapes it does not serve (tuning::stream_box_serves).
 const void* stream_box_kernel(int shape, flashspec_dtype w_dtype);
 size_t stream_box_smem();
-int stream_box_threads();
 // The tensor maps a stream_box_kernel reads: W in boxes of
 // tuning::kStreamBoxMapTokens tokens and of 16 tokens, and the launch's
 // staged hidden rows; all 64 columns wide.

@@ -213,7 +213,6 @@ __global__ void __launch_bounds__(kThreads, tuning::stream_shape(is_codes(kW), k
   finish_scan<kNT, kWarps>(p, tail, plans, part, merged, warp, lane);
 }
 
-
 // ---- W by the tensor-memory accelerator into warpgroup MMAs (sm_90a) -------
 namespace box {
 constexpr int kGroups = tuning::kStreamBoxGroups;        // consumer warpgroups
@@ -390,7 +389,6 @@ struct StreamScan {
   }
 };
 
-
 // The sm_90a kernel of a stream shape it serves, else NULL (not compiled).
 template <flashspec_dtype kW, int kShape>
 const void* box_kernel_address() {
@@ -466,7 +464,6 @@ const void* stream_box_kernel(int shape, flashspec_dtype w_dtype) {
 }
 
 size_t stream_box_smem() { return box::kSmemBytes; }
-int stream_box_threads() { return box::kThreads; }
 
 bool stream_box_maps(const ScanParams& p, StreamMaps* maps) {
   if (p.w_dtype != FLASHSPEC_DTYPE_BF16 && p.w_dtype != FLASHSPEC_DTYPE_F16) return false;
