@@ -47,6 +47,14 @@ __device__ __forceinline__ void fold_slice_greedy(Partial& part, const RowPlan& 
 // whose four tokens stay below floor with the largest bound skips the
 // step's Philox block too. Every lane of the warp runs every step (the
 // floor is a warp reduction).
+//
+// The per-token work is predicated, not branched: a step's tokens past the
+// slice's end count as −inf and are masked out of the flags, the tracked
+// logit and the candidates. The tokens that do need noise form a mask per
+// lane, and the warp takes one of each lane's in turn, so it evaluates the
+// Gumbel transform as often as its busiest lane needs it rather than once
+// for every token position any lane needs; a lane offers its tokens in
+// token order, as fold_logit would.
 __device__ __forceinline__ void fold_slice_sampled(Partial& part, const RowPlan& plan, const float* l, int begin,
                                                    int end, int32_t v0, const float* bounds) {
   static_assert(kTokensPerThread == 4, "one Philox block per thread step");
@@ -56,44 +64,56 @@ __device__ __forceinline__ void fold_slice_sampled(Partial& part, const RowPlan&
     const int base = step + threadIdx.x * kTokensPerThread;
     const int32_t token0 = v0 + base;
     float x[kTokensPerThread];
-    bool valid[kTokensPerThread];
-    float step_max = neg_inf();
-    bool maybe = false;
+    unsigned valid = 0;
     if (base + kTokensPerThread <= end) {  // chunks and slices are multiples of 4: 16-byte aligned
       const float4 v = *reinterpret_cast<const float4*>(l + base);
       x[0] = v.x;
       x[1] = v.y;
       x[2] = v.z;
       x[3] = v.w;
-#pragma unroll
-      for (int k = 0; k < kTokensPerThread; ++k) valid[k] = true;
+      valid = 0xfu;
     } else {
 #pragma unroll
       for (int k = 0; k < kTokensPerThread; ++k) {
-        valid[k] = base + k < end;
-        x[k] = valid[k] ? l[base + k] : 0.0f;
+        const bool in = base + k < end;
+        x[k] = in ? l[base + k] : neg_inf();
+        valid |= in ? 1u << k : 0u;
       }
     }
+    float step_max = neg_inf();
+    bool maybe = false, bad = false;
 #pragma unroll
     for (int k = 0; k < kTokensPerThread; ++k) {
-      if (!valid[k]) continue;
-      const float raw = x[k];
-      x[k] = raw * plan.inv_t;
-      if (!is_finite(x[k])) part.flags |= is_finite(raw) ? kPartialScaleOverflow : kPartialNonFinite;
-      if (token0 + k == plan.tracked) {
-        part.tracked = x[k];
-        part.flags |= kPartialTracked;
-      }
+      x[k] *= plan.inv_t;  // −inf stays −inf (inv_t > 0)
+      bad |= ((valid >> k) & 1u) && !is_finite(x[k]);
       step_max = fmaxf(step_max, x[k]);
       maybe |= !(x[k] + max_bound < floor);
+    }
+    if (bad) {  // rare: which flag, from the raw logits
+#pragma unroll
+      for (int k = 0; k < kTokensPerThread; ++k)
+        if (((valid >> k) & 1u) && !is_finite(x[k]))
+          part.flags |= is_finite(l[base + k]) ? kPartialScaleOverflow : kPartialNonFinite;
+    }
+    const uint32_t tracked_offset = uint32_t(plan.tracked - token0);
+    if (tracked_offset < uint32_t(kTokensPerThread) && ((valid >> tracked_offset) & 1u)) {
+      part.tracked = x[0];
+#pragma unroll
+      for (int k = 1; k < kTokensPerThread; ++k)
+        if (tracked_offset == uint32_t(k)) part.tracked = x[k];
+      part.flags |= kPartialTracked;
     }
     if (step_max > part.m) {
       part.s *= expf(part.m - step_max);
       part.m = step_max;
     }
 #pragma unroll
-    for (int k = 0; k < kTokensPerThread; ++k)
-      if (valid[k]) part.s += expf(x[k] - part.m);
+    for (int k = 0; k < kTokensPerThread; ++k) {
+      const float e = expf(x[k] - part.m);  // NaN where both are −inf: masked
+      part.s += ((valid >> k) & 1u) ? e : 0.0f;
+    }
+    uint32_t words[kTokensPerThread] = {0, 0, 0, 0};
+    unsigned pending = 0;
     if (maybe) {
       Philox4 noise;
       // Tokens 4b .. 4b+3 share one Philox block; token0 is a multiple of 4
@@ -103,9 +123,24 @@ __device__ __forceinline__ void fold_slice_sampled(Partial& part, const RowPlan&
         for (int k = 0; k < kTokensPerThread; ++k) noise.v[k] = noise_word(plan.key, token0 + k);
 #pragma unroll
       for (int k = 0; k < kTokensPerThread; ++k) {
-        const uint32_t word = noise.v[k];
-        if (!valid[k] || token0 + k == plan.excluded || x[k] + bounds[word >> 24] < floor) continue;
-        offer_candidate(part, x[k] + gumbel_from_bits(word), x[k], token0 + k);
+        words[k] = noise.v[k];
+        const bool offer = ((valid >> k) & 1u) && token0 + k != plan.excluded && !(x[k] + bounds[words[k] >> 24] < floor);
+        pending |= offer ? 1u << k : 0u;
+      }
+    }
+    while (__any_sync(0xffffffffu, pending != 0)) {
+      if (pending) {
+        const int k = __ffs(pending) - 1;
+        pending &= pending - 1;
+        float xk = x[0];
+        uint32_t wk = words[0];
+#pragma unroll
+        for (int j = 1; j < kTokensPerThread; ++j)
+          if (k == j) {
+            xk = x[j];
+            wk = words[j];
+          }
+        offer_candidate(part, xk + gumbel_from_bits(wk), xk, token0 + k);
       }
     }
     float runner_up = part.second;
