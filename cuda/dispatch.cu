@@ -196,8 +196,14 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
     require(!head.codes() || ws.dequantized, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, Field::kHead,
             "an 8-bit head needs a workspace this context reserves when the head is created on it");
     const int32_t chunk = gemm_scan::chunk_tokens(rows, ws.chunks.capacity);
-    const gemm_scan::Request r{p, int32_t(head.hidden), ws.cublas, ws.chunks, chunk, ws.dequantized,
-                               ws.gumbel_bounds};
+    const gemm_scan::Request r{p,
+                               int32_t(head.hidden),
+                               ws.cublas,
+                               ws.chunks,
+                               chunk,
+                               ws.dequantized,
+                               ws.gumbel_bounds,
+                               gemm_scan::product_sms(rows, limits.sm_count)};
     const gemm_scan::Status status = gemm_scan::scan(r, stream);
     if (status.cuda != cudaSuccess) cuda_fail(status.cuda, std::string("scan (cuBLAS chunks): ") + status.what);
     if (status.what) fail(FLASHSPEC_ERR_CUDA, std::string("scan (cuBLAS chunks): cublasGemmEx: ") + status.what);

@@ -291,6 +291,11 @@ int32_t slice_tokens(int32_t count, int32_t rows) {
   return slice;
 }
 
+int product_sms(int32_t rows, int sm_count) {
+  if (rows > tuning::kGemmSharedSmsMaxRows || sm_count < 2 * tuning::kGemmFoldSms) return 0;
+  return sm_count - tuning::kGemmFoldSms;
+}
+
 int groups_for(int32_t vocab, int32_t chunk, int32_t rows) {
   int groups = 0;
   for (int32_t v0 = 0; v0 < vocab; v0 += chunk) {
@@ -307,12 +312,21 @@ Status scan(const Request& r, cudaStream_t stream) {
                         static_cast<const unsigned char*>(p.h) + int64_t(p.row_base) * p.k_pad * 2,
                         p.k_pad,  p.rows};
   const ChunkPipeline& chunks = r.chunks;
+  const bool shared_sms = chunks.pipelined() && r.product_sms > 0 && r.chunk < p.vocab;
+  const cublasStatus_t all_sms = cublasSetSmCountTarget(r.handle, 0);  // whatever an earlier call left
+  if (all_sms != CUBLAS_STATUS_SUCCESS) return Status{cudaSuccess, cublas_name(all_sms)};
   int group = 0, index = 0;
   for (int32_t v0 = 0; v0 < p.vocab; v0 += r.chunk, ++index) {
     const int32_t count = std::min(r.chunk, p.vocab - v0);
     float* buffer = nullptr;
     cudaError_t e = chunks.acquire(index, stream, &buffer);
     if (e != cudaSuccess) return Status{e, "order of the logits buffers"};
+    // Where the rows make the product a weight stream, every chunk's product
+    // leaves SMs to the fold of the chunk before it (tuning::kGemmFoldSms).
+    if (index == 0 && shared_sms) {
+      const cublasStatus_t s = cublasSetSmCountTarget(r.handle, r.product_sms);
+      if (s != CUBLAS_STATUS_SUCCESS) return Status{cudaSuccess, cublas_name(s)};
+    }
     const Status status = logits_chunk(product, v0, count, buffer, r.chunk, stream);
     if (status.cuda != cudaSuccess || status.what) return status;
     cudaStream_t fold_stream = stream;
@@ -337,6 +351,10 @@ Status scan(const Request& r, cudaStream_t stream) {
     if (e != cudaSuccess) return Status{e, "fold of a logits chunk"};
     if ((e = chunks.release(index)) != cudaSuccess) return Status{e, "order of the logits buffers"};
     group += slices;
+  }
+  if (shared_sms) {  // the handle's other products (the controlled pass) use every SM
+    const cublasStatus_t s = cublasSetSmCountTarget(r.handle, 0);
+    if (s != CUBLAS_STATUS_SUCCESS) return Status{cudaSuccess, cublas_name(s)};
   }
   const cudaError_t e = chunks.join(stream);
   return Status{e, e != cudaSuccess ? "order of the logits buffers" : nullptr};

@@ -70,6 +70,7 @@ struct Request {
   int32_t chunk;          // tokens per chunk (chunk_tokens), a multiple of tuning::kGemmSliceTokens
   uint16_t* dequantized;  // 8-bit heads: [kDequantTokens, p.d_load] bf16; else unused
   const float* gumbel_bounds;  // the 256 bucket bounds of sampling/gumbel_bounds.h
+  int product_sms;        // SMs cuBLAS targets for a chunk written while an earlier one is folded; 0: all
 };
 
 // What failed, if anything: a CUDA error, or (cuda == cudaSuccess) a cuBLAS
@@ -116,6 +117,10 @@ int32_t chunk_tokens(int32_t rows, int64_t capacity);
 // fold's pruning see more scores before a token comes; too few CTAs leave
 // SMs idle.
 int32_t slice_tokens(int32_t count, int32_t rows);
+// The SMs a chunk's product may target while the previous chunk is folded
+// beside it (Request::product_sms) for a scan of `rows` rows on a device of
+// `sm_count` SMs; 0: all of them.
+int product_sms(int32_t rows, int sm_count);
 // Partials (groups) a scan of `vocab` tokens of `rows` rows in chunks of
 // `chunk` writes.
 int groups_for(int32_t vocab, int32_t chunk, int32_t rows);

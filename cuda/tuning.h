@@ -137,6 +137,18 @@ constexpr int32_t kGemmMaxSliceTokens = 16384;
 constexpr int kGemmFoldMinBlocks = 256;
 constexpr int32_t kGemmMaxChunkTokens = 65536;
 constexpr int kGemmFoldThreads = 256;
+// With few rows the product reads W at the bandwidth of fewer SMs than the
+// device has, and cuBLAS's kernels take a whole SM each (all its registers),
+// so a fold launched beside a product only runs once the product's CTAs
+// retire. Up to kGemmSharedSmsMaxRows rows, a scan of more than one chunk
+// asks cuBLAS to target kGemmFoldSms fewer SMs (cublasSetSmCountTarget),
+// leaving them to the previous chunk's fold. H200, verify ÷ GEMM at 64 rows,
+// SMs left 0 → 8 / 16 / 28 / 44: 128256 × 4096 1.242 → 1.223 / 1.216 / 1.194 /
+// 1.216; 262144 × 8192 1.125 → 1.077 / 1.078 / 1.073 / 1.117; 151936 × 4096
+// 1.336 → 1.393 / 1.395 / 1.289 / 1.328; at 256 rows, where the product is
+// bound by the tensor cores, 8 SMs left cost 4 % (bench/RESULTS.md).
+constexpr int kGemmFoldSms = 28;
+constexpr int kGemmSharedSmsMaxRows = 64;
 constexpr int kGemmTokensPerThread = 4;                       // one Philox block serves four Gumbel draws
 
 // ---- Kernels around the scan (prepare.cu, combine.cu, finalize.cu) --------
