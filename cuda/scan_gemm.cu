@@ -124,7 +124,8 @@ __device__ __forceinline__ void fold_slice_sampled(Partial& part, const RowPlan&
 #pragma unroll
       for (int k = 0; k < kTokensPerThread; ++k) {
         words[k] = noise.v[k];
-        const bool offer = ((valid >> k) & 1u) && token0 + k != plan.excluded && !(x[k] + bounds[words[k] >> 24] < floor);
+        const bool offer =
+            ((valid >> k) & 1u) && token0 + k != plan.excluded && !(x[k] + bounds[words[k] >> 24] < floor);
         pending |= offer ? 1u << k : 0u;
       }
     }
@@ -312,21 +313,19 @@ Status scan(const Request& r, cudaStream_t stream) {
                         static_cast<const unsigned char*>(p.h) + int64_t(p.row_base) * p.k_pad * 2,
                         p.k_pad,  p.rows};
   const ChunkPipeline& chunks = r.chunks;
+  // Where the rows make the product a weight stream and there is more than
+  // one chunk, every chunk's product leaves SMs to the fold of the chunk
+  // before it (tuning::kGemmFoldSms); otherwise cuBLAS takes them all,
+  // whatever an earlier call left on the handle.
   const bool shared_sms = chunks.pipelined() && r.product_sms > 0 && r.chunk < p.vocab;
-  const cublasStatus_t all_sms = cublasSetSmCountTarget(r.handle, 0);  // whatever an earlier call left
-  if (all_sms != CUBLAS_STATUS_SUCCESS) return Status{cudaSuccess, cublas_name(all_sms)};
+  const cublasStatus_t target = cublasSetSmCountTarget(r.handle, shared_sms ? r.product_sms : 0);
+  if (target != CUBLAS_STATUS_SUCCESS) return Status{cudaSuccess, cublas_name(target)};
   int group = 0, index = 0;
   for (int32_t v0 = 0; v0 < p.vocab; v0 += r.chunk, ++index) {
     const int32_t count = std::min(r.chunk, p.vocab - v0);
     float* buffer = nullptr;
     cudaError_t e = chunks.acquire(index, stream, &buffer);
     if (e != cudaSuccess) return Status{e, "order of the logits buffers"};
-    // Where the rows make the product a weight stream, every chunk's product
-    // leaves SMs to the fold of the chunk before it (tuning::kGemmFoldSms).
-    if (index == 0 && shared_sms) {
-      const cublasStatus_t s = cublasSetSmCountTarget(r.handle, r.product_sms);
-      if (s != CUBLAS_STATUS_SUCCESS) return Status{cudaSuccess, cublas_name(s)};
-    }
     const Status status = logits_chunk(product, v0, count, buffer, r.chunk, stream);
     if (status.cuda != cudaSuccess || status.what) return status;
     cudaStream_t fold_stream = stream;
