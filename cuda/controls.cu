@@ -1501,9 +1501,10 @@ template <flashspec_dtype kW, int kShape>
 __global__ void __launch_bounds__(stream::kThreads, tuning::stream_shape(is_codes(kW), kShape).min_blocks)
     stream_logits_kernel(const ScanParams p, float* out, int32_t ld) {
   constexpr int kNT = tuning::stream_shape(is_codes(kW), kShape).row_groups;
+  const stream::WarpRun run = stream::warp_run(p.vocab);
+  stream::prefetch_run_start<kW>(p, run);
   pdl_wait();
   pdl_trigger();
-  const stream::WarpRun run = stream::warp_run(p.vocab);
   stream::stream_tiles<kW, kShape>(p, run.first_tile, run.tiles, [&](int tok_a, auto&& logit) {
     stream::each_logit<kNT>(p, tok_a, logit, [&](int row, int token, float l) { out[int64_t(row) * ld + token] = l; });
   });

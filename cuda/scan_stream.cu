@@ -183,6 +183,8 @@ __global__ void __launch_bounds__(kThreads, tuning::stream_shape(is_codes(kW), k
   __shared__ Partial running[kWarps][kNT][2][32];
   __shared__ Partial merged[kWarps][kMaxRows];
 
+  const stream::WarpRun run = stream::warp_run(p.vocab);
+  stream::prefetch_run_start<kW>(p, run);
   pdl_wait();     // plans and staged hidden rows come from the kernels before
   pdl_trigger();  // what follows may launch now; it waits for this grid to finish
 
@@ -197,7 +199,6 @@ __global__ void __launch_bounds__(kThreads, tuning::stream_shape(is_codes(kW), k
   }
   __syncthreads();
 
-  const stream::WarpRun run = stream::warp_run(p.vocab);
   const bool shared_noise = tiles_share_noise(p, plans);
 
   stream::stream_tiles<kW, kShape>(p, run.first_tile, run.tiles, [&](int tok_a, auto&& logit) {

@@ -78,6 +78,33 @@ __device__ __forceinline__ WarpRun warp_run(int32_t vocab) {
   return WarpRun{first, first_tile_of(warp_index + 1, grid_warps, vocab) - first};
 }
 
+// Asks L2 for the start of the calling warp's run before the kernel waits
+// for its predecessors (W depends on none of them): the first bytes of each
+// row of its first tile, which its first bursts read, the grid taking
+// tuning::kStreamPrefetchBytes in all. The lines are only requested; the
+// loads that follow read them as any other.
+template <flashspec_dtype kW>
+__device__ __forceinline__ void prefetch_run_start(const ScanParams& p, const WarpRun& run) {
+  constexpr int64_t kElement = is_codes(kW) ? 1 : 2;
+  const int lane = threadIdx.x & 31;
+  const int token = run.first_tile * 16 + lane;
+  if (run.tiles <= 0 || lane >= 16 || token >= p.vocab) return;
+  const int64_t grid_rows = int64_t(gridDim.x) * kWarps * 16;
+  const int64_t row_bytes = int64_t(p.d_load) * kElement;
+  int64_t bytes = tuning::kStreamPrefetchBytes / grid_rows / 128 * 128;
+  if (bytes > row_bytes) bytes = row_bytes;
+  const unsigned char* row = static_cast<const unsigned char*>(p.w) + int64_t(token) * p.ldw * kElement;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // One bulk request per row (the copy engine, not the load unit's slots);
+  // rows start 16-byte aligned on this path and the size is whole 16 bytes.
+  bytes &= ~int64_t(15);
+  if (bytes > 0)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(uint32_t(bytes)) : "memory");
+#else
+  for (int64_t b = 0; b < bytes; b += 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + b));
+#endif
+}
+
 // Loads of one burst: kUnroll 64-byte chunks of the lane's two tokens.
 template <int kUnroll>
 struct Burst {

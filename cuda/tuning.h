@@ -50,6 +50,12 @@ constexpr StreamShape stream_shape(bool codes, int shape) {
 }
 constexpr int kStreamMaxRows = kStreamShapes[kStreamShapeCount - 1].max_rows;
 constexpr int kStreamThreads = 256;
+// Bytes of W the weight-streaming grid asks L2 for before it waits for the
+// kernels before it (staging, plans: a few microseconds in which HBM would
+// otherwise idle), spread over the first 16-token tile of every warp. About
+// what HBM moves in 3.5 µs, and well under L2, which must keep the lines until
+// the warps reach them.
+constexpr int64_t kStreamPrefetchBytes = int64_t(16) << 20;
 
 // The first shape that serves `rows` (rows ≤ kStreamMaxRows).
 constexpr int stream_shape_for(int rows) {
