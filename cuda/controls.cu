@@ -1505,7 +1505,7 @@ __global__ void __launch_bounds__(stream::kThreads, tuning::stream_shape(is_code
   stream::prefetch_run_start<kW>(p, run);
   pdl_wait();
   pdl_trigger();
-  stream::stream_tiles<kW, kShape>(p, run.first_tile, run.tiles, [&](int tok_a, auto&& logit) {
+  stream::stream_tiles<kW, kShape>(p, run.first_tile, run.tiles, [](int) {}, [&](int tok_a, auto&& logit) {
     stream::each_logit<kNT>(p, tok_a, logit, [&](int row, int token, float l) { out[int64_t(row) * ld + token] = l; });
   });
 }
@@ -2067,7 +2067,7 @@ __global__ void __launch_bounds__(stream::kThreads, tuning::stream_shape(is_code
   // while W streams.
   __shared__ RowSetup setups[stream::kMaxRows];
   if (int(threadIdx.x) < p.rows) setups[threadIdx.x] = row_setup(a.summary.common, int(threadIdx.x));
-  stream::stream_tiles<kW, kShape>(p, run.first_tile, run.tiles, [&](int tok_a, auto&& logit) {
+  stream::stream_tiles<kW, kShape>(p, run.first_tile, run.tiles, [](int) {}, [&](int tok_a, auto&& logit) {
     stream::each_logit<kNT>(p, tok_a, logit,
                             [&](int row, int token, float l) { logits[row * stride + (token - cta_first)] = l; });
   });

@@ -129,21 +129,39 @@ __device__ __forceinline__ void tile_noise(const RowPlan* plans, int nt, int32_t
   }
 }
 
+// The Gumbel noise of the lane's logits of a tile (tok_a: the lane's token g
+// of the tile as an index into W): gumbel[nt][2j + k] that of token
+// tok_a + 8k on row nt*8 + 2t + j, from tile_noise's words. A greedy row's
+// entries are not read.
+template <int kNT>
+__device__ __forceinline__ void tile_gumbels(const ScanParams& p, const RowPlan* plans, int tok_a,
+                                             float (&gumbel)[kNT][4]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    uint32_t words[4];
+    tile_noise(plans, nt, p.token_base + tok_a - (lane >> 2), lane, words);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) gumbel[nt][i] = gumbel_from_bits(words[i]);
+  }
+}
+
 // The epilogue of a 16-token tile: folds each of the lane's logits into its
 // running Partial of the row (running(nt, j): row nt*8 + 2t + j) — online
 // log-sum-exp, Gumbel top-2, tracked logit. logit(nt, q) is stream_tiles'
 // (tok_a: the lane's token g of the tile as an index into W); tokens reach a
-// Partial in increasing order. Sampled rows take their noise from
-// tile_noise where shared_noise is set.
+// Partial in increasing order. Where shared_noise is set, sampled rows take
+// their noise from tile_noise: drawn here, or drawn ahead by tile_gumbels
+// into `drawn` (NULL: none drawn).
 template <int kNT, class Logit, class Running>
 __device__ __forceinline__ void fold_tile(const ScanParams& p, const RowPlan* plans, bool shared_noise, int tok_a,
-                                          Logit&& logit, Running&& running) {
+                                          const float (*drawn)[4], Logit&& logit, Running&& running) {
   const int lane = threadIdx.x & 31, t = lane & 3;
   const int tok_b = tok_a + 8;
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt) {
     uint32_t words[4] = {0, 0, 0, 0};
-    if (shared_noise) tile_noise(plans, nt, p.token_base + tok_a - (lane >> 2), lane, words);
+    if (shared_noise && !drawn) tile_noise(plans, nt, p.token_base + tok_a - (lane >> 2), lane, words);
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int row = nt * 8 + 2 * t + j;
@@ -152,10 +170,15 @@ __device__ __forceinline__ void fold_tile(const ScanParams& p, const RowPlan* pl
         const bool greedy = plan.flags & kPlanGreedy;
         Partial part = running(nt, j);
         const int32_t id_a = p.token_base + tok_a, id_b = p.token_base + tok_b;
-        const uint32_t noise_a = greedy ? 0u : shared_noise ? words[2 * j] : noise_word(plan.key, id_a);
-        const uint32_t noise_b = greedy ? 0u : shared_noise ? words[2 * j + 1] : noise_word(plan.key, id_b);
-        if (tok_a < p.vocab) fold_logit(part, plan, logit(nt, j), id_a, noise_a);
-        if (tok_b < p.vocab) fold_logit(part, plan, logit(nt, 2 + j), id_b, noise_b);
+        if (shared_noise && drawn) {
+          if (tok_a < p.vocab) fold_logit_with_gumbel(part, plan, logit(nt, j), id_a, drawn[nt][2 * j]);
+          if (tok_b < p.vocab) fold_logit_with_gumbel(part, plan, logit(nt, 2 + j), id_b, drawn[nt][2 * j + 1]);
+        } else {
+          const uint32_t noise_a = greedy ? 0u : shared_noise ? words[2 * j] : noise_word(plan.key, id_a);
+          const uint32_t noise_b = greedy ? 0u : shared_noise ? words[2 * j + 1] : noise_word(plan.key, id_b);
+          if (tok_a < p.vocab) fold_logit(part, plan, logit(nt, j), id_a, noise_a);
+          if (tok_b < p.vocab) fold_logit(part, plan, logit(nt, 2 + j), id_b, noise_b);
+        }
         running(nt, j) = part;
       }
     }
@@ -201,10 +224,20 @@ __global__ void __launch_bounds__(kThreads, tuning::stream_shape(is_codes(kW), k
 
   const bool shared_noise = tiles_share_noise(p, plans);
 
-  stream::stream_tiles<kW, kShape>(p, run.first_tile, run.tiles, [&](int tok_a, auto&& logit) {
-    fold_tile<kNT>(p, plans, shared_noise, tok_a, logit,
-                   [&](int nt, int j) -> Partial& { return running[warp][nt][j][lane]; });
-  });
+  // Where the shape draws ahead, a tile's noise is drawn while the loads of
+  // its last burst are in flight (stream_tiles' prepare), not after its
+  // products.
+  constexpr bool kDrawAhead = tuning::stream_shape(is_codes(kW), kShape).draw_ahead;
+  float gumbel[kNT][4];
+  stream::stream_tiles<kW, kShape>(
+      p, run.first_tile, run.tiles,
+      [&](int tok_a) {
+        if (kDrawAhead && shared_noise) tile_gumbels<kNT>(p, plans, tok_a, gumbel);
+      },
+      [&](int tok_a, auto&& logit) {
+        fold_tile<kNT>(p, plans, shared_noise, tok_a, kDrawAhead ? gumbel : nullptr, logit,
+                       [&](int nt, int j) -> Partial& { return running[warp][nt][j][lane]; });
+      });
 
   Partial part[kNT][2];
 #pragma unroll
@@ -374,7 +407,7 @@ __global__ void __launch_bounds__(box::kThreads, 1)
       for (int i = 0; i < box::kTilesPerGroup; ++i) {
         const int tile = unit * box::kStageTiles + (group * box::kTilesPerGroup + i) * 4 + group_warp;
         if (tile < tiles)
-          fold_tile<kNT>(p, plans, shared_noise, (first_tile + tile) * 16 + (lane >> 2),
+          fold_tile<kNT>(p, plans, shared_noise, (first_tile + tile) * 16 + (lane >> 2), nullptr,
                          [&](int nt, int q) { return acc[i][4 * nt + q]; },
                          [&](int nt, int j) -> Partial& { return held[nt][j]; });
       }

@@ -112,14 +112,18 @@ struct Burst {
 };
 
 // Streams the warp's run of tiles of W against the launch's hidden rows.
+// Before the products of a tile's last burst, whose loads and the next
+// burst's are then in flight, it calls prepare(tok_a): work of the tile's
+// epilogue that needs no logit goes there, in the shadow of the loads.
 // After each tile it calls epilogue(tok_a, logit): logit(nt, q) is the
 // logit of (tok_a, row nt*8 + 2t + q) for q = 0, 1 and of (tok_a + 8, row
 // nt*8 + 2t + q − 2) for q = 2, 3, with tok_a the lane's token (g) of the
 // tile as an index into W and 8-bit codes' row scales applied. Tokens past
 // the vocabulary and rows past p.rows hold zeros the epilogue must skip.
 // kShape: the entry of tuning::kStreamShapes; kW: W's dtype.
-template <flashspec_dtype kW, int kShape, class Epilogue>
-__device__ __forceinline__ void stream_tiles(const ScanParams& p, int first_tile, int tiles, Epilogue&& epilogue) {
+template <flashspec_dtype kW, int kShape, class Prepare, class Epilogue>
+__device__ __forceinline__ void stream_tiles(const ScanParams& p, int first_tile, int tiles, Prepare&& prepare,
+                                             Epilogue&& epilogue) {
   constexpr bool kCodes = is_codes(kW);
   constexpr bool kBf16 = kW != FLASHSPEC_DTYPE_F16;  // the mma's input type
   constexpr int kChunk = kCodes ? 64 : 32;           // elements per 64-byte chunk of a row
@@ -185,6 +189,7 @@ __device__ __forceinline__ void stream_tiles(const ScanParams& p, int first_tile
     }
     BurstT nxt;
     if (s + 1 < steps) issue(next_tile, next_burst, nxt);
+    if (burst == bursts - 1) prepare((first_tile + tile) * 16 + g);
 
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {

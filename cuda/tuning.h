@@ -23,6 +23,12 @@ struct StreamShape {
   int row_groups;  // 8-row mma n-tiles
   int unroll;      // 32-element chunks per burst; two bursts in flight per lane
   int min_blocks;  // CTAs per SM the kernel is compiled for (__launch_bounds__)
+  // Whether a sampled row's Gumbel noise for a tile is drawn while the loads
+  // of the tile's last burst are in flight rather than after its products.
+  // With one CTA per SM a warp's epilogue holds up its own loads and few
+  // other warps cover for it; the registers the drawn noise holds fit there
+  // (16-bit W, 9–16 rows) but not in two CTAs' 128 (they spill).
+  bool draw_ahead;
 };
 // With ≤ 8 rows two CTAs per SM and 4-chunk bursts (up to 8 KB per warp in
 // flight) were fastest on an H200; with 9–16 rows the second row group's
@@ -30,8 +36,8 @@ struct StreamShape {
 // bytes in flight. 8-bit codes have their own table below (a 64-byte chunk
 // then holds 64 elements).
 constexpr StreamShape kStreamShapes[] = {
-    {8, 1, 4, 2},
-    {16, 2, 8, 1},
+    {8, 1, 4, 2, false},
+    {16, 2, 8, 1, true},
 };
 constexpr int kStreamShapeCount = int(sizeof(kStreamShapes) / sizeof(kStreamShapes[0]));
 // 8-bit codes: the same rows per shape (stream_shape_for serves both). At
@@ -41,8 +47,8 @@ constexpr int kStreamShapeCount = int(sizeof(kStreamShapes) / sizeof(kStreamShap
 // V = 128256, d = 4096, 16 rows, 0.66 → 0.56 at 262144 × 8192 (H100; 2-chunk
 // bursts gave 0.69 and 0.56; bench/RESULTS.md).
 constexpr StreamShape kStreamCodeShapes[] = {
-    {8, 1, 4, 2},
-    {16, 2, 4, 2},
+    {8, 1, 4, 2, false},
+    {16, 2, 4, 2, false},
 };
 static_assert(sizeof(kStreamCodeShapes) == sizeof(kStreamShapes), "one 8-bit shape per 16-bit shape");
 constexpr StreamShape stream_shape(bool codes, int shape) {

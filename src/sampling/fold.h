@@ -110,9 +110,10 @@ FS_HOST_DEVICE void offer_candidate(Partial& p, float score, float scaled, int32
   }
 }
 
-// Folds logit l of `token` into p. `noise` is the token's RNG word under
-// plan.key (ignored for greedy rows).
-FS_HOST_DEVICE void fold_logit(Partial& p, const RowPlan& plan, float l, int32_t token, uint32_t noise) {
+// Folds logit l of `token` into p, the token's Gumbel noise already drawn:
+// `gumbel` is gumbel_from_bits of its RNG word under plan.key (ignored for
+// greedy rows).
+FS_HOST_DEVICE void fold_logit_with_gumbel(Partial& p, const RowPlan& plan, float l, int32_t token, float gumbel) {
   const bool greedy = plan.flags & kPlanGreedy;
   const float scaled = greedy ? l : l * plan.inv_t;
   if (!is_finite(scaled)) p.flags |= is_finite(l) ? kPartialScaleOverflow : kPartialNonFinite;
@@ -122,7 +123,14 @@ FS_HOST_DEVICE void fold_logit(Partial& p, const RowPlan& plan, float l, int32_t
   }
   if (!greedy) lse_add(p.m, p.s, scaled);
   if (token == plan.excluded) return;
-  offer_candidate(p, greedy ? scaled : scaled + gumbel_from_bits(noise), scaled, token);
+  offer_candidate(p, greedy ? scaled : scaled + gumbel, scaled, token);
+}
+
+// Folds logit l of `token` into p. `noise` is the token's RNG word under
+// plan.key (ignored for greedy rows).
+FS_HOST_DEVICE void fold_logit(Partial& p, const RowPlan& plan, float l, int32_t token, uint32_t noise) {
+  const bool greedy = plan.flags & kPlanGreedy;
+  fold_logit_with_gumbel(p, plan, l, token, greedy ? 0.0f : gumbel_from_bits(noise));
 }
 
 // a ← a ∪ b; ties between winners go to the smaller token id.
