@@ -1,6 +1,7 @@
 #include "dispatch.h"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "launch.cuh"
@@ -12,6 +13,8 @@ namespace cuda {
 namespace {
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+std::atomic<bool> stream_wide_everywhere{false};
 
 int occupancy(const void* kernel, int threads, size_t smem) {
   int blocks = 0;
@@ -34,6 +37,7 @@ ScanParams base_params(const ScanWorkspace& ws, const CudaLmHead& head, int rows
   p.rows = rows;
   p.row_base = 0;
   p.plans = ws.plans;
+  p.gumbel_bounds = ws.gumbel_bounds;
   p.partials = ws.partials;
   p.partial_stride = ws.max_rows;
   p.q_partials = ws.q_partials;
@@ -153,10 +157,25 @@ ScanLimits configure_scans(int device) {
                                         int(scan::stream_box_smem())),
                    "cudaFuncSetAttribute");
       }
+    limits.stream_wide = true;
+    for (flashspec_dtype dtype : {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F16}) {
+      const void* kernel = scan::stream_wide_kernel(dtype);
+      cudaFuncAttributes attributes{};
+      check_cuda(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
+      if (attributes.sharedSizeBytes + scan::stream_wide_smem() > limits.max_smem) {
+        limits.stream_wide = false;
+        continue;
+      }
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(scan::stream_wide_smem())),
+                 "cudaFuncSetAttribute");
+    }
   }
 #endif
   return limits;
 }
+
+void set_stream_wide_everywhere(bool on) { stream_wide_everywhere.store(on); }
 
 int32_t gemm_chunk_tokens(int32_t max_rows) {
   return gemm_scan::chunk_tokens(max_rows, int64_t(tuning::kGemmWorkspaceBytes / sizeof(float)));
@@ -191,6 +210,19 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
     check_cuda(scan::launch_stream(scan::stream_kernel(shape, head.dtype), p, tail, blocks, stream),
                "scan (weight stream)");
     return ScanOutcome{blocks, true};
+  }
+  const int wide_blocks = std::min(max_groups, limits.sm_count);
+  if (tc && rows <= tuning::kStreamWideMaxRows && limits.stream_wide && scan::stream_wide_kernel(head.dtype) &&
+      (tuning::stream_wide_serves(p.vocab, int64_t(p.d_load) * 2, wide_blocks) || stream_wide_everywhere.load())) {
+    scan::StreamMaps maps;
+    if (scan::stream_box_maps(p, &maps)) {
+      const int blocks = scan::stream_blocks(p.vocab, wide_blocks);
+      p.groups = blocks;
+      p.row_blocks = 1;
+      check_cuda(scan::launch_stream_wide(scan::stream_wide_kernel(head.dtype), p, tail, maps, blocks, stream),
+                 "scan (weight stream, TMA, 17-64 rows)");
+      return ScanOutcome{blocks, true};
+    }
   }
   if (tc && ws.cublas) {
     require(!head.codes() || ws.dequantized, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, Field::kHead,

@@ -6,6 +6,8 @@
 //   ≤ kStreamMaxRows rows, 16-bit weight-streaming scan (combines its rows);
 //                                on sm_90a, where tuning::stream_box_serves,
 //                                its TMA and warpgroup-MMA form
+//   ≤ kStreamWideMaxRows, 16-bit on sm_90a: the same TMA scan with the
+//                                hidden rows as the MMA's M (combines its rows)
 //   more rows, 16-bit            cuBLAS one vocabulary chunk at a time
 //                                (the tiled tensor-core scan without cuBLAS)
 //   any other dtype combination  CUDA-core fp32 scan
@@ -34,6 +36,8 @@ struct ScanLimits {
   // build has sm_90a code, the device is compute capability 9.0, and the
   // kernel's shared memory fits.
   bool stream_box = false;
+  // The same for its 17–64-row form (scan::stream_wide_kernel).
+  bool stream_wide = false;
   int mma_blocks_per_sm[tuning::kMmaShapeCount] = {};
   int simt_blocks_per_sm = 1;
 };
@@ -53,8 +57,12 @@ struct ScanWorkspace {
   cublasHandle_t cublas;   // NULL when max_rows ≤ kStreamMaxRows
   gemm_scan::ChunkPipeline chunks;  // the cuBLAS scan's logits buffers, each [max_rows, chunk]
   uint16_t* dequantized;   // an 8-bit head's bf16 rows for the cuBLAS scan; NULL if none is reserved
-  const float* gumbel_bounds;  // [256] sampling/gumbel_bounds.h, for the cuBLAS scan's fold
+  const float* gumbel_bounds;  // [256] sampling/gumbel_bounds.h, for the folds that skip noise
 };
+
+// Tests (testing.h): the 17–64-row sm_90a scan serves every call it can
+// (on) or those tuning::stream_wide_serves picks (off, the default).
+void set_stream_wide_everywhere(bool on);
 
 // Tokens per cuBLAS chunk for max_rows rows: as many as fit the logits
 // workspace, in whole fold slices.

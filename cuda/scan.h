@@ -37,14 +37,22 @@ cudaError_t launch_stream(const void* kernel, const ScanParams& params, const St
 // other dtypes and for shapes it does not serve (tuning::stream_box_serves).
 const void* stream_box_kernel(int shape, flashspec_dtype w_dtype);
 size_t stream_box_smem();
-// The tensor maps a stream_box_kernel reads: W in boxes of
-// tuning::kStreamBoxMapTokens tokens and of 16 tokens, and the launch's
-// staged hidden rows; all 64 columns wide.
+// The tensor maps a stream_box_kernel or stream_wide_kernel reads: W in
+// boxes of tuning::kStreamBoxMapTokens tokens and of 16 tokens, and the
+// launch's staged hidden rows (boxes of its rows padded to the kernel's
+// MMA); all 64 columns wide.
 struct StreamMaps {
   CUtensorMap w;
   CUtensorMap w_tile;
   CUtensorMap hidden;
 };
+// 17–tuning::kStreamWideMaxRows rows on sm_90a, W and hidden both bf16 or
+// both fp16: the same ring of TMA boxes, the hidden rows as the warpgroup
+// MMA's M (zeros past the launch's). One CTA per SM, launch_stream_wide's
+// threads and stream_wide_smem() bytes of dynamic shared memory; NULL for
+// other dtypes.
+const void* stream_wide_kernel(flashspec_dtype w_dtype);
+size_t stream_wide_smem();
 // Encodes the maps for a launch; false (the register path serves it) unless
 // W and the staged rows are 16-bit with 16-byte-aligned rows and the driver
 // can encode tensor maps.
@@ -52,6 +60,10 @@ bool stream_box_maps(const ScanParams& params, StreamMaps* maps);
 // launch_stream's contract for a stream_box_kernel.
 cudaError_t launch_stream_box(const void* kernel, const ScanParams& params, const StreamTail& tail,
                               const StreamMaps& maps, int blocks, cudaStream_t stream);
+// The same for a stream_wide_kernel (params.gumbel_bounds NULL: no noise is
+// skipped).
+cudaError_t launch_stream_wide(const void* kernel, const ScanParams& params, const StreamTail& tail,
+                               const StreamMaps& maps, int blocks, cudaStream_t stream);
 
 // Tiled tensor-core scan, W and hidden both bf16 or both fp16, 16-byte-aligned
 // weight rows, d_load % 8 == 0. One kernel per tuning::kMmaShapes entry.

@@ -67,6 +67,7 @@ struct ScanParams {
   int32_t rows;           // rows in this launch
   int32_t row_base;       // first global row of this launch
   const RowPlan* plans;   // indexed by global row
+  const float* gumbel_bounds;  // [256] sampling/gumbel_bounds.h, for folds that skip noise that cannot matter
   Partial* partials;      // [groups][partial_stride]
   int32_t partial_stride;
   int32_t groups;

@@ -44,32 +44,13 @@ __device__ __forceinline__ Partial load_partial_l2(const Partial* src) {
   return p;
 }
 
-// The end of a scan: lanes of one t hold the same rows (nt*8 + 2t + j) for
-// different tokens, so they merge over g; the warps merge in order into the
-// CTA's partial; the last CTA to finish (threadFenceReduction pattern)
-// combines every CTA's partial into the row outputs and resets the counter.
-template <int kNT, int kWarpsInCta>
-__device__ __forceinline__ void finish_scan(const ScanParams& p, const StreamTail& tail, const RowPlan* plans,
-                                            Partial (&part)[kNT][2], Partial (*merged)[kMaxRows], int warp,
-                                            int lane) {
-  const int tid = threadIdx.x, g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      merge_with_lane(part[nt][j], 4, lane);
-      merge_with_lane(part[nt][j], 8, lane);
-      merge_with_lane(part[nt][j], 16, lane);
-      const int row = nt * 8 + 2 * t + j;
-      if (g == 0 && row < kMaxRows) merged[warp][row] = part[nt][j];
-    }
-  __syncthreads();
-  if (tid < p.rows) {
-    Partial all = merged[0][tid];
-    for (int wi = 1; wi < kWarpsInCta; ++wi) merge_partial(all, merged[wi][tid]);
-    p.partials[int64_t(blockIdx.x) * p.partial_stride + p.row_base + tid] = all;
-  }
-
+// After every thread of the CTA has written its rows' partials: the last CTA
+// to finish (threadFenceReduction pattern) combines every CTA's partial, in
+// CTA order, into the row outputs named by `tail` and resets the counter.
+template <int kWarpsInCta>
+__device__ __forceinline__ void combine_in_last_cta(const ScanParams& p, const StreamTail& tail,
+                                                    const RowPlan* plans, int warp, int lane) {
+  const int tid = threadIdx.x;
   __shared__ bool last;
   __threadfence();
   __syncthreads();
@@ -98,6 +79,33 @@ __device__ __forceinline__ void finish_scan(const ScanParams& p, const StreamTai
     }
   }
   if (tid == 0) *tail.done_counter = 0;
+}
+
+// The end of a scan: lanes of one t hold the same rows (nt*8 + 2t + j) for
+// different tokens, so they merge over g; the warps merge in order into the
+// CTA's partial; then combine_in_last_cta.
+template <int kNT, int kWarpsInCta>
+__device__ __forceinline__ void finish_scan(const ScanParams& p, const StreamTail& tail, const RowPlan* plans,
+                                            Partial (&part)[kNT][2], Partial (*merged)[kMaxRows], int warp,
+                                            int lane) {
+  const int tid = threadIdx.x, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      merge_with_lane(part[nt][j], 4, lane);
+      merge_with_lane(part[nt][j], 8, lane);
+      merge_with_lane(part[nt][j], 16, lane);
+      const int row = nt * 8 + 2 * t + j;
+      if (g == 0 && row < kMaxRows) merged[warp][row] = part[nt][j];
+    }
+  __syncthreads();
+  if (tid < p.rows) {
+    Partial all = merged[0][tid];
+    for (int wi = 1; wi < kWarpsInCta; ++wi) merge_partial(all, merged[wi][tid]);
+    p.partials[int64_t(blockIdx.x) * p.partial_stride + p.row_base + tid] = all;
+  }
+  combine_in_last_cta<kWarpsInCta>(p, tail, plans, warp, lane);
 }
 
 // The RNG words of the lane's four logits of a tile in row group nt: word
@@ -261,17 +269,83 @@ constexpr int kPanels = tuning::kStreamBoxPanels;         // boxes side by side 
 constexpr int kColumns = kPanels * kBoxColumns;           // elements of each row a stage holds
 constexpr int kTileBytes = kTileTokens * kRowBytes;
 constexpr int kPanelBytes = kStageTokens * kRowBytes;     // one panel of W's tokens
-constexpr int kHiddenPanelBytes = kMaxRows * kRowBytes;   // one panel of the hidden rows
-constexpr int kWBytes = kPanels * kPanelBytes;
-constexpr int kStageBytes = kWBytes + kPanels * kHiddenPanelBytes;  // W's panels, then the hidden rows' panels
+constexpr int kWBytes = kPanels * kPanelBytes;            // a stage's W; the hidden rows' panels follow
 constexpr int kAlign = 1024;                              // the 128-byte swizzle's period
 constexpr int kConsumerWarps = kGroups * 4;
 constexpr int kProducerWarp = kConsumerWarps;
 constexpr int kThreads = (kConsumerWarps + 1) * 32;
-constexpr size_t kSmemBytes = size_t(kStages) * kStageBytes + kAlign;
-static_assert(kStageBytes % kAlign == 0 && kPanelBytes % kAlign == 0 && kHiddenPanelBytes % kAlign == 0,
-              "every tile starts on the swizzle's period");
+static_assert(kPanelBytes % kAlign == 0 && kTileBytes % kAlign == 0, "every tile starts on the swizzle's period");
 static_assert(kStageTokens % tuning::kStreamBoxMapTokens == 0, "a full stage is whole boxes of the bulk map");
+
+// A CTA's ring of kStages stages, each W's panels of one step (kStageTokens
+// tokens × kColumns columns) then kHiddenRows hidden rows' same columns, and
+// what the producer lane puts there: step s is unit s / slices of the CTA's
+// tiles [first_tile, first_tile + tiles), columns (s % slices) · kColumns.
+// A stage's full barrier counts its bytes; its empty barrier the consumer
+// warps that are done with it.
+template <int kStages_, int kHiddenRows>
+struct Ring {
+  static constexpr int kStages = kStages_;
+  static constexpr int kHiddenPanelBytes = kHiddenRows * kRowBytes;
+  static constexpr int kStageBytes = kWBytes + kPanels * kHiddenPanelBytes;
+  static constexpr size_t kSmemBytes = size_t(kStages) * kStageBytes + kAlign;
+  static_assert(kStageBytes % kAlign == 0 && kHiddenPanelBytes % kAlign == 0,
+                "every tile starts on the swizzle's period");
+
+  unsigned char* ring;
+  uint64_t* full;
+  const StreamMaps& maps;
+  int first_tile, tiles, slices;
+
+  __device__ __forceinline__ static int stage_of(int s) { return s % kStages; }
+  __device__ __forceinline__ unsigned char* stage(int s) const { return ring + size_t(stage_of(s)) * kStageBytes; }
+
+  // Step s's W boxes (whole boxes of the bulk map, 16-token boxes for a
+  // unit's ragged end), with the stage's whole byte count announced first.
+  __device__ __forceinline__ void load_w(int s) const {
+    const int unit = s / slices, column = (s - unit * slices) * kColumns;
+    const int unit_tiles = min(kStageTiles, tiles - unit * kStageTiles);
+    uint64_t* bar = full + stage_of(s);
+    tma::barrier_expect(bar, uint32_t(kPanels * (unit_tiles * 16 * kRowBytes + kHiddenRows * kRowBytes)));
+    const int token = (first_tile + unit * kStageTiles) * 16;
+    const uint64_t once = tma::evict_first_policy();  // W is read once
+    constexpr int kMapTiles = tuning::kStreamBoxMapTokens / 16;
+    for (int panel = 0; panel < kPanels; ++panel) {
+      unsigned char* dst = stage(s) + panel * kPanelBytes;
+      const int x = column + panel * kBoxColumns;
+      int tile = 0;
+      for (; tile + kMapTiles <= unit_tiles; tile += kMapTiles)
+        tma::load_box_2d(dst + tile * 16 * kRowBytes, &maps.w, bar, x, token + tile * 16, once);
+      for (; tile < unit_tiles; ++tile)
+        tma::load_box_2d(dst + tile * 16 * kRowBytes, &maps.w_tile, bar, x, token + tile * 16, once);
+    }
+  }
+
+  // Step s's box of the hidden rows, separately: the first stages' go out
+  // only once the staged rows exist.
+  __device__ __forceinline__ void load_hidden(int s, int row_base) const {
+    const uint64_t kept = tma::evict_last_policy();  // every CTA reads the hidden rows
+    const int column = (s % slices) * kColumns;
+    for (int panel = 0; panel < kPanels; ++panel)
+      tma::load_box_2d(stage(s) + kWBytes + panel * kHiddenPanelBytes, &maps.hidden, full + stage_of(s),
+                       column + panel * kBoxColumns, row_base, kept);
+  }
+
+  // The producer lane after the grid's wait: the hidden rows of the first
+  // `early` steps (whose W went out before it), then every later step once
+  // its stage's previous use (step s − kStages) has been consumed.
+  __device__ __forceinline__ void produce(int early, int steps, uint64_t* empty, int row_base) const {
+    for (int s = 0; s < early; ++s) load_hidden(s, row_base);
+    for (int s = early; s < steps; ++s) {
+      tma::barrier_wait(empty + stage_of(s), uint32_t(s / kStages - 1) & 1u);
+      load_w(s);
+      load_hidden(s, row_base);
+    }
+  }
+};
+
+// The 9–16-row scan's ring.
+using NarrowRing = Ring<kStages, kMaxRows>;
 }  // namespace box
 
 // The weight-streaming scan on sm_90a. CTA c takes tiles
@@ -292,10 +366,12 @@ __global__ void __launch_bounds__(box::kThreads, 1)
     stream_box_kernel(const ScanParams p, const StreamTail tail, const __grid_constant__ StreamMaps maps) {
   constexpr int kNT = tuning::stream_shape(false, kShape).row_groups;
   constexpr int kN = kNT * 8;  // the wgmma's N: hidden rows per launch, padded to 8
+  static_assert(kN == kMaxRows, "the ring's hidden panels are kMaxRows rows, the hidden map's box");
+  using Ring = box::NarrowRing;
   constexpr bool kBf16 = kW == FLASHSPEC_DTYPE_BF16;
   __shared__ RowPlan plans[kMaxRows];
   __shared__ Partial merged[box::kConsumerWarps + 1][kMaxRows];
-  __shared__ __align__(8) uint64_t full[box::kStages], empty[box::kStages];
+  __shared__ __align__(8) uint64_t full[Ring::kStages], empty[Ring::kStages];
   extern __shared__ unsigned char dynamic_smem[];
   unsigned char* const ring = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(dynamic_smem) + box::kAlign - 1) & ~uintptr_t(box::kAlign - 1));
@@ -317,38 +393,12 @@ __global__ void __launch_bounds__(box::kThreads, 1)
   }
   __syncthreads();
 
-  // Producer (lane 0 of the last warp): step s's W boxes, with the stage's
-  // whole byte count announced first; the hidden rows' box separately, since
-  // the first stages' go out only once the staged rows exist.
-  auto stage_of = [](int s) { return s % box::kStages; };
-  auto load_w = [&](int s) {
-    const int stage = stage_of(s), unit = s / slices, column = (s - unit * slices) * box::kColumns;
-    const int unit_tiles = min(box::kStageTiles, tiles - unit * box::kStageTiles);
-    tma::barrier_expect(full + stage,
-                        uint32_t(box::kPanels * (unit_tiles * 16 * box::kRowBytes + kN * box::kRowBytes)));
-    const int token = (first_tile + unit * box::kStageTiles) * 16;
-    const uint64_t once = tma::evict_first_policy();  // W is read once
-    constexpr int kMapTiles = tuning::kStreamBoxMapTokens / 16;
-    for (int panel = 0; panel < box::kPanels; ++panel) {
-      unsigned char* dst = ring + size_t(stage) * box::kStageBytes + panel * box::kPanelBytes;
-      const int x = column + panel * box::kBoxColumns;
-      int tile = 0;
-      for (; tile + kMapTiles <= unit_tiles; tile += kMapTiles)
-        tma::load_box_2d(dst + tile * 16 * box::kRowBytes, &maps.w, full + stage, x, token + tile * 16, once);
-      for (; tile < unit_tiles; ++tile)
-        tma::load_box_2d(dst + tile * 16 * box::kRowBytes, &maps.w_tile, full + stage, x, token + tile * 16, once);
-    }
-  };
-  auto load_hidden = [&](int s) {
-    const uint64_t kept = tma::evict_last_policy();  // every CTA reads the hidden rows
-    const int stage = stage_of(s), column = (s % slices) * box::kColumns;
-    for (int panel = 0; panel < box::kPanels; ++panel)
-      tma::load_box_2d(ring + size_t(stage) * box::kStageBytes + box::kWBytes + panel * box::kHiddenPanelBytes,
-                       &maps.hidden, full + stage, column + panel * box::kBoxColumns, p.row_base, kept);
-  };
+  // Producer (lane 0 of the last warp): W's first stages now, the hidden
+  // rows' once the grid has waited for the staging.
+  const Ring ring_of{ring, full, maps, first_tile, tiles, slices};
   const bool producer = warp == box::kProducerWarp;
   if (producer && lane == 0)
-    for (int s = 0; s < early; ++s) load_w(s);
+    for (int s = 0; s < early; ++s) ring_of.load_w(s);
 
   pdl_wait();     // plans and staged hidden rows come from the kernels before
   pdl_trigger();  // what follows may launch now; it waits for this grid to finish
@@ -361,15 +411,7 @@ __global__ void __launch_bounds__(box::kThreads, 1)
   for (int nt = 0; nt < kNT; ++nt) held[nt][0] = held[nt][1] = empty_partial();
 
   if (producer) {
-    if (lane == 0) {
-      for (int s = 0; s < early; ++s) load_hidden(s);
-      for (int s = early; s < steps; ++s) {
-        // The stage's previous use (step s − kStages) has been consumed.
-        tma::barrier_wait(empty + stage_of(s), uint32_t(s / box::kStages - 1) & 1u);
-        load_w(s);
-        load_hidden(s);
-      }
-    }
+    if (lane == 0) ring_of.produce(early, steps, empty, p.row_base);
   } else {
     const bool shared_noise = tiles_share_noise(p, plans);
     const int group = warp >> 2, group_warp = warp & 3;
@@ -383,10 +425,10 @@ __global__ void __launch_bounds__(box::kThreads, 1)
     for (int unit = 0; unit < units; ++unit) {
 #pragma unroll 1
       for (int slice = 0; slice < slices; ++slice) {
-        const int s = unit * slices + slice, stage = stage_of(s);
+        const int s = unit * slices + slice, stage = Ring::stage_of(s);
         tma::barrier_wait(full + stage, uint32_t(s / box::kStages) & 1u);
-        const uint32_t a = ring_address + uint32_t(stage * box::kStageBytes + group * box::kTilesPerGroup * box::kTileBytes);
-        const uint32_t b = ring_address + uint32_t(stage * box::kStageBytes + box::kWBytes);
+        const uint32_t a = ring_address + uint32_t(stage * Ring::kStageBytes + group * box::kTilesPerGroup * box::kTileBytes);
+        const uint32_t b = ring_address + uint32_t(stage * Ring::kStageBytes + box::kWBytes);
         wgmma::fence();
 #pragma unroll
         for (int panel = 0; panel < box::kPanels; ++panel)
@@ -396,7 +438,7 @@ __global__ void __launch_bounds__(box::kThreads, 1)
             for (int i = 0; i < box::kTilesPerGroup; ++i)
               wgmma::mma_k16<kN, kBf16>(
                   acc[i], wgmma::k_major_sw128(a + panel * box::kPanelBytes + i * box::kTileBytes + k * 32),
-                  wgmma::k_major_sw128(b + panel * box::kHiddenPanelBytes + k * 32), slice > 0 || panel > 0 || k > 0);
+                  wgmma::k_major_sw128(b + panel * Ring::kHiddenPanelBytes + k * 32), slice > 0 || panel > 0 || k > 0);
         wgmma::commit();
         wgmma::wait_all();
         __syncwarp();
@@ -414,6 +456,210 @@ __global__ void __launch_bounds__(box::kThreads, 1)
     }
   }
   finish_scan<kNT, box::kConsumerWarps + 1>(p, tail, plans, held, merged, warp, lane);
+}
+
+// ---- 17–64 rows: the hidden rows as the warpgroup MMA's M (sm_90a) ---------
+namespace wide {
+constexpr int kRows = tuning::kStreamWideMaxRows;  // the wgmma's M
+using WideRing = box::Ring<tuning::kStreamWideStages, kRows>;
+// The consumer warpgroups, then a whole producer warpgroup: registers are
+// moved between warpgroups (a consumer holds a unit's 128 accumulators), so
+// the block is whole warpgroups. 168 registers each at launch; the producer
+// warpgroup gives up all but kProducerRegisters and the consumers take
+// kConsumerRegisters, and both return to kLaunchRegisters for the end.
+constexpr int kThreads = (box::kConsumerWarps + 4) * 32;
+constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+constexpr int kProducerRegisters = 40;
+constexpr int kConsumerRegisters = (65536 - 128 * kProducerRegisters) / (box::kConsumerWarps * 32) / 8 * 8;
+static_assert(kLaunchRegisters == 168 && kConsumerRegisters == 232, "the register split of a 384-thread CTA");
+static_assert(kRows == 64, "a launch's rows are one wgmma M");
+static_assert(box::kTileTokens == 64, "a consumer's 64-token tile is one N = 64 wgmma");
+}  // namespace wide
+
+// The Philox words of a thread's logits at 17–64 rows: words[h][e] that of
+// token id + e (id, a multiple of 2, the thread's first token of an 8-token
+// column group) on its row h (row0 + 8h). The lanes t and t ^ 1 of a g hold
+// the same two rows and tokens id, id + 1 and id + 2, id + 3 of one Philox
+// block (the launch's tokens start on a block): each computes the block of
+// one row, keeps the two words it needs and hands its partner the other two.
+// A greedy row's block is not computed (its words are never read).
+__device__ __forceinline__ void pair_noise(const RowPlan* plans, int row0, int32_t id, int lane,
+                                           uint32_t (&words)[2][2]) {
+  const int own = lane & 1;  // the row whose block this lane computes; its tokens are words 2·own, 2·own + 1
+  const RowPlan& plan = plans[row0 + 8 * own];
+  Philox4 block = {{0, 0, 0, 0}};
+  if (!(plan.flags & kPlanGreedy)) block = row_block(plan.key, uint32_t(id) >> 2);
+  const uint32_t keep0 = own ? block.v[2] : block.v[0], keep1 = own ? block.v[3] : block.v[1];
+  const uint32_t got0 = __shfl_xor_sync(0xffffffffu, own ? block.v[0] : block.v[2], 1);
+  const uint32_t got1 = __shfl_xor_sync(0xffffffffu, own ? block.v[1] : block.v[3], 1);
+  words[0][0] = own ? got0 : keep0;
+  words[0][1] = own ? got1 : keep1;
+  words[1][0] = own ? keep0 : got0;
+  words[1][1] = own ? keep1 : got1;
+}
+
+// The weight-streaming scan for 17–64 rows on sm_90a: stream_box_kernel's
+// CTAs, ring and producer, with the roles in the MMA swapped. A stage's 64
+// hidden rows (zeros past the launch's) are the wgmma's A and each of its
+// four 64-token tiles a B, N = 64, so warp w of a consumer warpgroup holds
+// rows 16w + g and 16w + g + 8 of tokens 8j + 2t and + 1 of each tile
+// (wgmma.cuh). The two warpgroups take whole units in turn (group u mod 2
+// takes unit u): the fold of a unit's 64 × 256 logits takes longer than the
+// ring's loads, and while one group folds the other multiplies the stages
+// the producer brings. Each thread folds
+// its 64 tokens of a unit into its two rows' running partials in increasing
+// token order; at the end the four lanes of a g merge, then the groups.
+template <flashspec_dtype kW>
+__global__ void __launch_bounds__(wide::kThreads, 1)
+    stream_wide_kernel(const ScanParams p, const StreamTail tail, const __grid_constant__ StreamMaps maps) {
+  using Ring = wide::WideRing;
+  constexpr bool kBf16 = kW == FLASHSPEC_DTYPE_BF16;
+  constexpr int kGroupWarps = box::kConsumerWarps / box::kGroups;
+  constexpr int kUnitTiles = box::kStageTokens / box::kTileTokens;  // a stage's 64-token tiles, one group's
+  __shared__ RowPlan plans[wide::kRows];
+  __shared__ Partial merged[box::kGroups][wide::kRows];
+  __shared__ float noise_bounds[256];  // by an RNG word's top byte (sampling/gumbel_bounds.h)
+  static_assert(wide::kThreads >= 256, "a thread per bound");
+  __shared__ __align__(8) uint64_t full[Ring::kStages], empty[Ring::kStages];
+  // Phase u completes when unit u's stages have all been multiplied: a group
+  // starts its next unit only then, so the groups take the ring's stages in
+  // step order and a stage's full barrier is never waited on more than one
+  // phase ahead (the other group's fold still runs beside the next unit).
+  __shared__ __align__(8) uint64_t unit_done;
+  extern __shared__ unsigned char dynamic_smem[];
+  unsigned char* const ring = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(dynamic_smem) + box::kAlign - 1) & ~uintptr_t(box::kAlign - 1));
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int first_tile = stream::first_tile_of(blockIdx.x, gridDim.x, p.vocab);
+  const int tiles = stream::first_tile_of(int64_t(blockIdx.x) + 1, gridDim.x, p.vocab) - first_tile;
+  const int units = (tiles + box::kStageTiles - 1) / box::kStageTiles;
+  const int slices = (p.d_load + box::kColumns - 1) / box::kColumns;
+  const int steps = units * slices;
+  const int early = steps < Ring::kStages ? steps : Ring::kStages;
+
+  if (tid == 0) {
+    for (int stage = 0; stage < Ring::kStages; ++stage) {
+      tma::barrier_init(full + stage, 1);
+      tma::barrier_init(empty + stage, kGroupWarps);  // one group consumes a stage
+    }
+    tma::barrier_init(&unit_done, kGroupWarps);
+    tma::barrier_init_fence();
+  }
+  __syncthreads();
+
+  const Ring ring_of{ring, full, maps, first_tile, tiles, slices};
+  const bool producer = warp >= box::kProducerWarp;  // the producer warpgroup; its first lane loads
+  if (warp == box::kProducerWarp && lane == 0)
+    for (int s = 0; s < early; ++s) ring_of.load_w(s);
+
+  pdl_wait();     // plans and staged hidden rows come from the kernels before
+  pdl_trigger();  // what follows may launch now; it waits for this grid to finish
+
+  if (tid < wide::kRows) plans[tid] = plan_or_placeholder(p.plans, p.row_base, p.rows, tid);
+  if (tid < 256) noise_bounds[tid] = p.gumbel_bounds ? p.gumbel_bounds[tid] : pos_inf();
+  __syncthreads();
+
+  const int group = warp >> 2, group_warp = warp & 3;
+  const int row0 = 16 * group_warp + g;  // the thread's rows: row0 and row0 + 8
+  Partial held[2] = {empty_partial(), empty_partial()};
+  if (producer) {
+    wgmma::lower_registers<wide::kProducerRegisters>();
+    if (warp == box::kProducerWarp && lane == 0) ring_of.produce(early, steps, empty, p.row_base);
+    __syncwarp();  // the register budget moves for whole, converged warps
+    wgmma::raise_registers<wide::kLaunchRegisters>();
+  } else {
+    wgmma::raise_registers<wide::kConsumerRegisters>();
+    const bool shared_noise = tiles_share_noise(p, plans);
+    const uint32_t ring_address = tma::smem_address(ring);
+    float acc[kUnitTiles][32];
+#pragma unroll 1
+    for (int unit = group; unit < units; unit += box::kGroups) {
+      if (unit > 0) tma::barrier_wait(&unit_done, uint32_t(unit - 1) & 1u);
+#pragma unroll 1
+      for (int slice = 0; slice < slices; ++slice) {
+        const int s = unit * slices + slice, stage = Ring::stage_of(s);
+        tma::barrier_wait(full + stage, uint32_t(s / Ring::kStages) & 1u);
+        const uint32_t w_tiles = ring_address + uint32_t(stage * Ring::kStageBytes);
+        const uint32_t hidden = w_tiles + uint32_t(box::kWBytes);
+        wgmma::fence();
+#pragma unroll
+        for (int panel = 0; panel < box::kPanels; ++panel)
+#pragma unroll
+          for (int k = 0; k < box::kBoxColumns / 16; ++k)
+#pragma unroll
+            for (int i = 0; i < kUnitTiles; ++i)
+              wgmma::mma_k16_n64<kBf16>(
+                  acc[i], wgmma::k_major_sw128(hidden + panel * Ring::kHiddenPanelBytes + k * 32),
+                  wgmma::k_major_sw128(w_tiles + panel * box::kPanelBytes + i * box::kTileBytes + k * 32),
+                  slice > 0 || panel > 0 || k > 0);
+        wgmma::commit();
+        wgmma::wait_all();
+        __syncwarp();
+        if (lane == 0) tma::barrier_arrive(empty + stage);
+      }
+      if (lane == 0) tma::barrier_arrive(&unit_done);
+      // Column group j of tile i: tokens local, local + 1 of the CTA's range
+      // (one 16-token tile), in acc[i][4j + 2h + e]. The loops run rather
+      // than unroll, taking each group from the front of acc[0] and moving
+      // the next one there (then the next tile's logits): unrolled, the fold
+      // was a copy of fold_logit per logit and of the Philox rounds per
+      // block (320 KB of code at two tiles per group), more than the SM's
+      // instruction caches hold, and the scan read W at half the GEMM's
+      // rate; rolled, the kernel is 68 KB.
+#pragma unroll 1
+      for (int i = 0; i < kUnitTiles; ++i) {
+        const int tile_local = unit * box::kStageTokens + i * box::kTileTokens + 2 * t;
+#pragma unroll 1
+        for (int j = 0; j < 8; ++j) {
+          const int local = tile_local + 8 * j;
+          const int tok = first_tile * 16 + local;
+          const int32_t id = p.token_base + tok;
+          const bool in_range = local < tiles * 16;
+          uint32_t words[2][2] = {{0, 0}, {0, 0}};
+          if (shared_noise) pair_noise(plans, row0, id, lane, words);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            if (row0 + 8 * h >= p.rows) continue;
+            const RowPlan& plan = plans[row0 + 8 * h];
+            const bool greedy = plan.flags & kPlanGreedy;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              if (!in_range || tok + e >= p.vocab) continue;
+              const uint32_t noise = greedy ? 0u : shared_noise ? words[h][e] : noise_word(plan.key, id + e);
+              fold_logit_bounded(held[h], plan, acc[0][2 * h + e], id + e, noise, noise_bounds[noise >> 24]);
+            }
+          }
+#pragma unroll
+          for (int q = 0; q + 4 < 32; ++q) acc[0][q] = acc[0][q + 4];
+        }
+#pragma unroll
+        for (int next = 0; next + 1 < kUnitTiles; ++next)
+#pragma unroll
+          for (int q = 0; q < 32; ++q) acc[next][q] = acc[next + 1][q];
+      }
+    }
+    // The four lanes of a g hold the same two rows.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      merge_with_lane(held[h], 1, lane);
+      merge_with_lane(held[h], 2, lane);
+      if (t == 0) merged[group][row0 + 8 * h] = held[h];
+    }
+    wgmma::lower_registers<wide::kLaunchRegisters>();
+  }
+  __syncthreads();
+  if (tid < p.rows) {
+    Partial all = merged[0][tid];
+    for (int other = 1; other < box::kGroups; ++other) merge_partial(all, merged[other][tid]);
+    p.partials[int64_t(blockIdx.x) * p.partial_stride + p.row_base + tid] = all;
+  }
+  combine_in_last_cta<wide::kThreads / 32>(p, tail, plans, warp, lane);
+}
+
+template <flashspec_dtype kW>
+const void* wide_kernel_address() {
+  return reinterpret_cast<const void*>(&stream_wide_kernel<kW>);
 }
 
 struct StreamScan {
@@ -497,7 +743,15 @@ const void* stream_box_kernel(int shape, flashspec_dtype w_dtype) {
   return nullptr;
 }
 
-size_t stream_box_smem() { return box::kSmemBytes; }
+size_t stream_box_smem() { return box::NarrowRing::kSmemBytes; }
+
+const void* stream_wide_kernel(flashspec_dtype w_dtype) {
+  if (w_dtype == FLASHSPEC_DTYPE_BF16) return wide_kernel_address<FLASHSPEC_DTYPE_BF16>();
+  if (w_dtype == FLASHSPEC_DTYPE_F16) return wide_kernel_address<FLASHSPEC_DTYPE_F16>();
+  return nullptr;
+}
+
+size_t stream_wide_smem() { return wide::WideRing::kSmemBytes; }
 
 bool stream_box_maps(const ScanParams& p, StreamMaps* maps) {
   if (p.w_dtype != FLASHSPEC_DTYPE_BF16 && p.w_dtype != FLASHSPEC_DTYPE_F16) return false;
@@ -507,7 +761,9 @@ bool stream_box_maps(const ScanParams& p, StreamMaps* maps) {
     return false;
   const EncodeTiled encode = encode_tiled();
   if (!encode) return false;
-  const uint32_t n = uint32_t(tuning::stream_shape(false, tuning::stream_shape_for(p.rows)).row_groups * 8);
+  const uint32_t n = p.rows <= tuning::kStreamMaxRows
+                         ? uint32_t(tuning::stream_shape(false, tuning::stream_shape_for(p.rows)).row_groups * 8)
+                         : uint32_t(tuning::kStreamWideMaxRows);
   return encode_rows(encode, &maps->w, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch,
                      tuning::kStreamBoxMapTokens) &&
          encode_rows(encode, &maps->w_tile, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch, 16) &&
@@ -521,7 +777,16 @@ cudaError_t launch_stream_box(const void* kernel, const ScanParams& params, cons
   StreamTail t = tail;
   StreamMaps m = maps;
   void* args[] = {&p, &t, &m};
-  return launch_dependent(kernel, dim3(blocks), dim3(box::kThreads), box::kSmemBytes, stream, args);
+  return launch_dependent(kernel, dim3(blocks), dim3(box::kThreads), stream_box_smem(), stream, args);
+}
+
+cudaError_t launch_stream_wide(const void* kernel, const ScanParams& params, const StreamTail& tail,
+                               const StreamMaps& maps, int blocks, cudaStream_t stream) {
+  ScanParams p = params;
+  StreamTail t = tail;
+  StreamMaps m = maps;
+  void* args[] = {&p, &t, &m};
+  return launch_dependent(kernel, dim3(blocks), dim3(wide::kThreads), stream_wide_smem(), stream, args);
 }
 
 }  // namespace scan

@@ -5,10 +5,13 @@
 #include <cstring>
 
 #include "device_storage.h"
+#include "dispatch.h"
 #include "util/philox.h"
 
 namespace flashspec {
 namespace cuda {
+
+void serve_wide_rows_everywhere(bool on) { set_stream_wide_everywhere(on); }
 
 bool read_summaries(const SummaryStore& store, int32_t rows, RowSummary* out) {
   if (store.backend != FLASHSPEC_BACKEND_CUDA || rows > store.max_rows) return false;

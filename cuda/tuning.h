@@ -96,6 +96,32 @@ constexpr int kStreamBoxMapTokens = 64;  // tokens per box of W's bulk tensor ma
 constexpr int kStreamBoxMinShape = 1;    // the first kStreamShapes entry it serves (9–16 rows)
 constexpr int64_t kStreamBoxMinRowBytes = 16384;
 
+// 17–kStreamWideMaxRows rows on sm_90a (stream_wide_kernel): the same ring
+// and the same stages of 256 tokens × 64 columns, the hidden rows now the
+// warpgroup MMA's M (64 rows, zeros past the call's) and W's 64-token tiles
+// its N; the two consumer warpgroups take whole 256-token units in turn, so
+// one folds a unit's 64 × 256 logits while the other multiplies the next.
+// Five 40 KB stages fit beside the plans. It pays only where a CTA's units
+// are long and many: a unit's sampled fold (dependent Philox, log and exp
+// chains with one warp per scheduler) takes tens of µs, which hide behind
+// the other group's next unit only when that unit's loads take longer, and
+// the last unit's fold is exposed. H200, verify ÷ GEMM at 64 rows, cuBLAS
+// chunks → this scan, two runs: 262144 × 8192 1.058 → 0.985 and 1.078 →
+// 1.003, 128256 × 8192 1.062 → 1.064 and 1.102 → 1.110; but 128256 × 4096
+// 1.160 → 1.271 and 1.174 → 1.323, 32000 × 2048 1.66 → 3.2 and 3.6, where a
+// CTA has short units or one (bench/RESULTS.md). Hence: rows of at least
+// 16 KB and at least three units per CTA.
+constexpr int kStreamWideMaxRows = 64;
+constexpr int kStreamWideStages = 5;
+constexpr int64_t kStreamWideMinRowBytes = 16384;
+constexpr int kStreamWideMinUnits = 3;  // 256-token units per CTA
+
+// Whether the 17–64-row sm_90a scan serves a head of `vocab` rows of
+// row_bytes each on `ctas` CTAs (one per SM).
+constexpr bool stream_wide_serves(int64_t vocab, int64_t row_bytes, int ctas) {
+  return row_bytes >= kStreamWideMinRowBytes && vocab >= int64_t(kStreamWideMinUnits) * 256 * ctas;
+}
+
 // Whether the sm_90a scan serves a stream shape whose W rows are
 // row_bytes long (where the device and the build have it).
 constexpr bool stream_box_serves(int shape, int64_t row_bytes) {

@@ -37,6 +37,22 @@ __device__ __forceinline__ uint64_t k_major_sw128(uint32_t address) {
          (kSwizzle128 << 62);
 }
 
+// Moves the calling warpgroup's per-thread register budget to kRegisters (a
+// multiple of 8 in [24, 256]): producers give theirs up and consumers take
+// them (warp specialisation); every warp of the warpgroup calls it.
+template <int kRegisters>
+__device__ __forceinline__ void raise_registers() {
+#if FLASHSPEC_WGMMA_CODE
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+#endif
+}
+template <int kRegisters>
+__device__ __forceinline__ void lower_registers() {
+#if FLASHSPEC_WGMMA_CODE
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+#endif
+}
+
 // Orders the warpgroup's earlier register accesses before the next wgmma.
 __device__ __forceinline__ void fence() {
 #if FLASHSPEC_WGMMA_CODE
@@ -59,9 +75,11 @@ __device__ __forceinline__ void wait_all() {
 }
 
 // d = A·Bᵀ + (accumulate ? d : 0), A 64 × 16 and B N × 16, both K-major.
+// N = 8 and 16: W's tokens as A and up to 16 hidden rows as B; N = 64: up
+// to 64 hidden rows as A and 64 of W's tokens as B (mma_k16_n64).
 template <int kN, bool kBf16>
 __device__ __forceinline__ void mma_k16(float (&d)[kN / 2], uint64_t a, uint64_t b, bool accumulate) {
-  static_assert(kN == 8 || kN == 16, "the scans use N = 8 or 16");
+  static_assert(kN == 8 || kN == 16, "the scans use N = 8 or 16 here, 64 in mma_k16_n64");
 #if FLASHSPEC_WGMMA_CODE
   const int scale_d = accumulate ? 1 : 0;
   if constexpr (kN == 8) {
@@ -93,6 +111,40 @@ __device__ __forceinline__ void mma_k16(float (&d)[kN / 2], uint64_t a, uint64_t
           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
           : "l"(a), "l"(b), "r"(scale_d));
   }
+#else
+  (void)d, (void)a, (void)b, (void)accumulate;
+#endif
+}
+
+// The N = 64 form of mma_k16 (32 accumulators per thread).
+template <bool kBf16>
+__device__ __forceinline__ void mma_k16_n64(float (&d)[32], uint64_t a, uint64_t b, bool accumulate) {
+#if FLASHSPEC_WGMMA_CODE
+  const int scale_d = accumulate ? 1 : 0;
+  if constexpr (kBf16)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(scale_d));
+  else
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(scale_d));
 #else
   (void)d, (void)a, (void)b, (void)accumulate;
 #endif

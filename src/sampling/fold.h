@@ -133,6 +133,19 @@ FS_HOST_DEVICE void fold_logit(Partial& p, const RowPlan& plan, float l, int32_t
   fold_logit_with_gumbel(p, plan, l, token, greedy ? 0.0f : gumbel_from_bits(noise));
 }
 
+// fold_logit with the Gumbel transform skipped where it cannot matter:
+// noise_bound bounds gumbel_from_bits(noise) from above (the bucket bound of
+// sampling/gumbel_bounds.h), so a sampled token whose l/T + noise_bound is
+// not above p.second would score at most p.second and change nothing as a
+// candidate; it still enters the log-sum-exp, the tracked logit and the
+// flags. p ends bit for bit as fold_logit leaves it.
+FS_HOST_DEVICE void fold_logit_bounded(Partial& p, const RowPlan& plan, float l, int32_t token, uint32_t noise,
+                                       float noise_bound) {
+  const bool greedy = plan.flags & kPlanGreedy;
+  const bool may_count = greedy || l * plan.inv_t + noise_bound > p.second;
+  fold_logit_with_gumbel(p, plan, l, token, greedy ? 0.0f : may_count ? gumbel_from_bits(noise) : neg_inf());
+}
+
 // a ← a ∪ b; ties between winners go to the smaller token id.
 FS_HOST_DEVICE void merge_partial(Partial& a, const Partial& b) {
   lse_merge(a.m, a.s, b.m, b.s);

@@ -1,6 +1,7 @@
 // The CUDA backend against the exact CPU backend, same seed, token for
 // token: drafts and verify batches in every dtype path (tensor cores at 16,
-// 64 and 128 rows per CTA, the CUDA-core path, borrowed unaligned heads),
+// 64 and 128 rows per CTA, the weight-streaming scans up to 64 rows, the
+// CUDA-core path, borrowed unaligned heads),
 // greedy and stochastic drafts, vocabularies that are not multiples of the
 // tile sizes and the real 128256 / 151936. A differing token is accepted only
 // where the two candidates' scores (or an acceptance test's two sides) lie
@@ -369,11 +370,30 @@ TEST_F(Gpu, DraftParityStreamBoxes) {
   run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2503, 8192, 3, 4, false, 1.0f});
 }
 
-// More than 16 rows go through cuBLAS one vocabulary chunk at a time: a
-// vocabulary of several chunks, with a ragged last slice.
+// On sm_90a, 17–64 rows of long W rows over a large vocabulary stream W in
+// the same boxes with the hidden rows as the warpgroup MMA's M; here it
+// serves every call it can (tests' switch, cuda/testing.h): one row past
+// the 16-row shape, a full 64, CTAs of several 256-token units with a
+// ragged last one (one group's units more than the other's), hidden sizes
+// that end inside a 64-column stage, a vocabulary smaller than a unit, a
+// real one; greedy and sampled rows, bf16 and fp16; a verify batch of
+// chains and one of trees.
+TEST_F(Gpu, ParityStreamWideRows) {
+  const flashspec::cuda::WideRowsEverywhere everywhere;
+  for (int rows : {17, 64})
+    for (float t : {0.0f, 1.0f}) run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 70001, 1000, rows, t, false});
+  run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 200, 4096, 33, 1.0f, false});
+  run_draft_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 9001, 2112, 48, 0.8f, false});
+  run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 128256, 64, 64, 1.0f, false});
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 9001, 512, 16, 3, false, 1.0f});
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 9001, 512, 12, 4, false, 0.9f, true});
+}
+
+// More rows (more than 16 without sm_90a) go through cuBLAS one vocabulary
+// chunk at a time: a vocabulary of several chunks, with a ragged last slice.
 TEST_F(Gpu, DraftParityManyRowsAcrossChunks) {
-  for (float t : {0.0f, 1.0f}) run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 70001, 64, 24, t, false});
-  run_draft_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 70001, 72, 17, 0.7f, false});
+  for (float t : {0.0f, 1.0f}) run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 70001, 64, 80, t, false});
+  run_draft_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 70001, 72, 65, 0.7f, false});
 }
 
 // Up to 16 rows stream W; hidden rows too large for shared memory beside
@@ -403,7 +423,7 @@ TEST_F(Gpu, VerifyParityGreedyDrafts) {
   run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2503, 128, 40, 4, false, 0.9f});    // 64/128-row tiles
   // Many rows over two cuBLAS chunks with 16 steps of 1024 tokens per fold
   // slice: the fold's pruning of noise decides most tokens.
-  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 70001, 64, 20, 4, false, 1.0f});
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 70001, 64, 40, 4, false, 1.0f});
   run_verify_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 1500, 72, 12, 3, false, 1.1f});
   run_verify_parity({FLASHSPEC_DTYPE_F32, FLASHSPEC_DTYPE_F32, 1500, 72, 10, 3, false, 1.0f});       // CUDA cores
 }

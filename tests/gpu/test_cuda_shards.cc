@@ -4,10 +4,10 @@
 // A sharded verify emits the tokens of the unsharded verify of the whole
 // head on the same device, and sharded drafts give the same drafts, for
 // slices that start anywhere (off the 4-token Philox blocks too), through
-// every scan: the weight-streaming scan (≤ 16 rows, 16-bit), the cuBLAS
-// chunks (more rows) and the CUDA-core scan (fp32). A differing request is
-// accepted only at a near-tie of the unsharded summaries (the log-sum-exp
-// is merged in another order), and counted. Malformed device records are
+// every scan: the weight-streaming scans (≤ 16 rows, 16-bit; up to 64 on
+// sm_90a), the cuBLAS chunks (more rows) and the CUDA-core scan (fp32). A
+// differing request is accepted only at a near-tie of the unsharded
+// summaries (the log-sum-exp is merged in another order), and counted. Malformed device records are
 // reported per request, and the whole sharded step replays from a graph.
 #include <gtest/gtest.h>
 
@@ -240,12 +240,14 @@ Outcome run_sharded_verify(const VerifyCase& c) {
 }
 
 TEST_F(Gpu, ShardedVerifyWeightStreamScan) {
-  // ≤ 16 rows of bf16: the weight-streaming scan, slices off every alignment.
+  // Up to 64 rows of bf16: the weight-streaming scans (≤ 16 rows; 17–64 on
+  // sm_90a, made to serve these small heads), slices off every alignment.
+  const flashspec::cuda::WideRowsEverywhere everywhere;
   Outcome all;
   for (const auto& cuts : std::vector<std::vector<int64_t>>{{0, 5003}, {0, 2500, 5003}, {0, 1, 2, 3, 5003},
                                                              {0, 777, 1531, 3001, 3002, 4095, 5003}})
     for (bool tree : {false, true})
-      for (int requests : {1, 4})
+      for (int requests : {1, 4, 12})
         all += run_sharded_verify({FLASHSPEC_DTYPE_BF16, 5003, 256, requests, 3, tree, 0.9f, cuts});
   expect_accepts_and_rejects(all);
 }
