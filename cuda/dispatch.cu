@@ -16,6 +16,17 @@ int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 std::atomic<bool> stream_wide_everywhere{false};
 
+// Lets `kernel` have `dynamic` bytes of dynamic shared memory; false (and
+// nothing set) where those and its static shared memory exceed max_smem.
+bool opt_in_smem(const void* kernel, size_t dynamic, size_t max_smem) {
+  cudaFuncAttributes attributes{};
+  check_cuda(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
+  if (attributes.sharedSizeBytes + dynamic > max_smem) return false;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dynamic)),
+             "cudaFuncSetAttribute");
+  return true;
+}
+
 int occupancy(const void* kernel, int threads, size_t smem) {
   int blocks = 0;
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem),
@@ -143,32 +154,14 @@ ScanLimits configure_scans(int device) {
   check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
   if (major == 9 && minor == 0) {
     limits.stream_box = true;
-    for (int shape = 0; shape < tuning::kStreamShapeCount; ++shape)
-      for (flashspec_dtype dtype : {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F16}) {
-        const void* kernel = scan::stream_box_kernel(shape, dtype);
-        if (!kernel) continue;  // a shape it does not serve
-        cudaFuncAttributes attributes{};
-        check_cuda(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
-        if (attributes.sharedSizeBytes + scan::stream_box_smem() > limits.max_smem) {
-          limits.stream_box = false;
-          continue;
-        }
-        check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(scan::stream_box_smem())),
-                   "cudaFuncSetAttribute");
-      }
     limits.stream_wide = true;
     for (flashspec_dtype dtype : {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F16}) {
-      const void* kernel = scan::stream_wide_kernel(dtype);
-      cudaFuncAttributes attributes{};
-      check_cuda(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
-      if (attributes.sharedSizeBytes + scan::stream_wide_smem() > limits.max_smem) {
-        limits.stream_wide = false;
-        continue;
+      for (int shape = 0; shape < tuning::kStreamShapeCount; ++shape) {
+        const void* kernel = scan::stream_box_kernel(shape, dtype);
+        if (kernel && !opt_in_smem(kernel, scan::stream_box_smem(), limits.max_smem)) limits.stream_box = false;
       }
-      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(scan::stream_wide_smem())),
-                 "cudaFuncSetAttribute");
+      if (!opt_in_smem(scan::stream_wide_kernel(dtype), scan::stream_wide_smem(), limits.max_smem))
+        limits.stream_wide = false;
     }
   }
 #endif

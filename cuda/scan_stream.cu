@@ -771,22 +771,26 @@ bool stream_box_maps(const ScanParams& p, StreamMaps* maps) {
                      hidden_pitch, n);
 }
 
-cudaError_t launch_stream_box(const void* kernel, const ScanParams& params, const StreamTail& tail,
-                              const StreamMaps& maps, int blocks, cudaStream_t stream) {
+namespace {
+// A launch of a TMA-ring kernel: (ScanParams, StreamTail, StreamMaps).
+cudaError_t launch_ring(const void* kernel, const ScanParams& params, const StreamTail& tail, const StreamMaps& maps,
+                        int blocks, int threads, size_t smem, cudaStream_t stream) {
   ScanParams p = params;
   StreamTail t = tail;
   StreamMaps m = maps;
   void* args[] = {&p, &t, &m};
-  return launch_dependent(kernel, dim3(blocks), dim3(box::kThreads), stream_box_smem(), stream, args);
+  return launch_dependent(kernel, dim3(blocks), dim3(threads), smem, stream, args);
+}
+}  // namespace
+
+cudaError_t launch_stream_box(const void* kernel, const ScanParams& params, const StreamTail& tail,
+                              const StreamMaps& maps, int blocks, cudaStream_t stream) {
+  return launch_ring(kernel, params, tail, maps, blocks, box::kThreads, stream_box_smem(), stream);
 }
 
 cudaError_t launch_stream_wide(const void* kernel, const ScanParams& params, const StreamTail& tail,
                                const StreamMaps& maps, int blocks, cudaStream_t stream) {
-  ScanParams p = params;
-  StreamTail t = tail;
-  StreamMaps m = maps;
-  void* args[] = {&p, &t, &m};
-  return launch_dependent(kernel, dim3(blocks), dim3(wide::kThreads), stream_wide_smem(), stream, args);
+  return launch_ring(kernel, params, tail, maps, blocks, wide::kThreads, stream_wide_smem(), stream);
 }
 
 }  // namespace scan
