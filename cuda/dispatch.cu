@@ -204,18 +204,20 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
                "scan (weight stream)");
     return ScanOutcome{blocks, true};
   }
+  const void* wide = limits.stream_wide && tc && rows <= tuning::kStreamWideMaxRows
+                         ? scan::stream_wide_kernel(head.dtype)
+                         : nullptr;
   const int wide_blocks = std::min(max_groups, limits.sm_count);
-  if (tc && rows <= tuning::kStreamWideMaxRows && limits.stream_wide && scan::stream_wide_kernel(head.dtype) &&
-      (tuning::stream_wide_serves(p.vocab, int64_t(p.d_load) * 2, wide_blocks) || stream_wide_everywhere.load())) {
-    scan::StreamMaps maps;
-    if (scan::stream_box_maps(p, &maps)) {
-      const int blocks = scan::stream_blocks(p.vocab, wide_blocks);
-      p.groups = blocks;
-      p.row_blocks = 1;
-      check_cuda(scan::launch_stream_wide(scan::stream_wide_kernel(head.dtype), p, tail, maps, blocks, stream),
-                 "scan (weight stream, TMA, 17-64 rows)");
-      return ScanOutcome{blocks, true};
-    }
+  scan::StreamMaps wide_maps;
+  if (wide &&
+      (tuning::stream_wide_serves(p.vocab, int64_t(p.d_load) * 2, wide_blocks) || stream_wide_everywhere.load()) &&
+      scan::stream_box_maps(p, &wide_maps)) {
+    const int blocks = scan::stream_blocks(p.vocab, wide_blocks);
+    p.groups = blocks;
+    p.row_blocks = 1;
+    check_cuda(scan::launch_stream_wide(wide, p, tail, wide_maps, blocks, stream),
+               "scan (weight stream, TMA, 17-64 rows)");
+    return ScanOutcome{blocks, true};
   }
   if (tc && ws.cublas) {
     require(!head.codes() || ws.dequantized, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, Field::kHead,
