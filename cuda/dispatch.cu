@@ -14,7 +14,7 @@ namespace {
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
-std::atomic<bool> stream_wide_everywhere{false};
+std::atomic<bool> stream_rings_everywhere{false};
 
 // Lets `kernel` have `dynamic` bytes of dynamic shared memory; false (and
 // nothing set) where those and its static shared memory exceed max_smem.
@@ -168,7 +168,7 @@ ScanLimits configure_scans(int device) {
   return limits;
 }
 
-void set_stream_wide_everywhere(bool on) { stream_wide_everywhere.store(on); }
+void set_stream_rings_everywhere(bool on) { stream_rings_everywhere.store(on); }
 
 int32_t gemm_chunk_tokens(int32_t max_rows) {
   return gemm_scan::chunk_tokens(max_rows, int64_t(tuning::kGemmWorkspaceBytes / sizeof(float)));
@@ -186,14 +186,16 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
   if (tc && rows <= tuning::kStreamMaxRows) {
     const int shape = tuning::stream_shape_for(rows);
     scan::StreamMaps maps;
-    if (limits.stream_box && tuning::stream_box_serves(shape, int64_t(p.d_load) * 2) &&
-        scan::stream_box_kernel(shape, head.dtype) && scan::stream_box_maps(p, &maps)) {
-      // One CTA per SM.
-      const int blocks = scan::stream_blocks(p.vocab, std::min(max_groups, limits.sm_count));
+    const void* box = limits.stream_box ? scan::stream_box_kernel(shape, head.dtype) : nullptr;
+    const int box_blocks = std::min(max_groups, limits.sm_count);  // one CTA per SM
+    if (box &&
+        (tuning::stream_box_serves(shape, int64_t(p.d_load) * 2, p.vocab, box_blocks) ||
+         stream_rings_everywhere.load()) &&
+        scan::stream_box_maps(p, &maps)) {
+      const int blocks = scan::stream_blocks(p.vocab, box_blocks);
       p.groups = blocks;
       p.row_blocks = 1;
-      check_cuda(scan::launch_stream_box(scan::stream_box_kernel(shape, head.dtype), p, tail, maps, blocks, stream),
-                 "scan (weight stream, TMA)");
+      check_cuda(scan::launch_stream_box(box, p, tail, maps, blocks, stream), "scan (weight stream, TMA)");
       return ScanOutcome{blocks, true};
     }
     const int max_blocks = std::min(max_groups, limits.sm_count * limits.stream_blocks_per_sm[shape][head.dtype]);
@@ -210,7 +212,8 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
   const int wide_blocks = std::min(max_groups, limits.sm_count);
   scan::StreamMaps wide_maps;
   if (wide &&
-      (tuning::stream_wide_serves(p.vocab, int64_t(p.d_load) * 2, wide_blocks) || stream_wide_everywhere.load()) &&
+      (tuning::stream_wide_serves(rows, p.vocab, int64_t(p.d_load) * 2, wide_blocks) ||
+       stream_rings_everywhere.load()) &&
       scan::stream_box_maps(p, &wide_maps)) {
     const int blocks = scan::stream_blocks(p.vocab, wide_blocks);
     p.groups = blocks;

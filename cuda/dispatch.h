@@ -60,9 +60,10 @@ struct ScanWorkspace {
   const float* gumbel_bounds;  // [256] sampling/gumbel_bounds.h, for the folds that skip noise
 };
 
-// Tests (testing.h): the 17–64-row sm_90a scan serves every call it can
-// (on) or those tuning::stream_wide_serves picks (off, the default).
-void set_stream_wide_everywhere(bool on);
+// Tests (testing.h): the sm_90a TMA-ring scans (9–16 and 17–64 rows) serve
+// every call they can (on) or those tuning::stream_box_serves and
+// tuning::stream_wide_serves pick (off, the default).
+void set_stream_rings_everywhere(bool on);
 
 // Tokens per cuBLAS chunk for max_rows rows: as many as fit the logits
 // workspace, in whole fold slices.

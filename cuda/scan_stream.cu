@@ -257,11 +257,11 @@ __global__ void __launch_bounds__(kThreads, tuning::stream_shape(is_codes(kW), k
 
 // ---- W by the tensor-memory accelerator into warpgroup MMAs (sm_90a) -------
 namespace box {
-constexpr int kGroups = tuning::kStreamBoxGroups;        // consumer warpgroups
-constexpr int kTilesPerGroup = tuning::kStreamBoxTilesPerGroup;
+constexpr int kGroups = tuning::kStreamBoxGroups;        // consumer warpgroups, taking units in turn
 constexpr int kStages = tuning::kStreamBoxStages;
-constexpr int kTileTokens = 64;                           // a wgmma's M
-constexpr int kStageTokens = kGroups * kTilesPerGroup * kTileTokens;
+constexpr int kTileTokens = 64;                           // a wgmma's 64-token side
+constexpr int kStageTokens = tuning::kStreamBoxStageTokens;
+constexpr int kUnitTiles = kStageTokens / kTileTokens;    // a stage's 64-token tiles, one group's
 constexpr int kStageTiles = kStageTokens / 16;            // 16-token tiles (the vocabulary's split)
 constexpr int kBoxColumns = 64;                           // elements of a row per TMA box: 128 bytes
 constexpr int kRowBytes = kBoxColumns * 2;
@@ -271,7 +271,8 @@ constexpr int kTileBytes = kTileTokens * kRowBytes;
 constexpr int kPanelBytes = kStageTokens * kRowBytes;     // one panel of W's tokens
 constexpr int kWBytes = kPanels * kPanelBytes;            // a stage's W; the hidden rows' panels follow
 constexpr int kAlign = 1024;                              // the 128-byte swizzle's period
-constexpr int kConsumerWarps = kGroups * 4;
+constexpr int kGroupWarps = 4;                            // a warpgroup
+constexpr int kConsumerWarps = kGroups * kGroupWarps;
 constexpr int kProducerWarp = kConsumerWarps;
 constexpr int kThreads = (kConsumerWarps + 1) * 32;
 static_assert(kPanelBytes % kAlign == 0 && kTileBytes % kAlign == 0, "every tile starts on the swizzle's period");
@@ -346,21 +347,105 @@ struct Ring {
 
 // The 9–16-row scan's ring.
 using NarrowRing = Ring<kStages, kMaxRows>;
+
+// The CTA's share of the vocabulary in a ring scan: tiles [c·T/C,
+// (c+1)·T/C) of the T 16-token tiles (the split of stream::first_tile_of,
+// by CTA), walked in units of kStageTokens tokens, each unit in `slices`
+// steps of kColumns columns (step s: unit s / slices, columns
+// (s % slices) · kColumns).
+struct Walk {
+  int first_tile, tiles, units, slices, steps;
+};
+__device__ __forceinline__ Walk walk_of(const ScanParams& p) {
+  Walk w;
+  w.first_tile = stream::first_tile_of(blockIdx.x, gridDim.x, p.vocab);
+  w.tiles = stream::first_tile_of(int64_t(blockIdx.x) + 1, gridDim.x, p.vocab) - w.first_tile;
+  w.units = (w.tiles + kStageTiles - 1) / kStageTiles;
+  w.slices = (p.d_load + kColumns - 1) / kColumns;
+  w.steps = w.units * w.slices;
+  return w;
+}
+
+// A ring's barriers. A stage's full barrier counts its bytes, its empty
+// barrier the warps of the group that multiplied it. Phase u of unit_done
+// completes when unit u's stages have all been multiplied: a group starts
+// its next unit only then, so the groups take the ring's stages in step
+// order and a stage's full barrier is never waited on more than one phase
+// ahead (the other group's fold still runs beside the next unit).
+template <int kRingStages>
+struct Barriers {
+  uint64_t full[kRingStages], empty[kRingStages];
+  uint64_t unit_done;
+};
+
+// What a ring scan's CTA does before its warps take their roles: the
+// barriers set up, W's first stages requested by the producer lane before
+// the grid waits for its predecessors (W depends on none of them), the
+// wait, and the launch's first plan_rows plans in shared memory. The caller
+// synchronises the CTA before reading them.
+template <class RingT>
+__device__ __forceinline__ void start_ring(const ScanParams& p, const RingT& ring, Barriers<RingT::kStages>& bars,
+                                           int early, RowPlan* plans, int plan_rows) {
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    for (int stage = 0; stage < RingT::kStages; ++stage) {
+      tma::barrier_init(bars.full + stage, 1);
+      tma::barrier_init(bars.empty + stage, kGroupWarps);
+    }
+    tma::barrier_init(&bars.unit_done, kGroupWarps);
+    tma::barrier_init_fence();
+  }
+  __syncthreads();
+  if (tid == kProducerWarp * 32)
+    for (int s = 0; s < early; ++s) ring.load_w(s);
+
+  pdl_wait();     // plans and staged hidden rows come from the kernels before
+  pdl_trigger();  // what follows may launch now; it waits for this grid to finish
+
+  if (tid < plan_rows) plans[tid] = plan_or_placeholder(p.plans, p.row_base, p.rows, tid);
+}
+
+// A consumer warpgroup's part of a ring scan: the groups take whole units in
+// turn (group u mod kGroups takes unit u), so that one folds a unit's
+// logits while the other multiplies the next. For each stage of its units,
+// multiply(stage, accumulate) issues the stage's MMAs (stage: its
+// shared-memory address; accumulate: false on a unit's first stage); after a
+// unit's last stage, fold(unit).
+template <class RingT, class Multiply, class Fold>
+__device__ __forceinline__ void consume_units(const Walk& walk, Barriers<RingT::kStages>& bars, uint32_t ring_address,
+                                              int group, Multiply&& multiply, Fold&& fold) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll 1
+  for (int unit = group; unit < walk.units; unit += kGroups) {
+    if (unit > 0) tma::barrier_wait(&bars.unit_done, uint32_t(unit - 1) & 1u);
+#pragma unroll 1
+    for (int slice = 0; slice < walk.slices; ++slice) {
+      const int s = unit * walk.slices + slice, stage = RingT::stage_of(s);
+      tma::barrier_wait(bars.full + stage, uint32_t(s / RingT::kStages) & 1u);
+      wgmma::fence();
+      multiply(ring_address + uint32_t(stage * RingT::kStageBytes), slice > 0);
+      wgmma::commit();
+      wgmma::wait_all();
+      __syncwarp();
+      if (lane == 0) tma::barrier_arrive(bars.empty + stage);
+    }
+    if (lane == 0) tma::barrier_arrive(&bars.unit_done);
+    fold(unit);
+  }
+}
 }  // namespace box
 
-// The weight-streaming scan on sm_90a. CTA c takes tiles
-// [c·T/C, (c+1)·T/C) of the vocabulary's T 16-token tiles (the split of
-// stream::first_tile_of, by CTA) and walks them in units of
-// box::kStageTokens tokens, each unit in stages of 64 columns: the producer
-// warp's lane 0 loads a stage's tokens (whole boxes of the bulk map, 16-token
-// boxes for a unit's ragged end) and the hidden rows' same columns, and the
-// stage's full barrier counts their bytes; consumer warpgroup w multiplies
-// its kTilesPerGroup 64-token tiles of the stage by the hidden rows (four
-// k16 wgmma each), then its warps arrive on the stage's empty barrier. After
-// a unit's last stage each consumer warp folds its 16-token tiles' logits
-// with fold_tile, exactly as the register path does, while the producer
-// already fills the next unit's stages. W's first stages are requested
-// before the grid waits for its predecessors (W depends on none of them).
+// The weight-streaming scan on sm_90a. Each CTA walks its token range
+// (box::Walk) in units of box::kStageTokens tokens, each unit in stages of
+// 64 columns: the producer warp's lane 0 loads a stage's tokens (whole
+// boxes of the bulk map, 16-token boxes for a unit's ragged end) and the
+// hidden rows' same columns, and the stage's full barrier counts their
+// bytes. The two consumer warpgroups take whole units in turn
+// (box::consume_units): a group multiplies each of its unit's 64-token tiles
+// by the hidden rows (four k16 wgmma per tile and stage), its warps arrive
+// on the stage's empty barrier, and after the unit's last stage each warp
+// folds its 16-token tiles' logits with fold_tile, exactly as the register
+// path does, while the other group multiplies the next unit.
 template <flashspec_dtype kW, int kShape>
 __global__ void __launch_bounds__(box::kThreads, 1)
     stream_box_kernel(const ScanParams p, const StreamTail tail, const __grid_constant__ StreamMaps maps) {
@@ -371,89 +456,61 @@ __global__ void __launch_bounds__(box::kThreads, 1)
   constexpr bool kBf16 = kW == FLASHSPEC_DTYPE_BF16;
   __shared__ RowPlan plans[kMaxRows];
   __shared__ Partial merged[box::kConsumerWarps + 1][kMaxRows];
-  __shared__ __align__(8) uint64_t full[Ring::kStages], empty[Ring::kStages];
+  __shared__ __align__(8) box::Barriers<Ring::kStages> bars;
   extern __shared__ unsigned char dynamic_smem[];
   unsigned char* const ring = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(dynamic_smem) + box::kAlign - 1) & ~uintptr_t(box::kAlign - 1));
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int first_tile = stream::first_tile_of(blockIdx.x, gridDim.x, p.vocab);
-  const int tiles = stream::first_tile_of(int64_t(blockIdx.x) + 1, gridDim.x, p.vocab) - first_tile;
-  const int units = (tiles + box::kStageTiles - 1) / box::kStageTiles;
-  const int slices = (p.d_load + box::kColumns - 1) / box::kColumns;
-  const int steps = units * slices;  // step s: unit s / slices, columns (s % slices) · 64
-  const int early = steps < box::kStages ? steps : box::kStages;
-
-  if (tid == 0) {
-    for (int stage = 0; stage < box::kStages; ++stage) {
-      tma::barrier_init(full + stage, 1);
-      tma::barrier_init(empty + stage, box::kConsumerWarps);
-    }
-    tma::barrier_init_fence();
-  }
-  __syncthreads();
-
-  // Producer (lane 0 of the last warp): W's first stages now, the hidden
-  // rows' once the grid has waited for the staging.
-  const Ring ring_of{ring, full, maps, first_tile, tiles, slices};
-  const bool producer = warp == box::kProducerWarp;
-  if (producer && lane == 0)
-    for (int s = 0; s < early; ++s) ring_of.load_w(s);
-
-  pdl_wait();     // plans and staged hidden rows come from the kernels before
-  pdl_trigger();  // what follows may launch now; it waits for this grid to finish
-
-  if (tid < kMaxRows) plans[tid] = plan_or_placeholder(p.plans, p.row_base, p.rows, tid);
+  const box::Walk walk = box::walk_of(p);
+  const int early = walk.steps < Ring::kStages ? walk.steps : Ring::kStages;
+  const Ring ring_of{ring, bars.full, maps, walk.first_tile, walk.tiles, walk.slices};
+  box::start_ring(p, ring_of, bars, early, plans, kMaxRows);
   __syncthreads();
 
   Partial held[kNT][2];
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt) held[nt][0] = held[nt][1] = empty_partial();
 
-  if (producer) {
-    if (lane == 0) ring_of.produce(early, steps, empty, p.row_base);
+  if (warp == box::kProducerWarp) {
+    if (lane == 0) ring_of.produce(early, walk.steps, bars.empty, p.row_base);
   } else {
     const bool shared_noise = tiles_share_noise(p, plans);
-    const int group = warp >> 2, group_warp = warp & 3;
-    const uint32_t ring_address = tma::smem_address(ring);
-    float acc[box::kTilesPerGroup][kN / 2];
+    const int group = warp / box::kGroupWarps, group_warp = warp % box::kGroupWarps;
+    float acc[box::kUnitTiles][kN / 2];
+    box::consume_units<Ring>(
+        walk, bars, tma::smem_address(ring), group,
+        [&](uint32_t stage, bool accumulate) {
+          const uint32_t hidden = stage + uint32_t(box::kWBytes);
 #pragma unroll
-    for (int i = 0; i < box::kTilesPerGroup; ++i)
+          for (int panel = 0; panel < box::kPanels; ++panel)
 #pragma unroll
-      for (int q = 0; q < kN / 2; ++q) acc[i][q] = 0.0f;
+            for (int k = 0; k < box::kBoxColumns / 16; ++k)
+#pragma unroll
+              for (int i = 0; i < box::kUnitTiles; ++i)
+                wgmma::mma_k16<kN, kBf16>(
+                    acc[i], wgmma::k_major_sw128(stage + panel * box::kPanelBytes + i * box::kTileBytes + k * 32),
+                    wgmma::k_major_sw128(hidden + panel * Ring::kHiddenPanelBytes + k * 32),
+                    accumulate || panel > 0 || k > 0);
+        },
+        [&](int unit) {
+          // Warp group_warp holds tokens 16·group_warp + g (+ 8) of each
+          // 64-token tile. The loop runs rather than unrolls (one copy of
+          // fold_tile), taking each tile's logits from acc[0] and moving the
+          // next tile's there.
 #pragma unroll 1
-    for (int unit = 0; unit < units; ++unit) {
-#pragma unroll 1
-      for (int slice = 0; slice < slices; ++slice) {
-        const int s = unit * slices + slice, stage = Ring::stage_of(s);
-        tma::barrier_wait(full + stage, uint32_t(s / box::kStages) & 1u);
-        const uint32_t a = ring_address + uint32_t(stage * Ring::kStageBytes + group * box::kTilesPerGroup * box::kTileBytes);
-        const uint32_t b = ring_address + uint32_t(stage * Ring::kStageBytes + box::kWBytes);
-        wgmma::fence();
+          for (int i = 0; i < box::kUnitTiles; ++i) {
+            const int tile = unit * box::kStageTiles + i * box::kGroupWarps + group_warp;
+            if (tile < walk.tiles)
+              fold_tile<kNT>(p, plans, shared_noise, (walk.first_tile + tile) * 16 + (lane >> 2), nullptr,
+                             [&](int nt, int q) { return acc[0][4 * nt + q]; },
+                             [&](int nt, int j) -> Partial& { return held[nt][j]; });
 #pragma unroll
-        for (int panel = 0; panel < box::kPanels; ++panel)
+            for (int next = 0; next + 1 < box::kUnitTiles; ++next)
 #pragma unroll
-          for (int k = 0; k < box::kBoxColumns / 16; ++k)
-#pragma unroll
-            for (int i = 0; i < box::kTilesPerGroup; ++i)
-              wgmma::mma_k16<kN, kBf16>(
-                  acc[i], wgmma::k_major_sw128(a + panel * box::kPanelBytes + i * box::kTileBytes + k * 32),
-                  wgmma::k_major_sw128(b + panel * Ring::kHiddenPanelBytes + k * 32), slice > 0 || panel > 0 || k > 0);
-        wgmma::commit();
-        wgmma::wait_all();
-        __syncwarp();
-        if (lane == 0) tma::barrier_arrive(empty + stage);
-      }
-      // Warp group_warp of tile i holds tokens 16·group_warp + g (+ 8) of it.
-#pragma unroll
-      for (int i = 0; i < box::kTilesPerGroup; ++i) {
-        const int tile = unit * box::kStageTiles + (group * box::kTilesPerGroup + i) * 4 + group_warp;
-        if (tile < tiles)
-          fold_tile<kNT>(p, plans, shared_noise, (first_tile + tile) * 16 + (lane >> 2), nullptr,
-                         [&](int nt, int q) { return acc[i][4 * nt + q]; },
-                         [&](int nt, int j) -> Partial& { return held[nt][j]; });
-      }
-    }
+              for (int q = 0; q < kN / 2; ++q) acc[next][q] = acc[next + 1][q];
+          }
+        });
   }
   finish_scan<kNT, box::kConsumerWarps + 1>(p, tail, plans, held, merged, warp, lane);
 }
@@ -499,146 +556,103 @@ __device__ __forceinline__ void pair_noise(const RowPlan* plans, int row0, int32
 }
 
 // The weight-streaming scan for 17–64 rows on sm_90a: stream_box_kernel's
-// CTAs, ring and producer, with the roles in the MMA swapped. A stage's 64
-// hidden rows (zeros past the launch's) are the wgmma's A and each of its
-// four 64-token tiles a B, N = 64, so warp w of a consumer warpgroup holds
-// rows 16w + g and 16w + g + 8 of tokens 8j + 2t and + 1 of each tile
-// (wgmma.cuh). The two warpgroups take whole units in turn (group u mod 2
-// takes unit u): the fold of a unit's 64 × 256 logits takes longer than the
-// ring's loads, and while one group folds the other multiplies the stages
-// the producer brings. Each thread folds
-// its 64 tokens of a unit into its two rows' running partials in increasing
-// token order; at the end the four lanes of a g merge, then the groups.
+// CTAs, ring, producer and units in turn, with the roles in the MMA
+// swapped. A stage's 64 hidden rows (zeros past the launch's) are the
+// wgmma's A and each of its four 64-token tiles a B, N = 64, so warp w of a
+// consumer warpgroup holds rows 16w + g and 16w + g + 8 of tokens 8j + 2t
+// and + 1 of each tile (wgmma.cuh). Each thread folds its 64 tokens of a
+// unit into its two rows' running partials in increasing token order; at
+// the end the four lanes of a g merge, then the groups.
 template <flashspec_dtype kW>
 __global__ void __launch_bounds__(wide::kThreads, 1)
     stream_wide_kernel(const ScanParams p, const StreamTail tail, const __grid_constant__ StreamMaps maps) {
   using Ring = wide::WideRing;
   constexpr bool kBf16 = kW == FLASHSPEC_DTYPE_BF16;
-  constexpr int kGroupWarps = box::kConsumerWarps / box::kGroups;
-  constexpr int kUnitTiles = box::kStageTokens / box::kTileTokens;  // a stage's 64-token tiles, one group's
   __shared__ RowPlan plans[wide::kRows];
   __shared__ Partial merged[box::kGroups][wide::kRows];
   __shared__ float noise_bounds[256];  // by an RNG word's top byte (sampling/gumbel_bounds.h)
   static_assert(wide::kThreads >= 256, "a thread per bound");
-  __shared__ __align__(8) uint64_t full[Ring::kStages], empty[Ring::kStages];
-  // Phase u completes when unit u's stages have all been multiplied: a group
-  // starts its next unit only then, so the groups take the ring's stages in
-  // step order and a stage's full barrier is never waited on more than one
-  // phase ahead (the other group's fold still runs beside the next unit).
-  __shared__ __align__(8) uint64_t unit_done;
+  __shared__ __align__(8) box::Barriers<Ring::kStages> bars;
   extern __shared__ unsigned char dynamic_smem[];
   unsigned char* const ring = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(dynamic_smem) + box::kAlign - 1) & ~uintptr_t(box::kAlign - 1));
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int first_tile = stream::first_tile_of(blockIdx.x, gridDim.x, p.vocab);
-  const int tiles = stream::first_tile_of(int64_t(blockIdx.x) + 1, gridDim.x, p.vocab) - first_tile;
-  const int units = (tiles + box::kStageTiles - 1) / box::kStageTiles;
-  const int slices = (p.d_load + box::kColumns - 1) / box::kColumns;
-  const int steps = units * slices;
-  const int early = steps < Ring::kStages ? steps : Ring::kStages;
-
-  if (tid == 0) {
-    for (int stage = 0; stage < Ring::kStages; ++stage) {
-      tma::barrier_init(full + stage, 1);
-      tma::barrier_init(empty + stage, kGroupWarps);  // one group consumes a stage
-    }
-    tma::barrier_init(&unit_done, kGroupWarps);
-    tma::barrier_init_fence();
-  }
-  __syncthreads();
-
-  const Ring ring_of{ring, full, maps, first_tile, tiles, slices};
-  const bool producer = warp >= box::kProducerWarp;  // the producer warpgroup; its first lane loads
-  if (warp == box::kProducerWarp && lane == 0)
-    for (int s = 0; s < early; ++s) ring_of.load_w(s);
-
-  pdl_wait();     // plans and staged hidden rows come from the kernels before
-  pdl_trigger();  // what follows may launch now; it waits for this grid to finish
-
-  if (tid < wide::kRows) plans[tid] = plan_or_placeholder(p.plans, p.row_base, p.rows, tid);
+  const box::Walk walk = box::walk_of(p);
+  const int early = walk.steps < Ring::kStages ? walk.steps : Ring::kStages;
+  const Ring ring_of{ring, bars.full, maps, walk.first_tile, walk.tiles, walk.slices};
+  box::start_ring(p, ring_of, bars, early, plans, wide::kRows);
   if (tid < 256) noise_bounds[tid] = p.gumbel_bounds ? p.gumbel_bounds[tid] : pos_inf();
   __syncthreads();
 
-  const int group = warp >> 2, group_warp = warp & 3;
+  const int group = warp / box::kGroupWarps, group_warp = warp % box::kGroupWarps;
   const int row0 = 16 * group_warp + g;  // the thread's rows: row0 and row0 + 8
   Partial held[2] = {empty_partial(), empty_partial()};
-  if (producer) {
+  if (warp >= box::kProducerWarp) {  // the producer warpgroup; its first lane loads
     wgmma::lower_registers<wide::kProducerRegisters>();
-    if (warp == box::kProducerWarp && lane == 0) ring_of.produce(early, steps, empty, p.row_base);
+    if (warp == box::kProducerWarp && lane == 0) ring_of.produce(early, walk.steps, bars.empty, p.row_base);
     __syncwarp();  // the register budget moves for whole, converged warps
     wgmma::raise_registers<wide::kLaunchRegisters>();
   } else {
     wgmma::raise_registers<wide::kConsumerRegisters>();
     const bool shared_noise = tiles_share_noise(p, plans);
-    const uint32_t ring_address = tma::smem_address(ring);
-    float acc[kUnitTiles][32];
+    float acc[box::kUnitTiles][32];
+    box::consume_units<Ring>(
+        walk, bars, tma::smem_address(ring), group,
+        [&](uint32_t stage, bool accumulate) {
+          const uint32_t hidden = stage + uint32_t(box::kWBytes);
+#pragma unroll
+          for (int panel = 0; panel < box::kPanels; ++panel)
+#pragma unroll
+            for (int k = 0; k < box::kBoxColumns / 16; ++k)
+#pragma unroll
+              for (int i = 0; i < box::kUnitTiles; ++i)
+                wgmma::mma_k16_n64<kBf16>(
+                    acc[i], wgmma::k_major_sw128(hidden + panel * Ring::kHiddenPanelBytes + k * 32),
+                    wgmma::k_major_sw128(stage + panel * box::kPanelBytes + i * box::kTileBytes + k * 32),
+                    accumulate || panel > 0 || k > 0);
+        },
+        [&](int unit) {
+          // Column group j of tile i: tokens local, local + 1 of the CTA's
+          // range (one 16-token tile), in acc[i][4j + 2h + e]. The loops run
+          // rather than unroll, taking each group from the front of acc[0]
+          // and moving the next one there (then the next tile's logits):
+          // unrolled, the fold was a copy of fold_logit per logit and of the
+          // Philox rounds per block (320 KB of code at two tiles per group),
+          // more than the SM's instruction caches hold, and the scan read W
+          // at half the GEMM's rate; rolled, the kernel is 68 KB.
 #pragma unroll 1
-    for (int unit = group; unit < units; unit += box::kGroups) {
-      if (unit > 0) tma::barrier_wait(&unit_done, uint32_t(unit - 1) & 1u);
+          for (int i = 0; i < box::kUnitTiles; ++i) {
+            const int tile_local = unit * box::kStageTokens + i * box::kTileTokens + 2 * t;
 #pragma unroll 1
-      for (int slice = 0; slice < slices; ++slice) {
-        const int s = unit * slices + slice, stage = Ring::stage_of(s);
-        tma::barrier_wait(full + stage, uint32_t(s / Ring::kStages) & 1u);
-        const uint32_t w_tiles = ring_address + uint32_t(stage * Ring::kStageBytes);
-        const uint32_t hidden = w_tiles + uint32_t(box::kWBytes);
-        wgmma::fence();
+            for (int j = 0; j < 8; ++j) {
+              const int local = tile_local + 8 * j;
+              const int tok = walk.first_tile * 16 + local;
+              const int32_t id = p.token_base + tok;
+              const bool in_range = local < walk.tiles * 16;
+              uint32_t words[2][2] = {{0, 0}, {0, 0}};
+              if (shared_noise) pair_noise(plans, row0, id, lane, words);
 #pragma unroll
-        for (int panel = 0; panel < box::kPanels; ++panel)
+              for (int h = 0; h < 2; ++h) {
+                if (row0 + 8 * h >= p.rows) continue;
+                const RowPlan& plan = plans[row0 + 8 * h];
+                const bool greedy = plan.flags & kPlanGreedy;
 #pragma unroll
-          for (int k = 0; k < box::kBoxColumns / 16; ++k)
+                for (int e = 0; e < 2; ++e) {
+                  if (!in_range || tok + e >= p.vocab) continue;
+                  const uint32_t noise = greedy ? 0u : shared_noise ? words[h][e] : noise_word(plan.key, id + e);
+                  fold_logit_bounded(held[h], plan, acc[0][2 * h + e], id + e, noise, noise_bounds[noise >> 24]);
+                }
+              }
 #pragma unroll
-            for (int i = 0; i < kUnitTiles; ++i)
-              wgmma::mma_k16_n64<kBf16>(
-                  acc[i], wgmma::k_major_sw128(hidden + panel * Ring::kHiddenPanelBytes + k * 32),
-                  wgmma::k_major_sw128(w_tiles + panel * box::kPanelBytes + i * box::kTileBytes + k * 32),
-                  slice > 0 || panel > 0 || k > 0);
-        wgmma::commit();
-        wgmma::wait_all();
-        __syncwarp();
-        if (lane == 0) tma::barrier_arrive(empty + stage);
-      }
-      if (lane == 0) tma::barrier_arrive(&unit_done);
-      // Column group j of tile i: tokens local, local + 1 of the CTA's range
-      // (one 16-token tile), in acc[i][4j + 2h + e]. The loops run rather
-      // than unroll, taking each group from the front of acc[0] and moving
-      // the next one there (then the next tile's logits): unrolled, the fold
-      // was a copy of fold_logit per logit and of the Philox rounds per
-      // block (320 KB of code at two tiles per group), more than the SM's
-      // instruction caches hold, and the scan read W at half the GEMM's
-      // rate; rolled, the kernel is 68 KB.
-#pragma unroll 1
-      for (int i = 0; i < kUnitTiles; ++i) {
-        const int tile_local = unit * box::kStageTokens + i * box::kTileTokens + 2 * t;
-#pragma unroll 1
-        for (int j = 0; j < 8; ++j) {
-          const int local = tile_local + 8 * j;
-          const int tok = first_tile * 16 + local;
-          const int32_t id = p.token_base + tok;
-          const bool in_range = local < tiles * 16;
-          uint32_t words[2][2] = {{0, 0}, {0, 0}};
-          if (shared_noise) pair_noise(plans, row0, id, lane, words);
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            if (row0 + 8 * h >= p.rows) continue;
-            const RowPlan& plan = plans[row0 + 8 * h];
-            const bool greedy = plan.flags & kPlanGreedy;
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              if (!in_range || tok + e >= p.vocab) continue;
-              const uint32_t noise = greedy ? 0u : shared_noise ? words[h][e] : noise_word(plan.key, id + e);
-              fold_logit_bounded(held[h], plan, acc[0][2 * h + e], id + e, noise, noise_bounds[noise >> 24]);
+              for (int q = 0; q + 4 < 32; ++q) acc[0][q] = acc[0][q + 4];
             }
+#pragma unroll
+            for (int next = 0; next + 1 < box::kUnitTiles; ++next)
+#pragma unroll
+              for (int q = 0; q < 32; ++q) acc[next][q] = acc[next + 1][q];
           }
-#pragma unroll
-          for (int q = 0; q + 4 < 32; ++q) acc[0][q] = acc[0][q + 4];
-        }
-#pragma unroll
-        for (int next = 0; next + 1 < kUnitTiles; ++next)
-#pragma unroll
-          for (int q = 0; q < 32; ++q) acc[next][q] = acc[next + 1][q];
-      }
-    }
+        });
     // The four lanes of a g hold the same two rows.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

@@ -11,7 +11,7 @@
 namespace flashspec {
 namespace cuda {
 
-void serve_wide_rows_everywhere(bool on) { set_stream_wide_everywhere(on); }
+void serve_ring_scans_everywhere(bool on) { set_stream_rings_everywhere(on); }
 
 bool read_summaries(const SummaryStore& store, int32_t rows, RowSummary* out) {
   if (store.backend != FLASHSPEC_BACKEND_CUDA || rows > store.max_rows) return false;

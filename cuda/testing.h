@@ -22,17 +22,19 @@ bool read_summaries(const SummaryStore& store, int32_t rows, RowSummary* out);
 // bound − noise (0 where any word exceeds its bound).
 bool check_gumbel_bounds(const float* bounds, uint64_t* violations, float* closest);
 
-// Lets the 17–64-row sm_90a weight-streaming scan take every call it can
-// serve (on), whatever tuning::stream_wide_serves would pick, so tests reach
-// it with heads small enough to check against the CPU backend; off (the
-// default) restores the rule. Process-wide; set it between calls.
-void serve_wide_rows_everywhere(bool on);
-// serve_wide_rows_everywhere(true) for one object's scope.
-struct WideRowsEverywhere {
-  WideRowsEverywhere() { serve_wide_rows_everywhere(true); }
-  ~WideRowsEverywhere() { serve_wide_rows_everywhere(false); }
-  WideRowsEverywhere(const WideRowsEverywhere&) = delete;
-  WideRowsEverywhere& operator=(const WideRowsEverywhere&) = delete;
+// Lets the sm_90a weight-streaming scans that move W through the
+// tensor-memory accelerator (9–16 rows and 17–64 rows) take every call they
+// can serve (on), whatever tuning::stream_box_serves and
+// tuning::stream_wide_serves would pick, so tests reach them with heads
+// small enough to check against the CPU backend; off (the default) restores
+// the rules. Process-wide; set it between calls.
+void serve_ring_scans_everywhere(bool on);
+// serve_ring_scans_everywhere(true) for one object's scope.
+struct RingScansEverywhere {
+  RingScansEverywhere() { serve_ring_scans_everywhere(true); }
+  ~RingScansEverywhere() { serve_ring_scans_everywhere(false); }
+  RingScansEverywhere(const RingScansEverywhere&) = delete;
+  RingScansEverywhere& operator=(const RingScansEverywhere&) = delete;
 };
 
 }  // namespace cuda

@@ -74,58 +74,71 @@ constexpr int stream_shape_for(int rows) {
 // The same scan on sm_90a with W moved by the tensor-memory accelerator
 // into a CTA-wide ring of shared-memory stages and multiplied by warpgroup
 // MMAs (scan_stream.cu, stream_box_kernel), the geometry of cuBLAS's
-// few-row GEMV kernels: one producer warp, kStreamBoxGroups consumer
-// warpgroups, each taking kStreamBoxTilesPerGroup 64-token tiles of every
-// stage; a stage holds kStreamBoxPanels 128-byte panels of its tokens' rows
-// and the hidden rows' same columns, which every token of the stage shares
-// (the register path re-reads the hidden rows through L1 for each 16-token
-// tile). H200, Nsight Compute, V = 128256, d = 4096, the kernel alone: 16
-// rows 356 µs (register path) → 324 µs, but 1 row 270 → 281 µs (cuBLAS's
-// GEMM: 250). In the bench (verify ÷ GEMM, H100 | H200) it pays only with
-// 9–16 rows and rows of at least kStreamBoxMinRowBytes, where each 256-token
-// unit's fold is spread over twice the bytes: 262144 × 8192, 16 rows 0.967
-// → 0.958 | 1.117 → 1.069; 128256 × 8192, 9 rows 0.992 → 0.986 | 1.154 →
-// 1.125; at d = 4096 it lost up to 4 % on the H100, and at ≤ 8 rows 2–4 %
-// on the H200 (bench/RESULTS.md). 256-token stages × 6 beat 128 × 12,
-// 256 × 4 and two-panel stages; 64-token boxes beat 16, 32 and 256.
+// few-row GEMV kernels: one producer warp and kStreamBoxGroups consumer
+// warpgroups; a stage holds kStreamBoxPanels 128-byte panels of
+// kStreamBoxStageTokens tokens' rows and the hidden rows' same columns,
+// which every token of the stage shares (the register path re-reads the
+// hidden rows through L1 for each 16-token tile). H200, Nsight Compute,
+// V = 128256, d = 4096, the kernel alone: 16 rows 356 µs (register path) →
+// 324 µs, but 1 row 270 → 281 µs (cuBLAS's GEMM: 250), so it serves 9–16
+// rows only. 256-token stages × 6 beat 128 × 12, 256 × 4 and two-panel
+// stages; 64-token boxes beat 16, 32 and 256.
+//
+// The consumer groups take whole 256-token units in turn, so that one folds
+// a unit while the other multiplies the next. With both groups on every
+// stage and folding after it, the scan paid only with rows of 16 KB (H100 |
+// H200, verify ÷ GEMM, 262144 × 8192 × 16: 0.967 → 0.958 | 1.117 → 1.069);
+// with units in turn, against the register path, H200, verify µs at 16 rows:
+// 262144 × 2048 318 → 291, 262144 × 4096 568 → 533, 128256 × 4096 300 →
+// 287, 128256 × 2048 179 → 170; 262144 × 8192 (both groups per stage →
+// in turn) 1038 → 1029. A CTA with fewer than two units leaves one group
+// idle and its fold exposed: V = 32000, 16 rows, 68 → 74 µs at d = 2048,
+// 99 → 105 at d = 4096 (bench/RESULTS.md). Hence: rows of at least
+// kStreamBoxMinRowBytes and at least kStreamBoxMinUnits units per CTA.
 constexpr int kStreamBoxGroups = 2;
-constexpr int kStreamBoxTilesPerGroup = 2;
+constexpr int kStreamBoxStageTokens = 256;
 constexpr int kStreamBoxStages = 6;
 constexpr int kStreamBoxPanels = 1;      // 128-byte column panels per stage
 constexpr int kStreamBoxMapTokens = 64;  // tokens per box of W's bulk tensor map (16 at a ragged unit end)
 constexpr int kStreamBoxMinShape = 1;    // the first kStreamShapes entry it serves (9–16 rows)
-constexpr int64_t kStreamBoxMinRowBytes = 16384;
+constexpr int64_t kStreamBoxMinRowBytes = 4096;
+constexpr int kStreamBoxMinUnits = 2;    // 256-token units per CTA
+
+// Whether the sm_90a scan serves a stream shape whose W rows are row_bytes
+// long over a vocabulary of `vocab` tokens on `ctas` CTAs (one per SM),
+// where the device and the build have it.
+constexpr bool stream_box_serves(int shape, int64_t row_bytes, int64_t vocab, int ctas) {
+  return shape >= kStreamBoxMinShape && row_bytes >= kStreamBoxMinRowBytes &&
+         vocab >= int64_t(kStreamBoxMinUnits) * kStreamBoxStageTokens * ctas;
+}
 
 // 17–kStreamWideMaxRows rows on sm_90a (stream_wide_kernel): the same ring
 // and the same stages of 256 tokens × 64 columns, the hidden rows now the
 // warpgroup MMA's M (64 rows, zeros past the call's) and W's 64-token tiles
-// its N; the two consumer warpgroups take whole 256-token units in turn, so
-// one folds a unit's 64 × 256 logits while the other multiplies the next.
-// Five 40 KB stages fit beside the plans. It pays only where a CTA's units
+// its N; the two consumer warpgroups take whole units in turn, as above.
+// Five 40 KB stages fit beside the plans. Its cost does not fall with the
+// rows (the MMA is always 64 rows), and it pays only where a CTA's units
 // are long and many: a unit's sampled fold (dependent Philox, log and exp
 // chains with one warp per scheduler) takes tens of µs, which hide behind
 // the other group's next unit only when that unit's loads take longer, and
-// the last unit's fold is exposed. H200, verify ÷ GEMM at 64 rows, cuBLAS
-// chunks → this scan, two runs: 262144 × 8192 1.058 → 0.985 and 1.078 →
-// 1.003, 128256 × 8192 1.062 → 1.064 and 1.102 → 1.110; but 128256 × 4096
-// 1.160 → 1.271 and 1.174 → 1.323, 32000 × 2048 1.66 → 3.2 and 3.6, where a
-// CTA has short units or one (bench/RESULTS.md). Hence: rows of at least
-// 16 KB and at least three units per CTA.
+// the last unit's fold is exposed. H200, verify µs, cuBLAS chunks → this
+// scan: 262144 × 8192, 64 rows 1168 → 1086, 48 rows 1136 → 1086, 32 rows
+// 1114 → 1097, but 17 rows 1075 → 1105; 151936 × 8192 × 64 level (699 →
+// 697); 128256 × 8192, 64 rows level, 32 rows 560 → 588; 128256 × 4096 × 64
+// 330 → 372, 32000 × 2048 × 64 68 → 145 (bench/RESULTS.md). Hence: at least
+// kStreamWideMinRows rows, rows of at least 16 KB and at least
+// kStreamWideMinUnits units per CTA.
 constexpr int kStreamWideMaxRows = 64;
 constexpr int kStreamWideStages = 5;
+constexpr int kStreamWideMinRows = 32;
 constexpr int64_t kStreamWideMinRowBytes = 16384;
-constexpr int kStreamWideMinUnits = 3;  // 256-token units per CTA
+constexpr int kStreamWideMinUnits = 6;  // 256-token units per CTA
 
-// Whether the 17–64-row sm_90a scan serves a head of `vocab` rows of
-// row_bytes each on `ctas` CTAs (one per SM).
-constexpr bool stream_wide_serves(int64_t vocab, int64_t row_bytes, int ctas) {
-  return row_bytes >= kStreamWideMinRowBytes && vocab >= int64_t(kStreamWideMinUnits) * 256 * ctas;
-}
-
-// Whether the sm_90a scan serves a stream shape whose W rows are
-// row_bytes long (where the device and the build have it).
-constexpr bool stream_box_serves(int shape, int64_t row_bytes) {
-  return shape >= kStreamBoxMinShape && row_bytes >= kStreamBoxMinRowBytes;
+// Whether the 17–64-row sm_90a scan serves `rows` rows of a head of `vocab`
+// rows of row_bytes each on `ctas` CTAs (one per SM).
+constexpr bool stream_wide_serves(int rows, int64_t vocab, int64_t row_bytes, int ctas) {
+  return rows >= kStreamWideMinRows && row_bytes >= kStreamWideMinRowBytes &&
+         vocab >= int64_t(kStreamWideMinUnits) * kStreamBoxStageTokens * ctas;
 }
 
 // ---- Tensor-core tiled scan (scan_mma.cu): stochastic drafts, and many ----

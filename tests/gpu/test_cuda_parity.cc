@@ -357,17 +357,27 @@ TEST_F(Gpu, DraftParityTensorCoresBf16) {
     for (float t : {0.0f, 1.0f}) run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 3001, 200, rows, t, false});
 }
 
-// On sm_90a W reaches the scan for 9–16 rows of ≥ 16 KB in TMA boxes
-// (tuning::stream_box_serves): a vocabulary smaller than one box (one CTA),
-// units with ragged ends, hidden sizes that end inside a 64-column stage;
-// greedy and sampled rows, bf16 and fp16.
+// On sm_90a W reaches the 9–16-row scan in TMA boxes where rows are long
+// and the vocabulary large (tuning::stream_box_serves); here it serves every
+// call it can (tests' switch, cuda/testing.h): a vocabulary smaller than one
+// box (one CTA), units with ragged ends, hidden sizes that end inside a
+// 64-column stage; CTAs of several 256-token units, which the two consumer
+// warpgroups take in turn, the last one ragged; greedy and sampled rows,
+// bf16 and fp16; verify batches.
 TEST_F(Gpu, DraftParityStreamBoxes) {
+  const flashspec::cuda::RingScansEverywhere everywhere;
   for (int rows : {9, 16}) {
     run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 40, 8192, rows, 1.0f, false});
     for (float t : {0.0f, 1.0f}) run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 5003, 8232, rows, t, false});
   }
   run_draft_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 2049, 8200, 12, 0.9f, false});
   run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2503, 8192, 3, 4, false, 1.0f});
+  for (float t : {0.0f, 1.0f}) run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 70001, 520, 16, t, false});
+  run_draft_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 90001, 256, 9, 0.8f, false});
+  // 14 rows; a low temperature, so that drafted argmaxes are accepted
+  // among a vocabulary this large.
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 70001, 312, 4, 3, false, 0.3f});
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 70001, 312, 4, 3, false, 0.3f, true});
 }
 
 // On sm_90a, 17–64 rows of long W rows over a large vocabulary stream W in
@@ -379,7 +389,7 @@ TEST_F(Gpu, DraftParityStreamBoxes) {
 // real one; greedy and sampled rows, bf16 and fp16; a verify batch of
 // chains and one of trees.
 TEST_F(Gpu, ParityStreamWideRows) {
-  const flashspec::cuda::WideRowsEverywhere everywhere;
+  const flashspec::cuda::RingScansEverywhere everywhere;
   for (int rows : {17, 64})
     for (float t : {0.0f, 1.0f}) run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 70001, 1000, rows, t, false});
   run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 200, 4096, 33, 1.0f, false});

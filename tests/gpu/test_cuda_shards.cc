@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "capi/handles.h"
@@ -240,15 +241,20 @@ Outcome run_sharded_verify(const VerifyCase& c) {
 }
 
 TEST_F(Gpu, ShardedVerifyWeightStreamScan) {
-  // Up to 64 rows of bf16: the weight-streaming scans (≤ 16 rows; 17–64 on
-  // sm_90a, made to serve these small heads), slices off every alignment.
-  const flashspec::cuda::WideRowsEverywhere everywhere;
+  // Up to 64 rows of bf16, slices off every alignment: the weight-streaming
+  // scans as the rules pick them for these small heads (the register scan
+  // up to 16 rows, cuBLAS chunks beyond), then the sm_90a TMA-ring scans
+  // (9–16 and 17–64 rows) made to serve them.
   Outcome all;
-  for (const auto& cuts : std::vector<std::vector<int64_t>>{{0, 5003}, {0, 2500, 5003}, {0, 1, 2, 3, 5003},
-                                                             {0, 777, 1531, 3001, 3002, 4095, 5003}})
-    for (bool tree : {false, true})
-      for (int requests : {1, 4, 12})
-        all += run_sharded_verify({FLASHSPEC_DTYPE_BF16, 5003, 256, requests, 3, tree, 0.9f, cuts});
+  for (bool rings : {false, true}) {
+    std::optional<flashspec::cuda::RingScansEverywhere> everywhere;
+    if (rings) everywhere.emplace();
+    for (const auto& cuts : std::vector<std::vector<int64_t>>{{0, 5003}, {0, 2500, 5003}, {0, 1, 2, 3, 5003},
+                                                               {0, 777, 1531, 3001, 3002, 4095, 5003}})
+      for (bool tree : {false, true})
+        for (int requests : {1, 4, 12})
+          all += run_sharded_verify({FLASHSPEC_DTYPE_BF16, 5003, 256, requests, 3, tree, 0.9f, cuts});
+  }
   expect_accepts_and_rejects(all);
 }
 
