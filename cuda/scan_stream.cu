@@ -418,6 +418,11 @@ __device__ __forceinline__ void consume_units(const Walk& walk, Barriers<RingT::
 #pragma unroll 1
   for (int unit = group; unit < walk.units; unit += kGroups) {
     if (unit > 0) tma::barrier_wait(&bars.unit_done, uint32_t(unit - 1) & 1u);
+    // One stage's MMAs stay in flight while the group waits for the next
+    // stage and issues its MMAs; a stage is released once its group has
+    // finished (H200: 9–16-row greedy drafts 0.6–2.5 % faster than waiting
+    // on each stage's group before the next, the verify level).
+    int in_flight = -1;
 #pragma unroll 1
     for (int slice = 0; slice < walk.slices; ++slice) {
       const int s = unit * walk.slices + slice, stage = RingT::stage_of(s);
@@ -425,10 +430,14 @@ __device__ __forceinline__ void consume_units(const Walk& walk, Barriers<RingT::
       wgmma::fence();
       multiply(ring_address + uint32_t(stage * RingT::kStageBytes), slice > 0);
       wgmma::commit();
-      wgmma::wait_all();
+      wgmma::wait<1>();
       __syncwarp();
-      if (lane == 0) tma::barrier_arrive(bars.empty + stage);
+      if (lane == 0 && in_flight >= 0) tma::barrier_arrive(bars.empty + in_flight);
+      in_flight = stage;
     }
+    wgmma::wait_all();
+    __syncwarp();
+    if (lane == 0 && in_flight >= 0) tma::barrier_arrive(bars.empty + in_flight);
     if (lane == 0) tma::barrier_arrive(&bars.unit_done);
     fold(unit);
   }

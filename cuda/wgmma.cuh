@@ -66,13 +66,15 @@ __device__ __forceinline__ void commit() {
 #endif
 }
 
-// Waits until every committed group has finished (its shared-memory reads
-// included).
-__device__ __forceinline__ void wait_all() {
+// Waits until at most kPending committed groups are unfinished (the
+// finished ones' shared-memory reads included).
+template <int kPending>
+__device__ __forceinline__ void wait() {
 #if FLASHSPEC_WGMMA_CODE
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 #endif
 }
+__device__ __forceinline__ void wait_all() { wait<0>(); }
 
 // d = A·Bᵀ + (accumulate ? d : 0), A 64 × 16 and B N × 16, both K-major.
 // N = 8 and 16: W's tokens as A and up to 16 hidden rows as B; N = 64: up
