@@ -183,16 +183,15 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
     p.drafts = *drafts;
     return ScanOutcome{scan_stochastic(limits, head, tc, rows, p, max_groups, stream), false};
   }
+  const int ring_ctas = std::min(max_groups, limits.sm_count);  // the TMA-ring scans: one CTA per SM
+  const int64_t row_bytes = int64_t(p.d_load) * 2;
   if (tc && rows <= tuning::kStreamMaxRows) {
     const int shape = tuning::stream_shape_for(rows);
     scan::StreamMaps maps;
     const void* box = limits.stream_box ? scan::stream_box_kernel(shape, head.dtype) : nullptr;
-    const int box_blocks = std::min(max_groups, limits.sm_count);  // one CTA per SM
-    if (box &&
-        (tuning::stream_box_serves(shape, int64_t(p.d_load) * 2, p.vocab, box_blocks) ||
-         stream_rings_everywhere.load()) &&
+    if (box && (tuning::stream_box_serves(shape, row_bytes, p.vocab, ring_ctas) || stream_rings_everywhere.load()) &&
         scan::stream_box_maps(p, &maps)) {
-      const int blocks = scan::stream_blocks(p.vocab, box_blocks);
+      const int blocks = scan::stream_blocks(p.vocab, ring_ctas);
       p.groups = blocks;
       p.row_blocks = 1;
       check_cuda(scan::launch_stream_box(box, p, tail, maps, blocks, stream), "scan (weight stream, TMA)");
@@ -209,13 +208,10 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
   const void* wide = limits.stream_wide && tc && rows <= tuning::kStreamWideMaxRows
                          ? scan::stream_wide_kernel(head.dtype)
                          : nullptr;
-  const int wide_blocks = std::min(max_groups, limits.sm_count);
   scan::StreamMaps wide_maps;
-  if (wide &&
-      (tuning::stream_wide_serves(rows, p.vocab, int64_t(p.d_load) * 2, wide_blocks) ||
-       stream_rings_everywhere.load()) &&
+  if (wide && (tuning::stream_wide_serves(rows, p.vocab, row_bytes, ring_ctas) || stream_rings_everywhere.load()) &&
       scan::stream_box_maps(p, &wide_maps)) {
-    const int blocks = scan::stream_blocks(p.vocab, wide_blocks);
+    const int blocks = scan::stream_blocks(p.vocab, ring_ctas);
     p.groups = blocks;
     p.row_blocks = 1;
     check_cuda(scan::launch_stream_wide(wide, p, tail, wide_maps, blocks, stream),

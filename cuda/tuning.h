@@ -104,12 +104,18 @@ constexpr int kStreamBoxMinShape = 1;    // the first kStreamShapes entry it ser
 constexpr int64_t kStreamBoxMinRowBytes = 4096;
 constexpr int kStreamBoxMinUnits = 2;    // 256-token units per CTA
 
+// Whether a TMA-ring scan over `vocab` tokens on `ctas` CTAs (one per SM)
+// gives every CTA at least `units` units of kStreamBoxStageTokens tokens.
+constexpr bool ring_units_at_least(int64_t vocab, int ctas, int units) {
+  return vocab >= int64_t(units) * kStreamBoxStageTokens * ctas;
+}
+
 // Whether the sm_90a scan serves a stream shape whose W rows are row_bytes
 // long over a vocabulary of `vocab` tokens on `ctas` CTAs (one per SM),
 // where the device and the build have it.
 constexpr bool stream_box_serves(int shape, int64_t row_bytes, int64_t vocab, int ctas) {
   return shape >= kStreamBoxMinShape && row_bytes >= kStreamBoxMinRowBytes &&
-         vocab >= int64_t(kStreamBoxMinUnits) * kStreamBoxStageTokens * ctas;
+         ring_units_at_least(vocab, ctas, kStreamBoxMinUnits);
 }
 
 // 17–kStreamWideMaxRows rows on sm_90a (stream_wide_kernel): the same ring
@@ -138,7 +144,7 @@ constexpr int kStreamWideMinUnits = 6;  // 256-token units per CTA
 // rows of row_bytes each on `ctas` CTAs (one per SM).
 constexpr bool stream_wide_serves(int rows, int64_t vocab, int64_t row_bytes, int ctas) {
   return rows >= kStreamWideMinRows && row_bytes >= kStreamWideMinRowBytes &&
-         vocab >= int64_t(kStreamWideMinUnits) * kStreamBoxStageTokens * ctas;
+         ring_units_at_least(vocab, ctas, kStreamWideMinUnits);
 }
 
 // ---- Tensor-core tiled scan (scan_mma.cu): stochastic drafts, and many ----

@@ -763,9 +763,10 @@ FLASHSPEC_API void flashspec_verify_result_init(flashspec_verify_result* result)
  * CUDA backend limits. Tensor cores serve bf16 or fp16 heads with hidden rows
  * of the same dtype (borrowed heads: 16-byte-aligned rows, d % 8 == 0): up to
  * 16 rows stream W once through mma.sync with the reduction in registers
- * (on compute capability 9.0 with the library built for sm_90a, up to 64
- * rows through warpgroup MMAs where W's rows are at least 16 KB and the
- * vocabulary is large); more rows go through cuBLAS one vocabulary chunk at a
+ * (on compute capability 9.0 with the library built for sm_90a, through
+ * warpgroup MMAs instead where the vocabulary is large: 9–16 rows of W rows
+ * of at least 4 KB, 32–64 rows of W rows of at least 16 KB); more rows go
+ * through cuBLAS one vocabulary chunk at a
  * time (the chunk's fp32 logits, [rows, ≤ 64K tokens], land in a workspace of
  * about 64 MiB reserved at context creation and are folded before the next
  * chunk; nothing vocabulary-sized is written). Any other dtype combination
