@@ -442,6 +442,24 @@ __device__ __forceinline__ void consume_units(const Walk& walk, Barriers<RingT::
     fold(unit);
   }
 }
+
+// A stage's MMAs, the loop nest both ring scans share: for each panel, each
+// k16 step of its 64 columns and each of the unit's 64-token tiles i,
+// mma(i, w, hidden, accumulate) with the shared-memory addresses of tile
+// i's W and of the hidden rows at that step (accumulate: false only for the
+// unit's first product). The kernels differ in which is the MMA's A.
+template <class RingT, class Mma>
+__device__ __forceinline__ void multiply_stage(uint32_t stage, bool accumulate, Mma&& mma) {
+  const uint32_t hidden = stage + uint32_t(kWBytes);
+#pragma unroll
+  for (int panel = 0; panel < kPanels; ++panel)
+#pragma unroll
+    for (int k = 0; k < kBoxColumns / 16; ++k)
+#pragma unroll
+      for (int i = 0; i < kUnitTiles; ++i)
+        mma(i, stage + panel * kPanelBytes + i * kTileBytes + k * 32,
+            hidden + panel * RingT::kHiddenPanelBytes + k * 32, accumulate || panel > 0 || k > 0);
+}
 }  // namespace box
 
 // The weight-streaming scan on sm_90a. Each CTA walks its token range
@@ -490,17 +508,9 @@ __global__ void __launch_bounds__(box::kThreads, 1)
     box::consume_units<Ring>(
         walk, bars, tma::smem_address(ring), group,
         [&](uint32_t stage, bool accumulate) {
-          const uint32_t hidden = stage + uint32_t(box::kWBytes);
-#pragma unroll
-          for (int panel = 0; panel < box::kPanels; ++panel)
-#pragma unroll
-            for (int k = 0; k < box::kBoxColumns / 16; ++k)
-#pragma unroll
-              for (int i = 0; i < box::kUnitTiles; ++i)
-                wgmma::mma_k16<kN, kBf16>(
-                    acc[i], wgmma::k_major_sw128(stage + panel * box::kPanelBytes + i * box::kTileBytes + k * 32),
-                    wgmma::k_major_sw128(hidden + panel * Ring::kHiddenPanelBytes + k * 32),
-                    accumulate || panel > 0 || k > 0);
+          box::multiply_stage<Ring>(stage, accumulate, [&](int i, uint32_t w, uint32_t hidden, bool scale_d) {
+            wgmma::mma_k16<kN, kBf16>(acc[i], wgmma::k_major_sw128(w), wgmma::k_major_sw128(hidden), scale_d);
+          });
         },
         [&](int unit) {
           // Warp group_warp holds tokens 16·group_warp + g (+ 8) of each
@@ -609,17 +619,9 @@ __global__ void __launch_bounds__(wide::kThreads, 1)
     box::consume_units<Ring>(
         walk, bars, tma::smem_address(ring), group,
         [&](uint32_t stage, bool accumulate) {
-          const uint32_t hidden = stage + uint32_t(box::kWBytes);
-#pragma unroll
-          for (int panel = 0; panel < box::kPanels; ++panel)
-#pragma unroll
-            for (int k = 0; k < box::kBoxColumns / 16; ++k)
-#pragma unroll
-              for (int i = 0; i < box::kUnitTiles; ++i)
-                wgmma::mma_k16_n64<kBf16>(
-                    acc[i], wgmma::k_major_sw128(hidden + panel * Ring::kHiddenPanelBytes + k * 32),
-                    wgmma::k_major_sw128(stage + panel * box::kPanelBytes + i * box::kTileBytes + k * 32),
-                    accumulate || panel > 0 || k > 0);
+          box::multiply_stage<Ring>(stage, accumulate, [&](int i, uint32_t w, uint32_t hidden, bool scale_d) {
+            wgmma::mma_k16_n64<kBf16>(acc[i], wgmma::k_major_sw128(hidden), wgmma::k_major_sw128(w), scale_d);
+          });
         },
         [&](int unit) {
           // Column group j of tile i: tokens local, local + 1 of the CTA's
