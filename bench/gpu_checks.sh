@@ -25,6 +25,13 @@ for tool in memcheck racecheck initcheck synccheck; do
     if [ "$tool" != memcheck ] && [ "$t" = cuda_exactness ]; then filter='*BonusToken*:*StochasticDraft*'; fi
     if [ "$tool" != memcheck ] && [ "$t" = cuda_parity ]; then filter='*Bf16*:*CudaCores*:*Stochastic*:*GreedyDrafts*'; fi
     if [ "$t" = cuda_shards ]; then filter='-*CublasChunks*'; fi
+    # Under racecheck and synccheck the 17–64-row TMA-ring scan
+    # (stream_wide_kernel), which the weight-stream shard test reaches
+    # through the tests' switch, does not finish even its smallest head
+    # (200 tokens) in minutes; the 9–16-row one does (bench/RESULTS.md).
+    if { [ "$tool" = racecheck ] || [ "$tool" = synccheck ]; } && [ "$t" = cuda_shards ]; then
+      filter='-*CublasChunks*:*WeightStreamScan*'
+    fi
     timeout 240 $san --tool $tool --error-exitcode 9 "$build/tests/test_$t" --gtest_filter="$filter" \
       > "$out/san_${tool}_$t.log" 2>&1
     rc=$?
