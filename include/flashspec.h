@@ -766,10 +766,10 @@ FLASHSPEC_API void flashspec_verify_result_init(flashspec_verify_result* result)
  * (on compute capability 9.0 with the library built for sm_90a, through
  * warpgroup MMAs instead where the vocabulary is large: 9–16 rows of W rows
  * of at least 4 KB, 32–64 rows of W rows of at least 16 KB); more rows go
- * through cuBLAS one vocabulary chunk at a
- * time (the chunk's fp32 logits, [rows, ≤ 64K tokens], land in a workspace of
- * about 64 MiB reserved at context creation and are folded before the next
- * chunk; nothing vocabulary-sized is written). Any other dtype combination
+ * through cuBLAS one vocabulary chunk at a time (the chunk's fp32 logits,
+ * [rows, ≤ 64K tokens], land in a workspace of about 64 MiB reserved at
+ * context creation and are folded before the next chunk; nothing
+ * vocabulary-sized is written). Any other dtype combination
  * runs an exact fp32 CUDA-core scan that reads W once per 16 rows.
  * Stochastic drafts (dense or sparse q, chains or trees): every CTA (one per
  * SM) keeps its 1/SMs share of the scaled logits of the rows it verifies in
