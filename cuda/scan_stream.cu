@@ -196,10 +196,13 @@ __device__ __forceinline__ void fold_tile(const ScanParams& p, const RowPlan* pl
 // Whether a launch's sampled rows can take their noise from tile_noise:
 // where the tiles' tokens start on Philox blocks (a shard may begin
 // anywhere).
-__device__ __forceinline__ bool tiles_share_noise(const ScanParams& p, const RowPlan* plans) {
+__device__ __forceinline__ bool any_sampled(const ScanParams& p, const RowPlan* plans) {
   bool sampled = false;
   for (int row = 0; row < p.rows; ++row) sampled |= !(plans[row].flags & kPlanGreedy);
-  return sampled && (p.token_base & 3) == 0;
+  return sampled;
+}
+__device__ __forceinline__ bool tiles_share_noise(const ScanParams& p, const RowPlan* plans) {
+  return any_sampled(p, plans) && (p.token_base & 3) == 0;
 }
 
 // kShape: the entry of tuning::kStreamShapes (rows, 8-row groups, burst
@@ -376,14 +379,16 @@ template <int kRingStages>
 struct Barriers {
   uint64_t full[kRingStages], empty[kRingStages];
   uint64_t unit_done;
+  uint64_t handoff;  // the last unit's handed tiles are in the ring (consume_units)
 };
 
 // What a ring scan's CTA does before its warps take their roles: the
 // barriers set up, W's first stages requested by the producer lane before
 // the grid waits for its predecessors (W depends on none of them), the
 // wait, and the launch's first plan_rows plans in shared memory. The caller
-// synchronises the CTA before reading them.
-template <class RingT>
+// synchronises the CTA before reading them. kHandOff: the kernel's groups
+// hand over part of the last unit (consume_units).
+template <bool kHandOff, class RingT>
 __device__ __forceinline__ void start_ring(const ScanParams& p, const RingT& ring, Barriers<RingT::kStages>& bars,
                                            int early, RowPlan* plans, int plan_rows) {
   const int tid = threadIdx.x;
@@ -393,6 +398,7 @@ __device__ __forceinline__ void start_ring(const ScanParams& p, const RingT& rin
       tma::barrier_init(bars.empty + stage, kGroupWarps);
     }
     tma::barrier_init(&bars.unit_done, kGroupWarps);
+    if (kHandOff) tma::barrier_init(&bars.handoff, kGroupWarps * 32);
     tma::barrier_init_fence();
   }
   __syncthreads();
@@ -405,26 +411,55 @@ __device__ __forceinline__ void start_ring(const ScanParams& p, const RingT& rin
   if (tid < plan_rows) plans[tid] = plan_or_placeholder(p.plans, p.row_base, p.rows, tid);
 }
 
+// How many of the CTA's last unit's 64-token tiles the group that does not
+// own it folds: the last unit's fold follows the CTA's last loads with
+// nothing to hide behind, while the other group has folded its own last
+// unit beside them and is idle, so the two split it (the owner keeps the
+// larger half, its logits being in its registers already). None where the
+// CTA has one unit (no other group has work).
+__device__ __forceinline__ int handed_tiles(const Walk& walk) {
+  if (walk.units < 2) return 0;
+  constexpr int kTileTiles = kTileTokens / 16;
+  const int last_tiles = walk.tiles - (walk.units - 1) * kStageTiles;  // 16-token tiles, 1..kStageTiles
+  return (last_tiles + kTileTiles - 1) / kTileTiles / 2;
+}
+
 // A consumer warpgroup's part of a ring scan: the groups take whole units in
 // turn (group u mod kGroups takes unit u), so that one folds a unit's
 // logits while the other multiplies the next. For each stage of its units,
 // multiply(stage, accumulate) issues the stage's MMAs (stage: its
 // shared-memory address; accumulate: false on a unit's first stage); after a
-// unit's last stage, fold(unit).
-template <class RingT, class Multiply, class Fold>
+// unit's last stage, fold(unit, begin, end, false) folds its 64-token tiles
+// [begin, end) from the accumulators (tile i in the i-th). With kHandOff,
+// the owner of the CTA's last unit first hands its first
+// handed_tiles(walk) tiles to the other group: stash(count) puts the first
+// `count` tiles of its accumulators in the ring (every stage is free once
+// the last one has been multiplied), and the other group, after its own
+// units, folds them from there: fold(last, 0, count, true).
+template <bool kHandOff, class RingT, class Multiply, class Fold, class Stash>
 __device__ __forceinline__ void consume_units(const Walk& walk, Barriers<RingT::kStages>& bars, uint32_t ring_address,
-                                              int group, Multiply&& multiply, Fold&& fold) {
+                                              int group, Multiply&& multiply, Fold&& fold, Stash&& stash) {
   const int lane = threadIdx.x & 31;
+  const int last = walk.units - 1, handed = kHandOff ? handed_tiles(walk) : 0;
+  // One call of fold, whose code is long, and one path through the MMAs'
+  // waits (ptxas serialises every stage's MMAs otherwise): the group that
+  // does not own the last unit passes it and goes on to "unit" walk.units,
+  // with no stages, its share of the last unit folded from the ring.
 #pragma unroll 1
-  for (int unit = group; unit < walk.units; unit += kGroups) {
-    if (unit > 0) tma::barrier_wait(&bars.unit_done, uint32_t(unit - 1) & 1u);
+  for (int unit = group; unit <= last + (handed > 0 ? 1 : 0); unit += kGroups) {
+    const bool handed_in = unit > last;
+    if (handed_in)
+      tma::barrier_wait(&bars.handoff, 0);
+    else if (unit > 0)
+      tma::barrier_wait(&bars.unit_done, uint32_t(unit - 1) & 1u);
     // One stage's MMAs stay in flight while the group waits for the next
     // stage and issues its MMAs; a stage is released once its group has
     // finished (H200: 9–16-row greedy drafts 0.6–2.5 % faster than waiting
     // on each stage's group before the next, the verify level).
     int in_flight = -1;
+    const int slices = handed_in ? 0 : walk.slices;
 #pragma unroll 1
-    for (int slice = 0; slice < walk.slices; ++slice) {
+    for (int slice = 0; slice < slices; ++slice) {
       const int s = unit * walk.slices + slice, stage = RingT::stage_of(s);
       tma::barrier_wait(bars.full + stage, uint32_t(s / RingT::kStages) & 1u);
       wgmma::fence();
@@ -438,10 +473,37 @@ __device__ __forceinline__ void consume_units(const Walk& walk, Barriers<RingT::
     wgmma::wait_all();
     __syncwarp();
     if (lane == 0 && in_flight >= 0) tma::barrier_arrive(bars.empty + in_flight);
-    if (lane == 0) tma::barrier_arrive(&bars.unit_done);
-    fold(unit);
+    if (lane == 0 && !handed_in) tma::barrier_arrive(&bars.unit_done);
+    int begin = 0;
+    if (unit == last && handed > 0) {
+      stash(handed);
+      tma::barrier_arrive(&bars.handoff);  // every thread, after its own stores
+      begin = handed;
+    }
+    fold(handed_in ? last : unit, begin, handed_in ? handed : kUnitTiles, handed_in);
   }
 }
+
+// Where a ring scan's last unit's handed tiles wait: float q of a thread's
+// tile i at [(i · kFloats + q) · 128 + its thread in the group], so that a
+// warp's stores and loads are consecutive words; the other group's thread
+// of the same warp and lane folds them.
+template <int kFloats>
+struct Handoff {
+  float* slots;
+  int thread;  // in the warpgroup
+  __device__ __forceinline__ float& at(int i, int q) const {
+    return slots[(i * kFloats + q) * kGroupWarps * 32 + thread];
+  }
+  template <int kTiles>
+  __device__ __forceinline__ void stash(const float (&acc)[kTiles][kFloats], int count) const {
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i)
+      if (i < count)
+#pragma unroll
+        for (int q = 0; q < kFloats; ++q) at(i, q) = acc[i][q];
+  }
+};
 
 // A stage's MMAs, the loop nest both ring scans share: for each panel, each
 // k16 step of its 64 columns and each of the unit's 64-token tiles i,
@@ -481,6 +543,12 @@ __global__ void __launch_bounds__(box::kThreads, 1)
   static_assert(kN == kMaxRows, "the ring's hidden panels are kMaxRows rows, the hidden map's box");
   using Ring = box::NarrowRing;
   constexpr bool kBf16 = kW == FLASHSPEC_DTYPE_BF16;
+  // This scan hands none of its last unit to the other group: handing it
+  // over, the H200 ran the 9–16-row verify and sampled draft 4–7 µs faster
+  // at four of five shapes (3–5 µs slower at the fifth) but every greedy
+  // draft 5–9 µs slower, also with the handoff off for greedy calls
+  // (bench/RESULTS.md).
+  constexpr bool kHandOff = false;
   __shared__ RowPlan plans[kMaxRows];
   __shared__ Partial merged[box::kConsumerWarps + 1][kMaxRows];
   __shared__ __align__(8) box::Barriers<Ring::kStages> bars;
@@ -492,7 +560,7 @@ __global__ void __launch_bounds__(box::kThreads, 1)
   const box::Walk walk = box::walk_of(p);
   const int early = walk.steps < Ring::kStages ? walk.steps : Ring::kStages;
   const Ring ring_of{ring, bars.full, maps, walk.first_tile, walk.tiles, walk.slices};
-  box::start_ring(p, ring_of, bars, early, plans, kMaxRows);
+  box::start_ring<kHandOff>(p, ring_of, bars, early, plans, kMaxRows);
   __syncthreads();
 
   Partial held[kNT][2];
@@ -505,22 +573,22 @@ __global__ void __launch_bounds__(box::kThreads, 1)
     const bool shared_noise = tiles_share_noise(p, plans);
     const int group = warp / box::kGroupWarps, group_warp = warp % box::kGroupWarps;
     float acc[box::kUnitTiles][kN / 2];
-    box::consume_units<Ring>(
+    box::consume_units<kHandOff, Ring>(
         walk, bars, tma::smem_address(ring), group,
         [&](uint32_t stage, bool accumulate) {
           box::multiply_stage<Ring>(stage, accumulate, [&](int i, uint32_t w, uint32_t hidden, bool scale_d) {
             wgmma::mma_k16<kN, kBf16>(acc[i], wgmma::k_major_sw128(w), wgmma::k_major_sw128(hidden), scale_d);
           });
         },
-        [&](int unit) {
+        [&](int unit, int begin, int end, bool /* handed_in: never */) {
           // Warp group_warp holds tokens 16·group_warp + g (+ 8) of each
           // 64-token tile. The loop runs rather than unrolls (one copy of
           // fold_tile), taking each tile's logits from acc[0] and moving the
           // next tile's there.
 #pragma unroll 1
-          for (int i = 0; i < box::kUnitTiles; ++i) {
+          for (int i = 0; i < end; ++i) {
             const int tile = unit * box::kStageTiles + i * box::kGroupWarps + group_warp;
-            if (tile < walk.tiles)
+            if (i >= begin && tile < walk.tiles)
               fold_tile<kNT>(p, plans, shared_noise, (walk.first_tile + tile) * 16 + (lane >> 2), nullptr,
                              [&](int nt, int q) { return acc[0][4 * nt + q]; },
                              [&](int nt, int j) -> Partial& { return held[nt][j]; });
@@ -529,7 +597,8 @@ __global__ void __launch_bounds__(box::kThreads, 1)
 #pragma unroll
               for (int q = 0; q < kN / 2; ++q) acc[next][q] = acc[next + 1][q];
           }
-        });
+        },
+        [](int) {});
   }
   finish_scan<kNT, box::kConsumerWarps + 1>(p, tail, plans, held, merged, warp, lane);
 }
@@ -587,6 +656,7 @@ __global__ void __launch_bounds__(wide::kThreads, 1)
     stream_wide_kernel(const ScanParams p, const StreamTail tail, const __grid_constant__ StreamMaps maps) {
   using Ring = wide::WideRing;
   constexpr bool kBf16 = kW == FLASHSPEC_DTYPE_BF16;
+  constexpr bool kHandOff = true;  // part of a CTA's last unit folded by the other group (consume_units)
   __shared__ RowPlan plans[wide::kRows];
   __shared__ Partial merged[box::kGroups][wide::kRows];
   __shared__ float noise_bounds[256];  // by an RNG word's top byte (sampling/gumbel_bounds.h)
@@ -600,7 +670,7 @@ __global__ void __launch_bounds__(wide::kThreads, 1)
   const box::Walk walk = box::walk_of(p);
   const int early = walk.steps < Ring::kStages ? walk.steps : Ring::kStages;
   const Ring ring_of{ring, bars.full, maps, walk.first_tile, walk.tiles, walk.slices};
-  box::start_ring(p, ring_of, bars, early, plans, wide::kRows);
+  box::start_ring<kHandOff>(p, ring_of, bars, early, plans, wide::kRows);
   if (tid < 256) noise_bounds[tid] = p.gumbel_bounds ? p.gumbel_bounds[tid] : pos_inf();
   __syncthreads();
 
@@ -616,31 +686,36 @@ __global__ void __launch_bounds__(wide::kThreads, 1)
     wgmma::raise_registers<wide::kConsumerRegisters>();
     const bool shared_noise = tiles_share_noise(p, plans);
     float acc[box::kUnitTiles][32];
-    box::consume_units<Ring>(
+    const box::Handoff<32> handoff{reinterpret_cast<float*>(ring), group_warp * 32 + lane};
+    box::consume_units<kHandOff, Ring>(
         walk, bars, tma::smem_address(ring), group,
         [&](uint32_t stage, bool accumulate) {
           box::multiply_stage<Ring>(stage, accumulate, [&](int i, uint32_t w, uint32_t hidden, bool scale_d) {
             wgmma::mma_k16_n64<kBf16>(acc[i], wgmma::k_major_sw128(hidden), wgmma::k_major_sw128(w), scale_d);
           });
         },
-        [&](int unit) {
+        [&](int unit, int begin, int end, bool handed_in) {
           // Column group j of tile i: tokens local, local + 1 of the CTA's
           // range (one 16-token tile), in acc[i][4j + 2h + e]. The loops run
           // rather than unroll, taking each group from the front of acc[0]
-          // and moving the next one there (then the next tile's logits):
+          // and moving the next one there (then the next tile's logits;
+          // tiles handed over are read where they lie in the ring):
           // unrolled, the fold was a copy of fold_logit per logit and of the
           // Philox rounds per block (320 KB of code at two tiles per group),
           // more than the SM's instruction caches hold, and the scan read W
           // at half the GEMM's rate; rolled, the kernel is 68 KB.
 #pragma unroll 1
-          for (int i = 0; i < box::kUnitTiles; ++i) {
+          for (int i = 0; i < end; ++i) {
             const int tile_local = unit * box::kStageTokens + i * box::kTileTokens + 2 * t;
 #pragma unroll 1
-            for (int j = 0; j < 8; ++j) {
+            for (int j = 0; j < 8 && i >= begin; ++j) {  // a tile before `begin` only moves on
               const int local = tile_local + 8 * j;
               const int tok = walk.first_tile * 16 + local;
               const int32_t id = p.token_base + tok;
               const bool in_range = local < walk.tiles * 16;
+              float logits[4];
+#pragma unroll
+              for (int q = 0; q < 4; ++q) logits[q] = handed_in ? handoff.at(i, 4 * j + q) : acc[0][q];
               uint32_t words[2][2] = {{0, 0}, {0, 0}};
               if (shared_noise) pair_noise(plans, row0, id, lane, words);
 #pragma unroll
@@ -652,18 +727,21 @@ __global__ void __launch_bounds__(wide::kThreads, 1)
                 for (int e = 0; e < 2; ++e) {
                   if (!in_range || tok + e >= p.vocab) continue;
                   const uint32_t noise = greedy ? 0u : shared_noise ? words[h][e] : noise_word(plan.key, id + e);
-                  fold_logit_bounded(held[h], plan, acc[0][2 * h + e], id + e, noise, noise_bounds[noise >> 24]);
+                  fold_logit_bounded(held[h], plan, logits[2 * h + e], id + e, noise, noise_bounds[noise >> 24]);
                 }
               }
+              if (!handed_in)
 #pragma unroll
-              for (int q = 0; q + 4 < 32; ++q) acc[0][q] = acc[0][q + 4];
+                for (int q = 0; q + 4 < 32; ++q) acc[0][q] = acc[0][q + 4];
             }
+            if (!handed_in)
 #pragma unroll
-            for (int next = 0; next + 1 < box::kUnitTiles; ++next)
+              for (int next = 0; next + 1 < box::kUnitTiles; ++next)
 #pragma unroll
-              for (int q = 0; q < 32; ++q) acc[next][q] = acc[next + 1][q];
+                for (int q = 0; q < 32; ++q) acc[next][q] = acc[next + 1][q];
           }
-        });
+        },
+        [&](int count) { handoff.stash(acc, count); });
     // The four lanes of a g hold the same two rows.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

@@ -127,13 +127,14 @@ constexpr bool stream_box_serves(int shape, int64_t row_bytes, int64_t vocab, in
 // are long and many: a unit's sampled fold (dependent Philox, log and exp
 // chains with one warp per scheduler) takes tens of µs, which hide behind
 // the other group's next unit only when that unit's loads take longer, and
-// the last unit's fold is exposed. H200, verify µs, cuBLAS chunks → this
-// scan: 262144 × 8192, 64 rows 1168 → 1086, 48 rows 1136 → 1086, 32 rows
-// 1114 → 1097, but 17 rows 1075 → 1105; 151936 × 8192 × 64 level (699 →
-// 697); 128256 × 8192, 64 rows level, 32 rows 560 → 588; 128256 × 4096 × 64
-// 330 → 372, 32000 × 2048 × 64 68 → 145 (bench/RESULTS.md). Hence: at least
-// kStreamWideMinRows rows, rows of at least 16 KB and at least
-// kStreamWideMinUnits units per CTA.
+// the last unit's fold is exposed (half of it since the two groups share
+// it: 262144 × 8192 × 32–64, verify 12–17 µs faster). H200, verify µs,
+// cuBLAS chunks → this scan: 262144 × 8192, 64 rows 1168 → 1086, 48 rows
+// 1136 → 1086, 32 rows 1114 → 1097, but 17 rows 1075 → 1105; 151936 × 8192
+// × 64 level (699 → 697); 128256 × 8192, 64 rows level, 32 rows 560 → 588;
+// 128256 × 4096 × 64 330 → 372, 32000 × 2048 × 64 68 → 145
+// (bench/RESULTS.md). Hence: at least kStreamWideMinRows rows, rows of at
+// least 16 KB and at least kStreamWideMinUnits units per CTA.
 constexpr int kStreamWideMaxRows = 64;
 constexpr int kStreamWideStages = 5;
 constexpr int kStreamWideMinRows = 32;

@@ -362,8 +362,10 @@ TEST_F(Gpu, DraftParityTensorCoresBf16) {
 // call it can (tests' switch, cuda/testing.h): a vocabulary smaller than one
 // box (one CTA), units with ragged ends, hidden sizes that end inside a
 // 64-column stage; CTAs of several 256-token units, which the two consumer
-// warpgroups take in turn, the last one ragged; greedy and sampled rows,
-// bf16 and fp16; verify batches.
+// warpgroups take in turn, the last one ragged, and part of it folded by
+// the group that did not multiply it (handed over in shared memory: one or
+// two 64-token tiles at V = 90001 and 128256 on 132 SMs); greedy and sampled
+// rows, bf16 and fp16; verify batches.
 TEST_F(Gpu, DraftParityStreamBoxes) {
   const flashspec::cuda::RingScansEverywhere everywhere;
   for (int rows : {9, 16}) {
@@ -378,16 +380,18 @@ TEST_F(Gpu, DraftParityStreamBoxes) {
   // among a vocabulary this large.
   run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 70001, 312, 4, 3, false, 0.3f});
   run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 70001, 312, 4, 3, false, 0.3f, true});
+  for (float t : {0.0f, 1.0f}) run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 128256, 256, 16, t, false});
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 128256, 256, 4, 4, false, 0.3f});  // 13 rows
 }
 
 // On sm_90a, 17–64 rows of long W rows over a large vocabulary stream W in
 // the same boxes with the hidden rows as the warpgroup MMA's M; here it
 // serves every call it can (tests' switch, cuda/testing.h): one row past
 // the 16-row shape, a full 64, CTAs of several 256-token units with a
-// ragged last one (one group's units more than the other's), hidden sizes
-// that end inside a 64-column stage, a vocabulary smaller than a unit, a
-// real one; greedy and sampled rows, bf16 and fp16; a verify batch of
-// chains and one of trees.
+// ragged last one (one group's units more than the other's) and part of it
+// folded by the other group (a real vocabulary), hidden sizes that end
+// inside a 64-column stage, a vocabulary smaller than a unit; greedy and
+// sampled rows, bf16 and fp16; verify batches of chains and one of trees.
 TEST_F(Gpu, ParityStreamWideRows) {
   const flashspec::cuda::RingScansEverywhere everywhere;
   for (int rows : {17, 64})
@@ -397,6 +401,7 @@ TEST_F(Gpu, ParityStreamWideRows) {
   run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 128256, 64, 64, 1.0f, false});
   run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 9001, 512, 16, 3, false, 1.0f});
   run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 9001, 512, 12, 4, false, 0.9f, true});
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 128256, 64, 12, 3, false, 0.3f});  // 30 rows
 }
 
 // More rows (more than 16 without sm_90a) go through cuBLAS one vocabulary
