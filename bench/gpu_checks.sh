@@ -3,6 +3,12 @@
 #   gpu_checks.sh BUILD_DIR OUT_DIR [bench args...]
 # runs the gpu test suite, the four compute-sanitizer tools on the test
 # binaries, then the benchmark; logs and the bench JSON go to OUT_DIR.
+# With NO_SPLIT_BUILD_DIR set to a second build configured with
+#   meson setup DIR -Dcuda_args=-DFLASHSPEC_NO_REGISTER_SPLIT
+# racecheck and synccheck also run the tests that reach the 17–64-row
+# TMA-ring scan (stream_wide_kernel) from that build's binaries: those two
+# tools do not finish the kernel while it moves registers between its
+# warpgroups (setmaxnreg), and do without the move (bench/RESULTS.md).
 set -u
 build=$1
 out=$2
@@ -28,7 +34,8 @@ for tool in memcheck racecheck initcheck synccheck; do
     # Under racecheck and synccheck the 17–64-row TMA-ring scan
     # (stream_wide_kernel), which the weight-stream shard test reaches
     # through the tests' switch, does not finish even its smallest head
-    # (200 tokens) in minutes; the 9–16-row one does (bench/RESULTS.md).
+    # (200 tokens) in minutes; the 9–16-row one does. NO_SPLIT_BUILD_DIR
+    # below.
     if { [ "$tool" = racecheck ] || [ "$tool" = synccheck ]; } && [ "$t" = cuda_shards ]; then
       filter='-*CublasChunks*:*WeightStreamScan*'
     fi
@@ -39,6 +46,19 @@ for tool in memcheck racecheck initcheck synccheck; do
     echo "$tool $t: exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/san_${tool}_$t.log" | tail -1)"
   done
 done
+if [ -n "${NO_SPLIT_BUILD_DIR:-}" ]; then
+  for tool in racecheck synccheck; do
+    for run in "cuda_parity *StreamWideRows*" "cuda_shards *WeightStreamScan*"; do
+      read -r t filter <<< "$run"
+      log="$out/san_${tool}_${t}_no_split.log"
+      timeout 300 $san --tool $tool --error-exitcode 9 "$NO_SPLIT_BUILD_DIR/tests/test_$t" --gtest_filter="$filter" \
+        > "$log" 2>&1
+      rc=$?
+      [ $rc -ne 0 ] && status=1
+      echo "$tool $t $filter (no register split): exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
+    done
+  done
+fi
 if [ -x "$build/bench/flashspec_bench" ]; then
   "$build/bench/flashspec_bench" --json "$out/bench.json" "$@" > "$out/bench.log" 2>&1 || status=1
   tail -n 200 "$out/bench.log"

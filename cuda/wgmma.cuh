@@ -40,15 +40,18 @@ __device__ __forceinline__ uint64_t k_major_sw128(uint32_t address) {
 // Moves the calling warpgroup's per-thread register budget to kRegisters (a
 // multiple of 8 in [24, 256]): producers give theirs up and consumers take
 // them (warp specialisation); every warp of the warpgroup calls it.
+// FLASHSPEC_NO_REGISTER_SPLIT leaves every budget at the launch's (the
+// consumers spill): a build for compute-sanitizer's racecheck and
+// synccheck, which do not finish a kernel that moves registers.
 template <int kRegisters>
 __device__ __forceinline__ void raise_registers() {
-#if FLASHSPEC_WGMMA_CODE
+#if FLASHSPEC_WGMMA_CODE && !defined(FLASHSPEC_NO_REGISTER_SPLIT)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
 #endif
 }
 template <int kRegisters>
 __device__ __forceinline__ void lower_registers() {
-#if FLASHSPEC_WGMMA_CODE
+#if FLASHSPEC_WGMMA_CODE && !defined(FLASHSPEC_NO_REGISTER_SPLIT)
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
 #endif
 }
