@@ -196,13 +196,10 @@ __device__ __forceinline__ void fold_tile(const ScanParams& p, const RowPlan* pl
 // Whether a launch's sampled rows can take their noise from tile_noise:
 // where the tiles' tokens start on Philox blocks (a shard may begin
 // anywhere).
-__device__ __forceinline__ bool any_sampled(const ScanParams& p, const RowPlan* plans) {
+__device__ __forceinline__ bool tiles_share_noise(const ScanParams& p, const RowPlan* plans) {
   bool sampled = false;
   for (int row = 0; row < p.rows; ++row) sampled |= !(plans[row].flags & kPlanGreedy);
-  return sampled;
-}
-__device__ __forceinline__ bool tiles_share_noise(const ScanParams& p, const RowPlan* plans) {
-  return any_sampled(p, plans) && (p.token_base & 3) == 0;
+  return sampled && (p.token_base & 3) == 0;
 }
 
 // kShape: the entry of tuning::kStreamShapes (rows, 8-row groups, burst

@@ -362,10 +362,9 @@ TEST_F(Gpu, DraftParityTensorCoresBf16) {
 // call it can (tests' switch, cuda/testing.h): a vocabulary smaller than one
 // box (one CTA), units with ragged ends, hidden sizes that end inside a
 // 64-column stage; CTAs of several 256-token units, which the two consumer
-// warpgroups take in turn, the last one ragged, and part of it folded by
-// the group that did not multiply it (handed over in shared memory: one or
-// two 64-token tiles at V = 90001 and 128256 on 132 SMs); greedy and sampled
-// rows, bf16 and fp16; verify batches.
+// warpgroups take in turn, the last one ragged (also at a real
+// vocabulary's size, V = 128256); greedy and sampled rows, bf16 and fp16;
+// verify batches.
 TEST_F(Gpu, DraftParityStreamBoxes) {
   const flashspec::cuda::RingScansEverywhere everywhere;
   for (int rows : {9, 16}) {
