@@ -22,6 +22,15 @@ for t in cuda_parity cuda_exactness cuda_graph_and_errors cuda_engine cuda_shard
   echo "test_$t: exit $? $(grep -E '^\[  (PASSED|FAILED) ' "$out/test_$t.log" | tr '\n' ' ')"
 done
 san=/usr/local/cuda/bin/compute-sanitizer
+# sanitize LABEL TOOL TEST_BINARY FILTER LOG SECONDS: one tool over one test
+# binary's filtered tests; prints its summary after LABEL and marks the
+# gate failed on any error (or the time running out).
+sanitize() {
+  timeout "$6" $san --tool "$2" --error-exitcode 9 "$3" --gtest_filter="$4" > "$5" 2>&1
+  local rc=$?
+  [ $rc -ne 0 ] && status=1
+  echo "$1: exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$5" | tail -1)"
+}
 # The sanitizers slow kernels 10-100x: the real-vocabulary parity cases and
 # the long exactness sampling run under memcheck only.
 small='-*RealVocabularies*'
@@ -39,23 +48,15 @@ for tool in memcheck racecheck initcheck synccheck; do
     if { [ "$tool" = racecheck ] || [ "$tool" = synccheck ]; } && [ "$t" = cuda_shards ]; then
       filter='-*CublasChunks*:*WeightStreamScan*'
     fi
-    timeout 240 $san --tool $tool --error-exitcode 9 "$build/tests/test_$t" --gtest_filter="$filter" \
-      > "$out/san_${tool}_$t.log" 2>&1
-    rc=$?
-    [ $rc -ne 0 ] && status=1
-    echo "$tool $t: exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/san_${tool}_$t.log" | tail -1)"
+    sanitize "$tool $t" $tool "$build/tests/test_$t" "$filter" "$out/san_${tool}_$t.log" 240
   done
 done
 if [ -n "${NO_SPLIT_BUILD_DIR:-}" ]; then
   for tool in racecheck synccheck; do
     for run in "cuda_parity *StreamWideRows*" "cuda_shards *WeightStreamScan*"; do
       read -r t filter <<< "$run"
-      log="$out/san_${tool}_${t}_no_split.log"
-      timeout 300 $san --tool $tool --error-exitcode 9 "$NO_SPLIT_BUILD_DIR/tests/test_$t" --gtest_filter="$filter" \
-        > "$log" 2>&1
-      rc=$?
-      [ $rc -ne 0 ] && status=1
-      echo "$tool $t $filter (no register split): exit $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
+      sanitize "$tool $t $filter (no register split)" $tool "$NO_SPLIT_BUILD_DIR/tests/test_$t" "$filter" \
+        "$out/san_${tool}_${t}_no_split.log" 300
     done
   done
 fi
