@@ -133,20 +133,29 @@ constexpr bool stream_box_serves(int shape, int64_t row_bytes, int64_t vocab, in
 // 1136 → 1086, 32 rows 1114 → 1097, but 17 rows 1075 → 1105; 151936 × 8192
 // × 64 level (699 → 697); 128256 × 8192, 64 rows level, 32 rows 560 → 588;
 // 128256 × 4096 × 64 330 → 372, 32000 × 2048 × 64 68 → 145
-// (bench/RESULTS.md). Hence: at least kStreamWideMinRows rows, rows of at
-// least 16 KB and at least kStreamWideMinUnits units per CTA.
+// (bench/RESULTS.md). With the last unit's fold shared, a full 64 rows also
+// pay with fewer units (H200, verify µs, two rounds, cuBLAS chunks → this
+// scan: 128256 × 8192 × 64 609 → 586, 151936 × 8192 × 64 720 → 694), 48
+// and 32 rows there still do not (151936 × 8192: 678 → 687, 664 → 677).
+// Hence: at least kStreamWideMinRows rows, rows of at least 16 KB and at
+// least kStreamWideMinUnits units per CTA, or kStreamWideFullMinUnits at
+// kStreamWideMaxRows rows.
 constexpr int kStreamWideMaxRows = 64;
 constexpr int kStreamWideStages = 5;
 constexpr int kStreamWideMinRows = 32;
 constexpr int64_t kStreamWideMinRowBytes = 16384;
-constexpr int kStreamWideMinUnits = 6;  // 256-token units per CTA
+constexpr int kStreamWideMinUnits = 6;      // 256-token units per CTA
+constexpr int kStreamWideFullMinUnits = 3;  // the same at kStreamWideMaxRows rows
 
 // Whether the 17–64-row sm_90a scan serves `rows` rows of a head of `vocab`
 // rows of row_bytes each on `ctas` CTAs (one per SM).
 constexpr bool stream_wide_serves(int rows, int64_t vocab, int64_t row_bytes, int ctas) {
   return rows >= kStreamWideMinRows && row_bytes >= kStreamWideMinRowBytes &&
-         ring_units_at_least(vocab, ctas, kStreamWideMinUnits);
+         ring_units_at_least(vocab, ctas, rows >= kStreamWideMaxRows ? kStreamWideFullMinUnits : kStreamWideMinUnits);
 }
+static_assert(stream_wide_serves(64, 128256, 16384, 132) && !stream_wide_serves(48, 151936, 16384, 132) &&
+                  stream_wide_serves(32, 262144, 16384, 132) && !stream_wide_serves(64, 32000, 16384, 132),
+              "the shapes measured on either side of the rule");
 
 // ---- Tensor-core tiled scan (scan_mma.cu): stochastic drafts, and many ----
 // rows without cuBLAS. A CTA owns BM rows and walks its token range in
