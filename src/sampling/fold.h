@@ -110,10 +110,13 @@ FS_HOST_DEVICE void offer_candidate(Partial& p, float score, float scaled, int32
   }
 }
 
-// Folds logit l of `token` into p, the token's Gumbel noise already drawn:
-// `gumbel` is gumbel_from_bits of its RNG word under plan.key (ignored for
-// greedy rows).
-FS_HOST_DEVICE void fold_logit_with_gumbel(Partial& p, const RowPlan& plan, float l, int32_t token, float gumbel) {
+// The two halves of fold_logit_with_gumbel below, for a fold that offers
+// its sampled tokens after the rest of their step: fold_logit_mass folds
+// logit l of `token` into p's non-finite flags, tracked logit and (sampled
+// rows) log-sum-exp and returns its scaled logit; offer_logit then offers
+// the token as a candidate with its score (scaled, plus `gumbel` on a
+// sampled row). A row's tokens must still be offered in increasing order.
+FS_HOST_DEVICE float fold_logit_mass(Partial& p, const RowPlan& plan, float l, int32_t token) {
   const bool greedy = plan.flags & kPlanGreedy;
   const float scaled = greedy ? l : l * plan.inv_t;
   if (!is_finite(scaled)) p.flags |= is_finite(l) ? kPartialScaleOverflow : kPartialNonFinite;
@@ -122,8 +125,19 @@ FS_HOST_DEVICE void fold_logit_with_gumbel(Partial& p, const RowPlan& plan, floa
     p.flags |= kPartialTracked;
   }
   if (!greedy) lse_add(p.m, p.s, scaled);
+  return scaled;
+}
+FS_HOST_DEVICE void offer_logit(Partial& p, const RowPlan& plan, float scaled, int32_t token, float gumbel) {
   if (token == plan.excluded) return;
-  offer_candidate(p, greedy ? scaled : scaled + gumbel, scaled, token);
+  offer_candidate(p, plan.flags & kPlanGreedy ? scaled : scaled + gumbel, scaled, token);
+}
+
+// Folds logit l of `token` into p, the token's Gumbel noise already drawn:
+// `gumbel` is gumbel_from_bits of its RNG word under plan.key (ignored for
+// greedy rows).
+FS_HOST_DEVICE void fold_logit_with_gumbel(Partial& p, const RowPlan& plan, float l, int32_t token, float gumbel) {
+  const float scaled = fold_logit_mass(p, plan, l, token);
+  offer_logit(p, plan, scaled, token, gumbel);
 }
 
 // Folds logit l of `token` into p. `noise` is the token's RNG word under
@@ -133,17 +147,16 @@ FS_HOST_DEVICE void fold_logit(Partial& p, const RowPlan& plan, float l, int32_t
   fold_logit_with_gumbel(p, plan, l, token, greedy ? 0.0f : gumbel_from_bits(noise));
 }
 
-// fold_logit with the Gumbel transform skipped where it cannot matter:
-// noise_bound bounds gumbel_from_bits(noise) from above (the bucket bound of
-// sampling/gumbel_bounds.h), so a sampled token whose l/T + noise_bound is
-// not above p.second would score at most p.second and change nothing as a
-// candidate; it still enters the log-sum-exp, the tracked logit and the
-// flags. p ends bit for bit as fold_logit leaves it.
-FS_HOST_DEVICE void fold_logit_bounded(Partial& p, const RowPlan& plan, float l, int32_t token, uint32_t noise,
-                                       float noise_bound) {
-  const bool greedy = plan.flags & kPlanGreedy;
-  const bool may_count = greedy || l * plan.inv_t + noise_bound > p.second;
-  fold_logit_with_gumbel(p, plan, l, token, greedy ? 0.0f : may_count ? gumbel_from_bits(noise) : neg_inf());
+// Whether a sampled token of scaled logit `scaled` needs its Gumbel
+// transform to be offered: noise_bound bounds gumbel_from_bits of its RNG
+// word from above (the bucket bound of sampling/gumbel_bounds.h), so where
+// scaled + noise_bound is not above `runner_up` (the partial's runner-up, or
+// any lower score) the token would score at most that and change nothing as
+// a candidate. A fold that offers only the tokens this admits (after
+// fold_logit_mass for every token) leaves the partial bit for bit as
+// fold_logit does.
+FS_HOST_DEVICE bool may_reach(float scaled, float noise_bound, float runner_up) {
+  return scaled + noise_bound > runner_up;
 }
 
 // a ← a ∪ b; ties between winners go to the smaller token id.
