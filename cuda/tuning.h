@@ -139,30 +139,31 @@ constexpr bool stream_box_serves(int shape, int64_t row_bytes, int64_t vocab, in
 // and 32 rows there still do not (151936 × 8192: 678 → 687, 664 → 677).
 // Since the fold keeps its plans in registers and runs the Gumbel
 // transform once per lane and round, rows of 8 KB pay over many units
-// (262144 × 4096, 64 / 48 / 32 rows: 670 → 604, 646 → 590, 625 → 585;
-// greedy drafts 13 % faster) but not over few (128256 × 4096 × 64 340 →
-// 359, 151936 × 4096 × 64 402 → 406). Hence: at least kStreamWideMinRows
-// rows, rows of at least kStreamWideMinRowBytes and at least
-// kStreamWideMinUnits units per CTA, or kStreamWideFullMinUnits for rows of
+// (262144 × 4096, 64 / 48 / 32 / 24 / 17 rows: 668 → 602, 647 → 589, 625 →
+// 581, 610 → 576, 603 → 577; greedy drafts 10–13 % faster) but not over few
+// (128256 × 4096 × 64 340 → 359, 151936 × 4096 × 64 402 → 406), and fewer
+// rows pay too (262144 × 8192 × 24 1110 → 1074, × 17 1095 → 1078). Hence:
+// rows of at least kStreamWideMinRowBytes over at least kStreamWideMinUnits
+// units per CTA, or kStreamWideFullMinUnits for rows of
 // kStreamWideLongRowBytes at kStreamWideMaxRows rows.
 constexpr int kStreamWideMaxRows = 64;
 constexpr int kStreamWideStages = 5;
-constexpr int kStreamWideMinRows = 32;
 constexpr int64_t kStreamWideMinRowBytes = 8192;
 constexpr int64_t kStreamWideLongRowBytes = 16384;
 constexpr int kStreamWideMinUnits = 6;      // 256-token units per CTA
 constexpr int kStreamWideFullMinUnits = 3;  // the same, long rows at kStreamWideMaxRows rows
 
-// Whether the 17–64-row sm_90a scan serves `rows` rows of a head of `vocab`
-// rows of row_bytes each on `ctas` CTAs (one per SM).
+// Whether the 17–64-row sm_90a scan serves `rows` rows (17 to
+// kStreamWideMaxRows) of a head of `vocab` rows of row_bytes each on `ctas`
+// CTAs (one per SM).
 constexpr bool stream_wide_serves(int rows, int64_t vocab, int64_t row_bytes, int ctas) {
   const bool full_long = rows >= kStreamWideMaxRows && row_bytes >= kStreamWideLongRowBytes;
-  return rows >= kStreamWideMinRows && row_bytes >= kStreamWideMinRowBytes &&
+  return row_bytes >= kStreamWideMinRowBytes &&
          ring_units_at_least(vocab, ctas, full_long ? kStreamWideFullMinUnits : kStreamWideMinUnits);
 }
 static_assert(stream_wide_serves(64, 128256, 16384, 132) && !stream_wide_serves(48, 151936, 16384, 132) &&
-                  stream_wide_serves(32, 262144, 16384, 132) && !stream_wide_serves(64, 32000, 16384, 132) &&
-                  stream_wide_serves(32, 262144, 8192, 132) && !stream_wide_serves(64, 151936, 8192, 132) &&
+                  stream_wide_serves(17, 262144, 16384, 132) && !stream_wide_serves(64, 32000, 16384, 132) &&
+                  stream_wide_serves(17, 262144, 8192, 132) && !stream_wide_serves(64, 151936, 8192, 132) &&
                   !stream_wide_serves(64, 262144, 4096, 132),
               "the shapes measured on either side of the rule");
 
