@@ -683,7 +683,7 @@ __global__ void __launch_bounds__(wide::kThreads, 1)
     const bool shared_noise = tiles_share_noise(p, plans);
     // The thread's two rows' plans in registers (read from shared memory,
     // each logit's chain began with those loads: H200, 262144 × 4096 × 64
-    // verify 641 → 623 µs), and the plan of the row whose Philox blocks
+    // verify 642 → 624 µs), and the plan of the row whose Philox blocks
     // this lane computes.
     const RowPlan own[2] = {plans[row0], plans[row0 + 8]};
     const RowPlan& pair_plan = plans[row0 + 8 * (lane & 1)];
@@ -747,7 +747,8 @@ __global__ void __launch_bounds__(wide::kThreads, 1)
                     continue;
                   }
                   if (!shared_noise) words[h][e] = noise_word(plans[row0 + 8 * h].key, id + e);
-                  if (may_reach(scaled[2 * h + e], noise_bounds[words[h][e] >> 24], held[h].second)) pending |= 1u << (2 * h + e);
+                  if (may_reach(scaled[2 * h + e], noise_bounds[words[h][e] >> 24], held[h].second))
+                    pending |= 1u << (2 * h + e);
                 }
               }
               while (__any_sync(0xffffffffu, pending)) {
