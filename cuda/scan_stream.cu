@@ -746,6 +746,8 @@ __global__ void __launch_bounds__(wide::kThreads, 1)
                     offer_logit(held[h], plan, scaled[2 * h + e], id + e, 0.0f);
                     continue;
                   }
+                  // A shard starting off a Philox block: each token's own word (the
+                  // key read where it lies, not held in registers for this rare case).
                   if (!shared_noise) words[h][e] = noise_word(plans[row0 + 8 * h].key, id + e);
                   if (may_reach(scaled[2 * h + e], noise_bounds[words[h][e] >> 24], held[h].second))
                     pending |= 1u << (2 * h + e);
