@@ -159,6 +159,16 @@ FS_HOST_DEVICE bool may_reach(float scaled, float noise_bound, float runner_up) 
   return scaled + noise_bound > runner_up;
 }
 
+// may_reach, where the partial is one of several over a token range that
+// are merged before anything reads them: `floor` is a runner-up score of one
+// of the others (or of this one). A score strictly below it is below two
+// scores of that partial, so it is neither the merged winner nor its
+// runner-up, ties included, and skipping the token leaves the merged
+// partial bit for bit as fold_logit does, though not this partial itself.
+FS_HOST_DEVICE bool may_reach_merged(float scaled, float noise_bound, float runner_up, float floor) {
+  return may_reach(scaled, noise_bound, runner_up) && !(scaled + noise_bound < floor);
+}
+
 // a ← a ∪ b; ties between winners go to the smaller token id.
 FS_HOST_DEVICE void merge_partial(Partial& a, const Partial& b) {
   lse_merge(a.m, a.s, b.m, b.s);

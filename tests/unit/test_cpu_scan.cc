@@ -6,6 +6,7 @@
 // rounding of the log-sum-exp sum, on random and adversarial logits.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -326,6 +327,88 @@ TEST(CpuScan, CasesCatchASkipThatIgnoresTheRunnerUp) {
     }
     const Partial right = cpu::fold_tile(plan, l.data(), 256, 0, true);
     if (!same_bits(wrong.second, right.second)) ++differing;
+  }
+  EXPECT_GT(differing, 0);
+}
+
+// A fold whose tokens go round-robin to kLanes partials of one row, which
+// are merged at the end, as the 17–64-row TMA scan's lanes fold theirs: each
+// partial offers a sampled token only where may_reach_merged admits it
+// against its own runner-up and a floor that `floor_of` takes from the
+// partials every 16 tokens. Tokens first + k, k < l.size().
+constexpr int kLanes = 4;
+template <class FloorOf>
+Partial fold_lanes_with_floor(const RowPlan& plan, const std::vector<float>& l, int32_t first, FloorOf&& floor_of,
+                              int64_t* noised) {
+  const std::array<float, 256>& bounds = gumbel_bucket_bounds();
+  Partial lanes[kLanes] = {empty_partial(), empty_partial(), empty_partial(), empty_partial()};
+  float floor = neg_inf();
+  for (size_t k = 0; k < l.size(); ++k) {
+    if (k % 16 == 0) floor = floor_of(lanes);
+    Partial& p = lanes[k % kLanes];
+    const int32_t token = first + int32_t(k);
+    const float scaled = fold_logit_mass(p, plan, l[k], token);
+    if (plan.flags & kPlanGreedy) {
+      offer_logit(p, plan, scaled, token, 0.0f);
+      continue;
+    }
+    const uint32_t word = row_word(plan.key, token);
+    if (!may_reach_merged(scaled, bounds[word >> 24], p.second, floor)) continue;
+    ++*noised;
+    offer_logit(p, plan, scaled, token, gumbel_from_bits(word));
+  }
+  Partial all = lanes[0];
+  for (int lane = 1; lane < kLanes; ++lane) merge_partial(all, lanes[lane]);
+  return all;
+}
+
+// A floor from the other partials' runner-ups leaves the merged partial as
+// the unpruned fold's, bit for bit (the per-token fold here differs only in
+// the rounding of s, summed in another order).
+TEST(CpuScan, FloorOfMergedPartialsLeavesTheMergeBitForBit) {
+  Rng rng(9);
+  int64_t noised = 0, tokens = 0;
+  const auto runner_ups = [](const Partial (&lanes)[kLanes]) {
+    float floor = lanes[0].second;
+    for (const Partial& p : lanes) floor = std::fmax(floor, p.second);
+    return floor;
+  };
+  for (int64_t count : {1, 5, 64, 255, 1024})
+    for (float temperature : {0.0f, 0.25f, 1.0f, 3.0f})
+      for (const std::vector<float>& l : logit_cases(rng, count)) {
+        const int32_t first = 1000, inside = first + rng.below(count);
+        for (int32_t excluded : {-1, inside}) {
+          const RowPlan plan = sampled_plan(temperature, inside, temperature > 0.0f ? excluded : -1, rng.next());
+          const std::string what = "count " + std::to_string(count) + " T " + std::to_string(temperature) +
+                                   " excluded " + std::to_string(excluded);
+          const Partial merged = fold_lanes_with_floor(plan, l, first, runner_ups, &noised);
+          const Partial each = fold_each(plan, l, first);
+          expect_same_partial(merged, each, what, /*compare_s=*/false);
+          EXPECT_NEAR(merged.s, each.s, 1e-5 * each.s + 1e-30) << what;
+          if (temperature > 0.0f) tokens += count;
+        }
+      }
+  // The floor and the bounds did skip most tokens' noise.
+  EXPECT_LT(noised * 2, tokens);
+}
+
+// A floor from the partials' winners rather than their runner-ups is wrong
+// (a token below another partial's winner may still be the merged
+// runner-up); the cases above catch it: the check has power.
+TEST(CpuScan, CasesCatchAFloorFromTheWinners) {
+  Rng rng(9);
+  int differing = 0;
+  int64_t noised = 0;
+  const auto winners = [](const Partial (&lanes)[kLanes]) {
+    float floor = lanes[0].best;
+    for (const Partial& p : lanes) floor = std::fmax(floor, p.best);
+    return floor;
+  };
+  for (const std::vector<float>& l : logit_cases(rng, 256)) {
+    const RowPlan plan = sampled_plan(1.0f, -1, -1, rng.next());
+    const Partial wrong = fold_lanes_with_floor(plan, l, 0, winners, &noised);
+    const Partial right = fold_each(plan, l, 0);
+    if (!same_bits(wrong.second, right.second) || wrong.token != right.token) ++differing;
   }
   EXPECT_GT(differing, 0);
 }
