@@ -736,13 +736,13 @@ __global__ void __launch_bounds__(wide::kThreads, 1)
               if (shared_noise) pair_noise(pair_sampled ? &pair_plan.key : nullptr, id, lane, words);
               // Every logit's mass first; a greedy row's tokens are offered
               // at once, a sampled row's only where the bound of its noise
-              // lets it reach the row's runner-up (may_reach, against the
-              // runner-up before this group's offers), and those after the
-              // rest, one per lane and round, so that the warp runs the
-              // Gumbel transform as often as its busiest lane needs it
-              // rather than once for each logit any lane needs it for
+              // lets it reach the lane's runner-up before this group's
+              // offers and the tile's floor (may_reach_merged), and those
+              // after the rest, one per lane and round, so that the warp
+              // runs the Gumbel transform as often as its busiest lane needs
+              // it rather than once for each logit any lane needs it for
               // (H200: 262144 × 4096 × 64 verify 623 → 604 µs). Each row's
-              // tokens are still offered in increasing order, so the
+              // tokens are still offered in increasing order, so the merged
               // partials are fold_logit's, bit for bit.
               float scaled[4];
               unsigned pending = 0;  // bit 2h + e: logit 2h + e waits for its Gumbel transform

@@ -34,12 +34,12 @@ __device__ __forceinline__ RowPlan plan_or_placeholder(const RowPlan* plans, int
 }
 
 // A warp's sampled offers after the rest of its step (sampling/fold.h's
-// fold_logit_mass, then may_reach): bit k of a lane's `pending` marks its
-// logit k as waiting for its Gumbel transform. While any lane has one left,
-// each such lane calls offer(k) for its lowest, so the warp runs the
-// transform as often as its busiest lane needs it rather than once for each
-// logit any lane needs it for. Numbering a row's tokens in increasing order
-// offers them in that order.
+// fold_logit_mass, then may_reach or may_reach_merged): bit k of a lane's
+// `pending` marks its logit k as waiting for its Gumbel transform. While any
+// lane has one left, each such lane calls offer(k) for its lowest, so the
+// warp runs the transform as often as its busiest lane needs it rather than
+// once for each logit any lane needs it for. Numbering a row's tokens in
+// increasing order offers them in that order.
 template <class Offer>
 __device__ __forceinline__ void offer_pending(unsigned pending, Offer&& offer) {
   while (__any_sync(0xffffffffu, pending)) {
