@@ -68,14 +68,16 @@ FS_HOST_DEVICE Residual empty_residual() {
   return r;
 }
 
-// Online log-sum-exp: (m, s) ← (m, s) ∪ {x}.
+// Online log-sum-exp: (m, s) ← (m, s) ∪ {x}: if x > m, s·e^(m − x) + 1 and
+// m = x; otherwise s + e^(x − m). One exponential, e^−|x − m| (m − x is
+// −(x − m) exactly), and selects rather than an exponential on each of two
+// branches: a warp whose lanes split ran both, and the branch kept a lane's
+// independent folds from overlapping (bench/RESULTS.md).
 FS_HOST_DEVICE void lse_add(float& m, float& s, float x) {
-  if (x > m) {
-    s = s * expf(m - x) + 1.0f;
-    m = x;
-  } else {
-    s += expf(x - m);
-  }
+  const bool above = x > m;
+  const float e = expf(-fabsf(x - m));
+  s = above ? s * e + 1.0f : s + e;
+  m = above ? x : m;
 }
 
 // (m, s) ← (m, s) ∪ (bm, bs).
