@@ -140,21 +140,18 @@ __device__ __forceinline__ void fold_slice_sampled(Partial& part, const RowPlan&
         pending |= offer ? 1u << k : 0u;
       }
     }
-    while (__any_sync(0xffffffffu, pending != 0)) {
-      if (pending) {
-        const int k = __ffs(pending) - 1;
-        pending &= pending - 1;
-        float xk = x[0];
-        uint32_t wk = words[0];
+    offer_pending(pending, [&](int k) {
+      float xk = x[0];
+      uint32_t wk = words[0];
 #pragma unroll
-        for (int j = 1; j < kTokensPerThread; ++j)
-          if (k == j) {
-            xk = x[j];
-            wk = words[j];
-          }
-        offer_candidate(part, xk + gumbel_from_bits(wk), xk, token0 + k);
-      }
-    }
+      for (int j = 1; j < kTokensPerThread; ++j)
+        if (k == j) {
+          xk = x[j];
+          wk = words[j];
+        }
+      // The partial is in registers: candidates by selects (OfferForm).
+      offer_candidate<OfferForm::kSelects>(part, xk + gumbel_from_bits(wk), xk, token0 + k);
+    });
     float runner_up = part.second;
     for (int mask = 16; mask > 0; mask >>= 1)
       runner_up = fmaxf(runner_up, __shfl_xor_sync(0xffffffffu, runner_up, mask));

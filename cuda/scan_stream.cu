@@ -108,6 +108,42 @@ __device__ __forceinline__ void finish_scan(const ScanParams& p, const StreamTai
   combine_in_last_cta<kWarpsInCta>(p, tail, plans, warp, lane);
 }
 
+// The plans of a lane's rows in the ≤ 16-row scans: row(nt, j) is that of
+// row nt*8 + 2t + j as the fold reads it, keyed(nt, j) the same plan with
+// its RNG key, for the noise. SharedLanePlans reads both from the CTA's
+// copy in shared memory at each use. HeldLanePlans holds what the fold
+// reads at every logit (1/T, flags, tracked and excluded tokens) in
+// registers, so that a logit's chain does not begin with loads of its plan,
+// and reads the keys, which the noise needs once per tile, where they lie
+// (the 9–16-row TMA scan, whose fold keeps its partials in registers too).
+struct SharedLanePlans {
+  const RowPlan* plans;
+  int t;  // the lane's t (lane & 3)
+  __device__ __forceinline__ const RowPlan& row(int nt, int j) const { return plans[nt * 8 + 2 * t + j]; }
+  __device__ __forceinline__ const RowPlan& keyed(int nt, int j) const { return row(nt, j); }
+};
+template <int kNT>
+struct HeldLanePlans {
+  const RowPlan* plans;
+  int t;
+  RowPlan fold[kNT][2];  // the fold's fields; the others an inert plan's
+  __device__ __forceinline__ HeldLanePlans(const RowPlan* shared_plans, int lane_t) : plans(shared_plans), t(lane_t) {
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const RowPlan& plan = plans[nt * 8 + 2 * t + j];
+        fold[nt][j] = inert_plan(FLASHSPEC_OK);
+        fold[nt][j].inv_t = plan.inv_t;
+        fold[nt][j].flags = plan.flags;
+        fold[nt][j].tracked = plan.tracked;
+        fold[nt][j].excluded = plan.excluded;
+      }
+  }
+  __device__ __forceinline__ const RowPlan& row(int nt, int j) const { return fold[nt][j]; }
+  __device__ __forceinline__ const RowPlan& keyed(int nt, int j) const { return plans[nt * 8 + 2 * t + j]; }
+};
+
 // The RNG words of the lane's four logits of a tile in row group nt: word
 // 2j + k is that of token tile_id0 + g + 8k on row nt*8 + 2t + j (tile_id0,
 // the tile's first token id, a multiple of 4). The tile's 16 tokens lie in
@@ -119,10 +155,11 @@ __device__ __forceinline__ void finish_scan(const ScanParams& p, const StreamTai
 // both rows); in round r the one with index i = g/2 among them gives word
 // (r + i) mod 4, which is the word every lane reading it that round needs.
 // A greedy row's blocks are not computed (its words are never read).
-__device__ __forceinline__ void tile_noise(const RowPlan* plans, int nt, int32_t tile_id0, int lane,
+template <class Plans>
+__device__ __forceinline__ void tile_noise(const Plans& plans, int nt, int32_t tile_id0, int lane,
                                            uint32_t (&words)[4]) {
   const int g = lane >> 2, t = lane & 3;
-  const RowPlan& own = plans[nt * 8 + 2 * t + (g >> 2)];
+  const RowPlan& own = plans.keyed(nt, g >> 2);
   Philox4 block = {{0, 0, 0, 0}};
   if (!(own.flags & kPlanGreedy)) block = row_block(own.key, uint32_t(tile_id0) / 4 + uint32_t(g & 3));
   const int word = g & 3, pair = g >> 2;
@@ -141,8 +178,8 @@ __device__ __forceinline__ void tile_noise(const RowPlan* plans, int nt, int32_t
 // of the tile as an index into W): gumbel[nt][2j + k] that of token
 // tok_a + 8k on row nt*8 + 2t + j, from tile_noise's words. A greedy row's
 // entries are not read.
-template <int kNT>
-__device__ __forceinline__ void tile_gumbels(const ScanParams& p, const RowPlan* plans, int tok_a,
+template <int kNT, class Plans>
+__device__ __forceinline__ void tile_gumbels(const ScanParams& p, const Plans& plans, int tok_a,
                                              float (&gumbel)[kNT][4]) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
@@ -160,9 +197,10 @@ __device__ __forceinline__ void tile_gumbels(const ScanParams& p, const RowPlan*
 // (tok_a: the lane's token g of the tile as an index into W); tokens reach a
 // Partial in increasing order. Where shared_noise is set, sampled rows take
 // their noise from tile_noise: drawn here, or drawn ahead by tile_gumbels
-// into `drawn` (NULL: none drawn).
-template <int kNT, class Logit, class Running>
-__device__ __forceinline__ void fold_tile(const ScanParams& p, const RowPlan* plans, bool shared_noise, int tok_a,
+// into `drawn` (NULL: none drawn). plans: SharedLanePlans or HeldLanePlans;
+// kForm: how the candidates are offered (sampling/fold.h: OfferForm).
+template <int kNT, OfferForm kForm, class Plans, class Logit, class Running>
+__device__ __forceinline__ void fold_tile(const ScanParams& p, const Plans& plans, bool shared_noise, int tok_a,
                                           const float (*drawn)[4], Logit&& logit, Running&& running) {
   const int lane = threadIdx.x & 31, t = lane & 3;
   const int tok_b = tok_a + 8;
@@ -174,18 +212,19 @@ __device__ __forceinline__ void fold_tile(const ScanParams& p, const RowPlan* pl
     for (int j = 0; j < 2; ++j) {
       const int row = nt * 8 + 2 * t + j;
       if (row < p.rows) {
-        const RowPlan& plan = plans[row];
+        const RowPlan& plan = plans.row(nt, j);
         const bool greedy = plan.flags & kPlanGreedy;
         Partial part = running(nt, j);
         const int32_t id_a = p.token_base + tok_a, id_b = p.token_base + tok_b;
         if (shared_noise && drawn) {
-          if (tok_a < p.vocab) fold_logit_with_gumbel(part, plan, logit(nt, j), id_a, drawn[nt][2 * j]);
-          if (tok_b < p.vocab) fold_logit_with_gumbel(part, plan, logit(nt, 2 + j), id_b, drawn[nt][2 * j + 1]);
+          if (tok_a < p.vocab) fold_logit_with_gumbel<kForm>(part, plan, logit(nt, j), id_a, drawn[nt][2 * j]);
+          if (tok_b < p.vocab) fold_logit_with_gumbel<kForm>(part, plan, logit(nt, 2 + j), id_b, drawn[nt][2 * j + 1]);
         } else {
-          const uint32_t noise_a = greedy ? 0u : shared_noise ? words[2 * j] : noise_word(plan.key, id_a);
-          const uint32_t noise_b = greedy ? 0u : shared_noise ? words[2 * j + 1] : noise_word(plan.key, id_b);
-          if (tok_a < p.vocab) fold_logit(part, plan, logit(nt, j), id_a, noise_a);
-          if (tok_b < p.vocab) fold_logit(part, plan, logit(nt, 2 + j), id_b, noise_b);
+          const RngRowKey& key = plans.keyed(nt, j).key;
+          const uint32_t noise_a = greedy ? 0u : shared_noise ? words[2 * j] : noise_word(key, id_a);
+          const uint32_t noise_b = greedy ? 0u : shared_noise ? words[2 * j + 1] : noise_word(key, id_b);
+          if (tok_a < p.vocab) fold_logit<kForm>(part, plan, logit(nt, j), id_a, noise_a);
+          if (tok_b < p.vocab) fold_logit<kForm>(part, plan, logit(nt, 2 + j), id_b, noise_b);
         }
         running(nt, j) = part;
       }
@@ -240,11 +279,13 @@ __global__ void __launch_bounds__(kThreads, tuning::stream_shape(is_codes(kW), k
   stream::stream_tiles<kW, kShape>(
       p, run.first_tile, run.tiles,
       [&](int tok_a) {
-        if (kDrawAhead && shared_noise) tile_gumbels<kNT>(p, plans, tok_a, gumbel);
+        if (kDrawAhead && shared_noise) tile_gumbels<kNT>(p, SharedLanePlans{plans, lane & 3}, tok_a, gumbel);
       },
       [&](int tok_a, auto&& logit) {
-        fold_tile<kNT>(p, plans, shared_noise, tok_a, kDrawAhead ? gumbel : nullptr, logit,
-                       [&](int nt, int j) -> Partial& { return running[warp][nt][j][lane]; });
+        // Partials in shared memory: candidates by branches (OfferForm).
+        fold_tile<kNT, OfferForm::kBranches>(p, SharedLanePlans{plans, lane & 3}, shared_noise, tok_a,
+                                             kDrawAhead ? gumbel : nullptr, logit,
+                                             [&](int nt, int j) -> Partial& { return running[warp][nt][j][lane]; });
       });
 
   Partial part[kNT][2];
@@ -569,6 +610,8 @@ __global__ void __launch_bounds__(box::kThreads, 1)
   } else {
     const bool shared_noise = tiles_share_noise(p, plans);
     const int group = warp / box::kGroupWarps, group_warp = warp % box::kGroupWarps;
+    // The lane's rows' plans in registers, as its partials are.
+    const HeldLanePlans<kNT> lane_plans(plans, lane & 3);
     float acc[box::kUnitTiles][kN / 2];
     box::consume_units<kHandOff, Ring>(
         walk, bars, tma::smem_address(ring), group,
@@ -586,9 +629,10 @@ __global__ void __launch_bounds__(box::kThreads, 1)
           for (int i = 0; i < end; ++i) {
             const int tile = unit * box::kStageTiles + i * box::kGroupWarps + group_warp;
             if (i >= begin && tile < walk.tiles)
-              fold_tile<kNT>(p, plans, shared_noise, (walk.first_tile + tile) * 16 + (lane >> 2), nullptr,
-                             [&](int nt, int q) { return acc[0][4 * nt + q]; },
-                             [&](int nt, int j) -> Partial& { return held[nt][j]; });
+              fold_tile<kNT, OfferForm::kSelects>(p, lane_plans, shared_noise,
+                                                  (walk.first_tile + tile) * 16 + (lane >> 2), nullptr,
+                                                  [&](int nt, int q) { return acc[0][4 * nt + q]; },
+                                                  [&](int nt, int j) -> Partial& { return held[nt][j]; });
 #pragma unroll
             for (int next = 0; next + 1 < box::kUnitTiles; ++next)
 #pragma unroll
@@ -756,7 +800,7 @@ __global__ void __launch_bounds__(wide::kThreads, 1)
                   if (!in_range || tok + e >= p.vocab) continue;
                   scaled[2 * h + e] = fold_logit_mass(held[h], plan, logits[2 * h + e], id + e);
                   if (greedy) {
-                    offer_logit(held[h], plan, scaled[2 * h + e], id + e, 0.0f);
+                    offer_logit<OfferForm::kSelects>(held[h], plan, scaled[2 * h + e], id + e, 0.0f);
                     continue;
                   }
                   // A shard starting off a Philox block: each token's own word (the
@@ -771,9 +815,9 @@ __global__ void __launch_bounds__(wide::kThreads, 1)
                 const float score = k == 0 ? scaled[0] : k == 1 ? scaled[1] : k == 2 ? scaled[2] : scaled[3];
                 const float gumbel = gumbel_from_bits(word);
                 if (k < 2)
-                  offer_logit(held[0], own[0], score, id + k, gumbel);
+                  offer_logit<OfferForm::kSelects>(held[0], own[0], score, id + k, gumbel);
                 else
-                  offer_logit(held[1], own[1], score, id + (k - 2), gumbel);
+                  offer_logit<OfferForm::kSelects>(held[1], own[1], score, id + (k - 2), gumbel);
               });
               if (!handed_in)
 #pragma unroll

@@ -97,12 +97,30 @@ FS_HOST_DEVICE float winner_gap(float best, float second) {
   return second == neg_inf() ? pos_inf() : best - second;
 }
 
+// How a fold applies offer_candidate's rule; both forms leave a partial
+// bit for bit the same. Branches store the candidate's fields only where
+// the candidate changes: the form for folds whose partials live in memory
+// (the CPU backend, the ≤ 16-row register scan, whose partials are in shared
+// memory: selects there wrote them back at every logit and made that scan
+// 9–11 % slower, greedy drafts included). Selects leave no branch in a
+// lane's chain of offers, so that its independent folds overlap: the form
+// for folds whose partials live in registers (the TMA-ring scans and the
+// many-row fold: H200, 0.3–1 % faster, bench/RESULTS.md).
+enum class OfferForm { kBranches, kSelects };
+
 // Offers `token`, with its score (l/T + g, or l for T = 0) and scaled logit,
 // as p's winner or runner-up. Tokens come in increasing order, so a tie
 // keeps the earlier, smaller id. A score that is not above p.second changes
 // nothing (the CPU backend skips such tokens' noise on that ground).
+template <OfferForm kForm = OfferForm::kBranches>
 FS_HOST_DEVICE void offer_candidate(Partial& p, float score, float scaled, int32_t token) {
-  if (score > p.best) {
+  if constexpr (kForm == OfferForm::kSelects) {
+    const bool wins = score > p.best;
+    p.second = wins ? p.best : score > p.second ? score : p.second;
+    p.best = wins ? score : p.best;
+    p.best_scaled = wins ? scaled : p.best_scaled;
+    p.token = wins ? token : p.token;
+  } else if (score > p.best) {
     p.second = p.best;
     p.best = score;
     p.best_scaled = scaled;
@@ -129,24 +147,34 @@ FS_HOST_DEVICE float fold_logit_mass(Partial& p, const RowPlan& plan, float l, i
   if (!greedy) lse_add(p.m, p.s, scaled);
   return scaled;
 }
+template <OfferForm kForm = OfferForm::kBranches>
 FS_HOST_DEVICE void offer_logit(Partial& p, const RowPlan& plan, float scaled, int32_t token, float gumbel) {
-  if (token == plan.excluded) return;
-  offer_candidate(p, plan.flags & kPlanGreedy ? scaled : scaled + gumbel, scaled, token);
+  if constexpr (kForm == OfferForm::kSelects) {
+    // The excluded token scores −∞, which is above neither score and so
+    // changes nothing, as skipping it does.
+    const float score = plan.flags & kPlanGreedy ? scaled : scaled + gumbel;
+    offer_candidate<kForm>(p, token == plan.excluded ? neg_inf() : score, scaled, token);
+  } else {
+    if (token == plan.excluded) return;
+    offer_candidate<kForm>(p, plan.flags & kPlanGreedy ? scaled : scaled + gumbel, scaled, token);
+  }
 }
 
 // Folds logit l of `token` into p, the token's Gumbel noise already drawn:
 // `gumbel` is gumbel_from_bits of its RNG word under plan.key (ignored for
 // greedy rows).
+template <OfferForm kForm = OfferForm::kBranches>
 FS_HOST_DEVICE void fold_logit_with_gumbel(Partial& p, const RowPlan& plan, float l, int32_t token, float gumbel) {
   const float scaled = fold_logit_mass(p, plan, l, token);
-  offer_logit(p, plan, scaled, token, gumbel);
+  offer_logit<kForm>(p, plan, scaled, token, gumbel);
 }
 
 // Folds logit l of `token` into p. `noise` is the token's RNG word under
 // plan.key (ignored for greedy rows).
+template <OfferForm kForm = OfferForm::kBranches>
 FS_HOST_DEVICE void fold_logit(Partial& p, const RowPlan& plan, float l, int32_t token, uint32_t noise) {
   const bool greedy = plan.flags & kPlanGreedy;
-  fold_logit_with_gumbel(p, plan, l, token, greedy ? 0.0f : gumbel_from_bits(noise));
+  fold_logit_with_gumbel<kForm>(p, plan, l, token, greedy ? 0.0f : gumbel_from_bits(noise));
 }
 
 // Whether a sampled token of scaled logit `scaled` needs its Gumbel

@@ -413,6 +413,70 @@ TEST(CpuScan, CasesCatchAFloorFromTheWinners) {
   EXPECT_GT(differing, 0);
 }
 
+// Token by token with fold_logit in the given candidate form (OfferForm).
+template <OfferForm kForm>
+Partial fold_each_in(const RowPlan& plan, const std::vector<float>& l, int32_t first_token) {
+  Partial p = empty_partial();
+  const bool greedy = plan.flags & kPlanGreedy;
+  for (size_t k = 0; k < l.size(); ++k) {
+    const int32_t token = first_token + int32_t(k);
+    fold_logit<kForm>(p, plan, l[k], token, greedy ? 0u : row_word(plan.key, token));
+  }
+  return p;
+}
+
+// The logit cases with non-finite values among them: NaN, ±Inf, a scaled
+// logit that overflows.
+std::vector<std::vector<float>> logit_cases_with_non_finite(Rng& rng, int64_t count) {
+  std::vector<std::vector<float>> cases = logit_cases(rng, count);
+  for (float bad : {NAN, INFINITY, -INFINITY, 3e38f}) {
+    std::vector<float> l = logit_cases(rng, count)[1];
+    for (size_t k = 0; k < l.size(); k += 7) l[k] = bad;
+    cases.push_back(l);
+  }
+  return cases;
+}
+
+// The TMA-ring scans offer candidates by selects, the other folds by
+// branches: the same partial, bit for bit, ties, exclusions and non-finite
+// scores included.
+TEST(CpuScan, CandidatesBySelectsAreCandidatesByBranches) {
+  Rng rng(10);
+  for (int64_t count : {1, 2, 5, 64, 255})
+    for (float temperature : {0.0f, 0.25f, 1.0f, 3.0f})
+      for (const std::vector<float>& l : logit_cases_with_non_finite(rng, count)) {
+        const int32_t first = 1000, inside = first + rng.below(count);
+        for (int32_t excluded : {-1, inside, first}) {
+          const RowPlan plan = sampled_plan(temperature, inside, temperature > 0.0f ? excluded : -1, rng.next());
+          const std::string what = "count " + std::to_string(count) + " T " + std::to_string(temperature) +
+                                   " excluded " + std::to_string(excluded);
+          expect_same_partial(fold_each_in<OfferForm::kSelects>(plan, l, first),
+                              fold_each_in<OfferForm::kBranches>(plan, l, first), what);
+        }
+      }
+}
+
+// A select form that lets a tie displace the winner (the later token
+// winning) is wrong; the cases above catch it: the check has power.
+TEST(CpuScan, CasesCatchASelectFormThatBreaksTiesLate) {
+  Rng rng(10);
+  int differing = 0;
+  for (const std::vector<float>& l : logit_cases(rng, 64)) {
+    const RowPlan plan = sampled_plan(0.0f, -1, -1, rng.next());
+    Partial wrong = empty_partial();
+    for (size_t k = 0; k < l.size(); ++k) {
+      const bool wins = l[k] >= wrong.best;  // the deliberate mistake: >= for >
+      wrong.second = wins ? wrong.best : l[k] > wrong.second ? l[k] : wrong.second;
+      wrong.best = wins ? l[k] : wrong.best;
+      wrong.best_scaled = wins ? l[k] : wrong.best_scaled;
+      wrong.token = wins ? int32_t(k) : wrong.token;
+    }
+    const Partial right = fold_each_in<OfferForm::kSelects>(plan, l, 0);
+    if (wrong.token != right.token || !same_bits(wrong.second, right.second)) ++differing;
+  }
+  EXPECT_GT(differing, 0);
+}
+
 TEST(CpuScan, NonFiniteLogitsSetTheFoldsFlags) {
   for (float bad : {NAN, INFINITY, -INFINITY})
     for (float temperature : {0.0f, 1.0f}) {
