@@ -211,13 +211,15 @@ void expect_same_partial(const Partial& a, const Partial& b, const std::string& 
   EXPECT_EQ(a.flags, b.flags) << what;
 }
 
-// The per-token fold of sampling/fold.h over the same tokens.
+// The per-token fold of sampling/fold.h over the same tokens, its
+// candidates offered in the given form (OfferForm).
+template <OfferForm kForm = OfferForm::kBranches>
 Partial fold_each(const RowPlan& plan, const std::vector<float>& l, int32_t first_token) {
   Partial p = empty_partial();
   const bool greedy = plan.flags & kPlanGreedy;
   for (size_t k = 0; k < l.size(); ++k) {
     const int32_t token = first_token + int32_t(k);
-    fold_logit(p, plan, l[k], token, greedy ? 0u : row_word(plan.key, token));
+    fold_logit<kForm>(p, plan, l[k], token, greedy ? 0u : row_word(plan.key, token));
   }
   return p;
 }
@@ -413,18 +415,6 @@ TEST(CpuScan, CasesCatchAFloorFromTheWinners) {
   EXPECT_GT(differing, 0);
 }
 
-// Token by token with fold_logit in the given candidate form (OfferForm).
-template <OfferForm kForm>
-Partial fold_each_in(const RowPlan& plan, const std::vector<float>& l, int32_t first_token) {
-  Partial p = empty_partial();
-  const bool greedy = plan.flags & kPlanGreedy;
-  for (size_t k = 0; k < l.size(); ++k) {
-    const int32_t token = first_token + int32_t(k);
-    fold_logit<kForm>(p, plan, l[k], token, greedy ? 0u : row_word(plan.key, token));
-  }
-  return p;
-}
-
 // The logit cases with non-finite values among them: NaN, ±Inf, a scaled
 // logit that overflows.
 std::vector<std::vector<float>> logit_cases_with_non_finite(Rng& rng, int64_t count) {
@@ -437,9 +427,10 @@ std::vector<std::vector<float>> logit_cases_with_non_finite(Rng& rng, int64_t co
   return cases;
 }
 
-// The TMA-ring scans offer candidates by selects, the other folds by
-// branches: the same partial, bit for bit, ties, exclusions and non-finite
-// scores included.
+// The folds that keep their partials in registers (the TMA-ring scans, the
+// many-row fold) offer candidates by selects, the others by branches: the
+// same partial, bit for bit, ties, exclusions and non-finite scores
+// included.
 TEST(CpuScan, CandidatesBySelectsAreCandidatesByBranches) {
   Rng rng(10);
   for (int64_t count : {1, 2, 5, 64, 255})
@@ -450,8 +441,7 @@ TEST(CpuScan, CandidatesBySelectsAreCandidatesByBranches) {
           const RowPlan plan = sampled_plan(temperature, inside, temperature > 0.0f ? excluded : -1, rng.next());
           const std::string what = "count " + std::to_string(count) + " T " + std::to_string(temperature) +
                                    " excluded " + std::to_string(excluded);
-          expect_same_partial(fold_each_in<OfferForm::kSelects>(plan, l, first),
-                              fold_each_in<OfferForm::kBranches>(plan, l, first), what);
+          expect_same_partial(fold_each<OfferForm::kSelects>(plan, l, first), fold_each(plan, l, first), what);
         }
       }
 }
@@ -471,7 +461,7 @@ TEST(CpuScan, CasesCatchASelectFormThatBreaksTiesLate) {
       wrong.best_scaled = wins ? l[k] : wrong.best_scaled;
       wrong.token = wins ? int32_t(k) : wrong.token;
     }
-    const Partial right = fold_each_in<OfferForm::kSelects>(plan, l, 0);
+    const Partial right = fold_each<OfferForm::kSelects>(plan, l, 0);
     if (wrong.token != right.token || !same_bits(wrong.second, right.second)) ++differing;
   }
   EXPECT_GT(differing, 0);
