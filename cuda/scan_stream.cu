@@ -124,15 +124,14 @@ struct SharedLanePlans {
 };
 template <int kNT>
 struct HeldLanePlans {
-  const RowPlan* plans;
-  int t;
-  RowPlan fold[kNT][2];  // the fold's fields; the others an inert plan's
-  __device__ __forceinline__ HeldLanePlans(const RowPlan* shared_plans, int lane_t) : plans(shared_plans), t(lane_t) {
+  SharedLanePlans shared;  // where the keys are read
+  RowPlan fold[kNT][2];    // the fold's fields; the others an inert plan's
+  __device__ __forceinline__ explicit HeldLanePlans(SharedLanePlans lane_plans) : shared(lane_plans) {
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const RowPlan& plan = plans[nt * 8 + 2 * t + j];
+        const RowPlan& plan = shared.row(nt, j);
         fold[nt][j] = inert_plan(FLASHSPEC_OK);
         fold[nt][j].inv_t = plan.inv_t;
         fold[nt][j].flags = plan.flags;
@@ -141,7 +140,7 @@ struct HeldLanePlans {
       }
   }
   __device__ __forceinline__ const RowPlan& row(int nt, int j) const { return fold[nt][j]; }
-  __device__ __forceinline__ const RowPlan& keyed(int nt, int j) const { return plans[nt * 8 + 2 * t + j]; }
+  __device__ __forceinline__ const RowPlan& keyed(int nt, int j) const { return shared.row(nt, j); }
 };
 
 // The RNG words of the lane's four logits of a tile in row group nt: word
@@ -611,7 +610,7 @@ __global__ void __launch_bounds__(box::kThreads, 1)
     const bool shared_noise = tiles_share_noise(p, plans);
     const int group = warp / box::kGroupWarps, group_warp = warp % box::kGroupWarps;
     // The lane's rows' plans in registers, as its partials are.
-    const HeldLanePlans<kNT> lane_plans(plans, lane & 3);
+    const HeldLanePlans<kNT> lane_plans(SharedLanePlans{plans, lane & 3});
     float acc[box::kUnitTiles][kN / 2];
     box::consume_units<kHandOff, Ring>(
         walk, bars, tma::smem_address(ring), group,
