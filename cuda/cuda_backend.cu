@@ -219,7 +219,8 @@ class CudaBackend final : public Backend {
       StreamTail tail = stream_tail();
       tail.tokens_out = args.tokens_out;
       tail.scores_out = args.scores_out;
-      const ScanOutcome scan = run_scan(limits_, workspace(head), head, tc, args.rows, nullptr, tail, stream_);
+      const ScanOutcome scan =
+          run_scan(limits_, workspace(head), head, tc, args.rows, draft_may_sample(args), nullptr, tail, stream_);
       if (!scan.combined)
         check_cuda(combine::draft_rows(sources(args.rows, scan.groups, nullptr), args.tokens_out, args.scores_out,
                                        stream_),
@@ -273,7 +274,8 @@ class CudaBackend final : public Backend {
       tail.summaries = store.rows.as<RowSummary>();
       const StochasticDrafts drafts = stochastic_drafts(args);
       const StochasticDrafts* q = stochastic ? &drafts : nullptr;
-      const ScanOutcome scan = run_scan(limits_, workspace(head), head, tc, args.total_rows, q, tail, stream_);
+      const ScanOutcome scan =
+          run_scan(limits_, workspace(head), head, tc, args.total_rows, args.may_sample, q, tail, stream_);
       if (!scan.combined)
         check_cuda(combine::verify_rows(sources(args.total_rows, scan.groups, q),
                                         store.batch_status.as<int32_t>(), store.rows.as<RowSummary>(), stream_),
@@ -304,7 +306,7 @@ class CudaBackend final : public Backend {
       check_cuda(prepare::verify_plans(args, int32_t(head.vocab_size), nullptr, plans_.as<RowPlan>(),
                                        shard_status_.as<int32_t>(), stream_),
                  "verify plans");
-      scan_records(head, *args.target_hidden, args.total_rows, records);
+      scan_records(head, *args.target_hidden, args.total_rows, args.may_sample, records);
     });
   }
 
@@ -313,7 +315,7 @@ class CudaBackend final : public Backend {
     const auto& head = static_cast<const CudaLmHead&>(head_base);
     guard([&] {
       check_cuda(prepare::draft_plans(args, head.vocab, plans_.as<RowPlan>(), stream_), "draft plans");
-      scan_records(head, *args.hidden, args.rows, records);
+      scan_records(head, *args.hidden, args.rows, draft_may_sample(args), records);
     });
   }
 
@@ -487,12 +489,13 @@ class CudaBackend final : public Backend {
   }
 
   // The scan of a shard's rows (plans already written) into its records.
-  void scan_records(const CudaLmHead& head, const flashspec_tensor& hidden, int rows, ShardRecord* records) {
+  void scan_records(const CudaLmHead& head, const flashspec_tensor& hidden, int rows, bool may_sample,
+                    ShardRecord* records) {
     const bool tc = stage(head, hidden);
     StreamTail tail = stream_tail();
     tail.records = records;
     tail.vocab_size = int32_t(head.vocab_size);
-    const ScanOutcome scan = run_scan(limits_, workspace(head), head, tc, rows, nullptr, tail, stream_);
+    const ScanOutcome scan = run_scan(limits_, workspace(head), head, tc, rows, may_sample, nullptr, tail, stream_);
     if (!scan.combined)
       check_cuda(combine::record_rows(sources(rows, scan.groups, nullptr), int32_t(head.vocab_begin),
                                       int32_t(head.vocab_begin + head.vocab), int32_t(head.vocab_size), records,

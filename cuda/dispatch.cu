@@ -156,10 +156,11 @@ ScanLimits configure_scans(int device) {
     limits.stream_box = true;
     limits.stream_wide = true;
     for (flashspec_dtype dtype : {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F16}) {
-      for (int shape = 0; shape < tuning::kStreamShapeCount; ++shape) {
-        const void* kernel = scan::stream_box_kernel(shape, dtype);
-        if (kernel && !opt_in_smem(kernel, scan::stream_box_smem(), limits.max_smem)) limits.stream_box = false;
-      }
+      for (int shape = 0; shape < tuning::kStreamShapeCount; ++shape)
+        for (bool hand_off : {false, true}) {
+          const void* kernel = scan::stream_box_kernel(shape, dtype, hand_off);
+          if (kernel && !opt_in_smem(kernel, scan::stream_box_smem(), limits.max_smem)) limits.stream_box = false;
+        }
       if (!opt_in_smem(scan::stream_wide_kernel(dtype), scan::stream_wide_smem(), limits.max_smem))
         limits.stream_wide = false;
     }
@@ -175,7 +176,7 @@ int32_t gemm_chunk_tokens(int32_t max_rows) {
 }
 
 ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const CudaLmHead& head, bool tc, int rows,
-                     const StochasticDrafts* drafts, const StreamTail& tail, cudaStream_t stream) {
+                     bool may_sample, const StochasticDrafts* drafts, const StreamTail& tail, cudaStream_t stream) {
   ScanParams p = base_params(ws, head, rows);
   const int max_groups = int(std::min<int64_t>(tuning::kMaxGroups, (head.vocab + 7) / 8));
   if (drafts) {
@@ -188,10 +189,12 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
   if (tc && rows <= tuning::kStreamMaxRows) {
     const int shape = tuning::stream_shape_for(rows);
     scan::StreamMaps maps;
-    const void* box = limits.stream_box ? scan::stream_box_kernel(shape, head.dtype) : nullptr;
+    const int ring_blocks = scan::stream_blocks(p.vocab, ring_ctas);
+    const bool hand_off = may_sample && tuning::stream_box_hands_off(p.vocab, ring_blocks);
+    const void* box = limits.stream_box ? scan::stream_box_kernel(shape, head.dtype, hand_off) : nullptr;
     if (box && (tuning::stream_box_serves(shape, row_bytes, p.vocab, ring_ctas) || stream_rings_everywhere.load()) &&
         scan::stream_box_maps(p, &maps)) {
-      const int blocks = scan::stream_blocks(p.vocab, ring_ctas);
+      const int blocks = ring_blocks;
       p.groups = blocks;
       p.row_blocks = 1;
       check_cuda(scan::launch_stream_box(box, p, tail, maps, blocks, stream), "scan (weight stream, TMA)");

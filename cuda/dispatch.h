@@ -76,10 +76,12 @@ struct ScanOutcome {
 
 // Runs the scan that serves `rows` rows of `head` (tensor_cores: the hidden
 // rows are staged in W's 16-bit dtype, bf16 for 8-bit codes), stochastic
-// when `drafts` is given.
+// when `drafts` is given. may_sample: false only where every row is known
+// to be greedy, which lets a scan take a kernel instance tuned for greedy
+// launches (the result is the same either way).
 ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& workspace, const CudaLmHead& head,
-                     bool tensor_cores, int rows, const StochasticDrafts* drafts, const StreamTail& tail,
-                     cudaStream_t stream);
+                     bool tensor_cores, int rows, bool may_sample, const StochasticDrafts* drafts,
+                     const StreamTail& tail, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace flashspec

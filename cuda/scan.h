@@ -35,7 +35,10 @@ cudaError_t launch_stream(const void* kernel, const ScanParams& params, const St
 // and warpgroup MMAs multiply it; one CTA per SM, launch_stream_box's
 // threads and stream_box_smem() bytes of dynamic shared memory. NULL for
 // other dtypes and for shapes it does not serve (tuning::stream_box_serves).
-const void* stream_box_kernel(int shape, flashspec_dtype w_dtype);
+// hand_off: the instance whose consumer groups share each CTA's last unit's
+// fold, for launches that may have a sampled row (tuning::
+// stream_box_hands_off); any launch may take either.
+const void* stream_box_kernel(int shape, flashspec_dtype w_dtype, bool hand_off);
 size_t stream_box_smem();
 // The tensor maps a stream_box_kernel or stream_wide_kernel reads: W in
 // boxes of tuning::kStreamBoxMapTokens tokens and of 16 tokens, and the

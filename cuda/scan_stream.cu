@@ -571,8 +571,11 @@ __device__ __forceinline__ void multiply_stage(uint32_t stage, bool accumulate, 
 // by the hidden rows (four k16 wgmma per tile and stage), its warps arrive
 // on the stage's empty barrier, and after the unit's last stage each warp
 // folds its 16-token tiles' logits with fold_tile, exactly as the register
-// path does, while the other group multiplies the next unit.
-template <flashspec_dtype kW, int kShape>
+// path does, while the other group multiplies the next unit. kHandOff: the
+// two groups share the CTA's last unit's fold (box::consume_units), the
+// instance for launches that may have a sampled row (tuning::
+// stream_box_hands_off).
+template <flashspec_dtype kW, int kShape, bool kHandOff>
 __global__ void __launch_bounds__(box::kThreads, 1)
     stream_box_kernel(const ScanParams p, const StreamTail tail, const __grid_constant__ StreamMaps maps) {
   constexpr int kNT = tuning::stream_shape(false, kShape).row_groups;
@@ -580,12 +583,6 @@ __global__ void __launch_bounds__(box::kThreads, 1)
   static_assert(kN == kMaxRows, "the ring's hidden panels are kMaxRows rows, the hidden map's box");
   using Ring = box::NarrowRing;
   constexpr bool kBf16 = kW == FLASHSPEC_DTYPE_BF16;
-  // This scan hands none of its last unit to the other group: handing it
-  // over, the H200 ran the 9–16-row verify and sampled draft 4–7 µs faster
-  // at four of five shapes (3–5 µs slower at the fifth) but every greedy
-  // draft 5–9 µs slower, also with the handoff off for greedy calls
-  // (bench/RESULTS.md).
-  constexpr bool kHandOff = false;
   __shared__ RowPlan plans[kMaxRows];
   __shared__ Partial merged[box::kConsumerWarps + 1][kMaxRows];
   __shared__ __align__(8) box::Barriers<Ring::kStages> bars;
@@ -612,6 +609,7 @@ __global__ void __launch_bounds__(box::kThreads, 1)
     // The lane's rows' plans in registers, as its partials are.
     const HeldLanePlans<kNT> lane_plans(SharedLanePlans{plans, lane & 3});
     float acc[box::kUnitTiles][kN / 2];
+    const box::Handoff<kN / 2> handoff{reinterpret_cast<float*>(ring), group_warp * 32 + lane};
     box::consume_units<kHandOff, Ring>(
         walk, bars, tma::smem_address(ring), group,
         [&](uint32_t stage, bool accumulate) {
@@ -619,26 +617,31 @@ __global__ void __launch_bounds__(box::kThreads, 1)
             wgmma::mma_k16<kN, kBf16>(acc[i], wgmma::k_major_sw128(w), wgmma::k_major_sw128(hidden), scale_d);
           });
         },
-        [&](int unit, int begin, int end, bool /* handed_in: never */) {
+        [&](int unit, int begin, int end, bool handed_in) {
           // Warp group_warp holds tokens 16·group_warp + g (+ 8) of each
           // 64-token tile. The loop runs rather than unrolls (one copy of
           // fold_tile), taking each tile's logits from acc[0] and moving the
-          // next tile's there.
+          // next tile's there; tiles handed over are read where they lie in
+          // the ring, by the thread of the owner's warp and lane.
+          const bool from_ring = kHandOff && handed_in;
 #pragma unroll 1
           for (int i = 0; i < end; ++i) {
             const int tile = unit * box::kStageTiles + i * box::kGroupWarps + group_warp;
             if (i >= begin && tile < walk.tiles)
-              fold_tile<kNT, OfferForm::kSelects>(p, lane_plans, shared_noise,
-                                                  (walk.first_tile + tile) * 16 + (lane >> 2), nullptr,
-                                                  [&](int nt, int q) { return acc[0][4 * nt + q]; },
-                                                  [&](int nt, int j) -> Partial& { return held[nt][j]; });
+              fold_tile<kNT, OfferForm::kSelects>(
+                  p, lane_plans, shared_noise, (walk.first_tile + tile) * 16 + (lane >> 2), nullptr,
+                  [&](int nt, int q) { return from_ring ? handoff.at(i, 4 * nt + q) : acc[0][4 * nt + q]; },
+                  [&](int nt, int j) -> Partial& { return held[nt][j]; });
+            if (!from_ring)
 #pragma unroll
-            for (int next = 0; next + 1 < box::kUnitTiles; ++next)
+              for (int next = 0; next + 1 < box::kUnitTiles; ++next)
 #pragma unroll
-              for (int q = 0; q < kN / 2; ++q) acc[next][q] = acc[next + 1][q];
+                for (int q = 0; q < kN / 2; ++q) acc[next][q] = acc[next + 1][q];
           }
         },
-        [](int) {});
+        [&](int count) {
+          if (kHandOff) handoff.stash(acc, count);
+        });
   }
   finish_scan<kNT, box::kConsumerWarps + 1>(p, tail, plans, held, merged, warp, lane);
 }
@@ -861,17 +864,18 @@ struct StreamScan {
 };
 
 // The sm_90a kernel of a stream shape it serves, else NULL (not compiled).
-template <flashspec_dtype kW, int kShape>
+template <flashspec_dtype kW, int kShape, bool kHandOff>
 const void* box_kernel_address() {
   if constexpr (kShape >= tuning::kStreamBoxMinShape)
-    return reinterpret_cast<const void*>(&stream_box_kernel<kW, kShape>);
+    return reinterpret_cast<const void*>(&stream_box_kernel<kW, kShape, kHandOff>);
   else
     return nullptr;
 }
 template <flashspec_dtype kW, size_t... kShapes>
-const void* box_kernel_of(int shape, std::index_sequence<kShapes...>) {
-  static const void* const kernels[] = {box_kernel_address<kW, int(kShapes)>()...};
-  return kernels[shape];
+const void* box_kernel_of(int shape, bool hand_off, std::index_sequence<kShapes...>) {
+  static const void* const kernels[][2] = {
+      {box_kernel_address<kW, int(kShapes), false>(), box_kernel_address<kW, int(kShapes), true>()}...};
+  return kernels[shape][hand_off ? 1 : 0];
 }
 
 // cuTensorMapEncodeTiled from the driver the runtime uses (no link against
@@ -927,10 +931,10 @@ cudaError_t launch_stream(const void* kernel, const ScanParams& params, const St
   return launch_dependent(kernel, dim3(blocks), dim3(kThreads), 0, stream, args);
 }
 
-const void* stream_box_kernel(int shape, flashspec_dtype w_dtype) {
+const void* stream_box_kernel(int shape, flashspec_dtype w_dtype, bool hand_off) {
   const auto shapes = std::make_index_sequence<tuning::kStreamShapeCount>();
-  if (w_dtype == FLASHSPEC_DTYPE_BF16) return box_kernel_of<FLASHSPEC_DTYPE_BF16>(shape, shapes);
-  if (w_dtype == FLASHSPEC_DTYPE_F16) return box_kernel_of<FLASHSPEC_DTYPE_F16>(shape, shapes);
+  if (w_dtype == FLASHSPEC_DTYPE_BF16) return box_kernel_of<FLASHSPEC_DTYPE_BF16>(shape, hand_off, shapes);
+  if (w_dtype == FLASHSPEC_DTYPE_F16) return box_kernel_of<FLASHSPEC_DTYPE_F16>(shape, hand_off, shapes);
   return nullptr;
 }
 

@@ -118,6 +118,34 @@ constexpr bool stream_box_serves(int shape, int64_t row_bytes, int64_t vocab, in
          ring_units_at_least(vocab, ctas, kStreamBoxMinUnits);
 }
 
+// Whether a launch of that scan over `vocab` tokens on `ctas` CTAs that may
+// have a sampled row takes the instance whose two consumer groups share
+// each CTA's last unit's fold (box::consume_units: the owner hands the
+// other, idle group the first half of the unit's 64-token tiles). The
+// last unit's sampled fold is otherwise exposed after the CTA's last
+// loads; a greedy one is short, and greedy launches keep the instance
+// without the handoff, whose code alone made greedy drafts 5–9 µs slower
+// even with the handoff off. H200, one run, µs (bench/RESULTS.md): with
+// three or four 64-token tiles in the last unit (one or two handed over)
+// the verify and sampled draft were 4–7 µs faster (128256 × 4096 × 16
+// verify 288.8 → 283.6, 262144 × 2048 × 16 292.7 → 286.4); with two (one
+// handed over: 151936 × 4096 × 9) 3.5 µs slower. Hence: at least
+// kStreamBoxHandOffMinTiles tiles in every CTA's last unit.
+constexpr int kStreamBoxHandOffMinTiles = 3;
+constexpr int ring_last_unit_tiles(int64_t ring_tiles) {  // 64-token tiles in the last unit of a CTA's 16-token tiles
+  const int64_t units = (ring_tiles + kStreamBoxStageTokens / 16 - 1) / (kStreamBoxStageTokens / 16);
+  const int64_t last = ring_tiles - (units - 1) * (kStreamBoxStageTokens / 16);
+  return int((last * 16 + 63) / 64);
+}
+constexpr bool stream_box_hands_off(int64_t vocab, int ctas) {
+  const int64_t tiles = (vocab + 15) / 16, fewest = tiles / ctas, most = (tiles + ctas - 1) / ctas;
+  return fewest * 16 > kStreamBoxStageTokens && ring_last_unit_tiles(fewest) >= kStreamBoxHandOffMinTiles &&
+         ring_last_unit_tiles(most) >= kStreamBoxHandOffMinTiles;
+}
+static_assert(stream_box_hands_off(128256, 132) && stream_box_hands_off(262144, 132) &&
+                  !stream_box_hands_off(151936, 132) && !stream_box_hands_off(32000, 132),
+              "the shapes measured on either side of the rule");
+
 // 17–kStreamWideMaxRows rows on sm_90a (stream_wide_kernel): the same ring
 // and the same stages of 256 tokens × 64 columns, the hidden rows now the
 // warpgroup MMA's M (64 rows, zeros past the call's) and W's 64-token tiles

@@ -71,6 +71,7 @@ bool LmHeadRunner::verify_batch(const LmHeadStorage& head, const BatchVerify& ba
   for (int32_t r = 0; r < count; ++r) trees = trees || (batch.requests[r].parents && batch.requests[r].num_drafts > 0);
   offsets[0] = 0;
   int32_t max_len = 1;
+  bool may_sample = false;
   for (int32_t r = 0; r < count; ++r) {
     const SequenceVerify& q = batch.requests[r];
     if (q.num_drafts > 0) std::memcpy(tokens + offsets[r], q.drafts, size_t(q.num_drafts) * sizeof(int32_t));
@@ -80,6 +81,7 @@ bool LmHeadRunner::verify_batch(const LmHeadStorage& head, const BatchVerify& ba
     offsets[r + 1] = offsets[r] + q.num_drafts;
     max_len = std::max(max_len, q.num_drafts);
     at<float>(h, layout_.temperatures)[r] = q.temperature;
+    may_sample = may_sample || q.temperature != 0.0f;
     at<float>(h, layout_.draft_temperatures)[r] = q.draft_temperature;
     at<uint64_t>(h, layout_.seeds)[r] = q.seed;
     at<uint64_t>(h, layout_.request_ids)[r] = q.request_id;
@@ -112,6 +114,7 @@ bool LmHeadRunner::verify_batch(const LmHeadStorage& head, const BatchVerify& ba
   args.steps = at<const uint64_t>(d, layout_.steps);
   args.default_seed = default_seed_;
   args.draft_parents = trees && total_drafts > 0 ? at<const int32_t>(d, layout_.parents) : nullptr;
+  args.may_sample = may_sample;
   ResultArgs result{};
   result.accepted_counts = staging_ ? at<int32_t>(d, layout_.accepted) : accepted;
   result.emitted_tokens = staging_ ? at<int32_t>(d, layout_.emitted) : emitted;

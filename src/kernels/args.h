@@ -97,6 +97,11 @@ struct DraftArgs {
   ControlsArgs controls;       // per row (row r is request r)
 };
 
+// Whether a draft call may have a sampled row: not where the one
+// temperature is 0 for every row. A backend may take kernels tuned for
+// greedy rows otherwise; the result is the same.
+inline bool draft_may_sample(const DraftArgs& a) { return a.temperatures != nullptr || a.temperature != 0.0f; }
+
 // A verify batch of num_requests requests; request r drafted
 // draft_offsets[r + 1] − draft_offsets[r] tokens. total_drafts =
 // draft_offsets[R]; total_rows = total_drafts + R.
@@ -126,6 +131,10 @@ struct VerifyArgs {
   const int32_t* support_offsets = nullptr;  // [total_drafts + 1]
   const int32_t* support_tokens = nullptr;   // [support_offsets[total_drafts]]
   const float* support_probs = nullptr;      // [support_offsets[total_drafts]]
+  // False only where the caller knows every target temperature is 0 (the
+  // engine, from its host image): a backend may then take kernels tuned for
+  // greedy rows. The result is the same either way.
+  bool may_sample = true;
 };
 
 // Whether the drafts carry their distribution q (dense logits or a sparse

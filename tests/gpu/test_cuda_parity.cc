@@ -364,7 +364,10 @@ TEST_F(Gpu, DraftParityTensorCoresBf16) {
 // 64-column stage; CTAs of several 256-token units, which the two consumer
 // warpgroups take in turn, the last one ragged (also at a real
 // vocabulary's size, V = 128256); greedy and sampled rows, bf16 and fp16;
-// verify batches.
+// verify batches. Launches that may sample over CTAs whose last unit has
+// three or more 64-token tiles (V = 90001 and 128256 on a 132-SM card)
+// take the instance whose two groups share that unit's fold
+// (tuning::stream_box_hands_off), greedy drafts the other.
 TEST_F(Gpu, DraftParityStreamBoxes) {
   const flashspec::cuda::RingScansEverywhere everywhere;
   for (int rows : {9, 16}) {
