@@ -125,12 +125,14 @@ constexpr bool stream_box_serves(int shape, int64_t row_bytes, int64_t vocab, in
 // last unit's sampled fold is otherwise exposed after the CTA's last
 // loads; a greedy one is short, and greedy launches keep the instance
 // without the handoff, whose code alone made greedy drafts 5–9 µs slower
-// even with the handoff off. H200, one run, µs (bench/RESULTS.md): with
-// three or four 64-token tiles in the last unit (one or two handed over)
-// the verify and sampled draft were 4–7 µs faster (128256 × 4096 × 16
-// verify 288.8 → 283.6, 262144 × 2048 × 16 292.7 → 286.4); with two (one
-// handed over: 151936 × 4096 × 9) 3.5 µs slower. Hence: at least
-// kStreamBoxHandOffMinTiles tiles in every CTA's last unit.
+// even with the handoff off. H200, µs (bench/RESULTS.md): with three or
+// four 64-token tiles in the last unit (one or two handed over) the verify
+// and sampled draft were 4–7 µs faster in one kernel (128256 × 4096 × 16
+// verify 288.8 → 283.6) and, as the second instance, 2–4.5 µs at 16 rows
+// (128256 × 2048 × 16 verify 165.9 → 161.8, sampled draft 160.4 → 155.9;
+// 9 rows level), greedy drafts level; with two (one handed over: 151936 ×
+// 4096 × 9) 3.5 µs slower. Hence: at least kStreamBoxHandOffMinTiles tiles
+// in every CTA's last unit.
 constexpr int kStreamBoxHandOffMinTiles = 3;
 constexpr int ring_last_unit_tiles(int64_t ring_tiles) {  // 64-token tiles in the last unit of a CTA's 16-token tiles
   const int64_t units = (ring_tiles + kStreamBoxStageTokens / 16 - 1) / (kStreamBoxStageTokens / 16);
