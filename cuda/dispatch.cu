@@ -4,6 +4,7 @@
 #include <atomic>
 #include <string>
 
+#include "codes.cuh"
 #include "launch.cuh"
 #include "scan.h"
 #include "scan_gemm.h"
@@ -153,16 +154,17 @@ ScanLimits configure_scans(int device) {
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
   check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
   if (major == 9 && minor == 0) {
-    limits.stream_box = true;
+    limits.stream_box = limits.stream_box_codes = true;
     limits.stream_wide = true;
-    for (flashspec_dtype dtype : {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F16}) {
+    for (flashspec_dtype dtype : {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_E4M3}) {
       for (int shape = 0; shape < tuning::kStreamShapeCount; ++shape)
         for (bool hand_off : {false, true}) {
           const void* kernel = scan::stream_box_kernel(shape, dtype, hand_off);
-          if (kernel && !opt_in_smem(kernel, scan::stream_box_smem(), limits.max_smem)) limits.stream_box = false;
+          bool& on = is_codes(dtype) ? limits.stream_box_codes : limits.stream_box;
+          if (kernel && !opt_in_smem(kernel, scan::stream_box_smem(dtype), limits.max_smem)) on = false;
         }
-      if (!opt_in_smem(scan::stream_wide_kernel(dtype), scan::stream_wide_smem(), limits.max_smem))
-        limits.stream_wide = false;
+      const void* wide = scan::stream_wide_kernel(dtype);
+      if (wide && !opt_in_smem(wide, scan::stream_wide_smem(), limits.max_smem)) limits.stream_wide = false;
     }
   }
 #endif
@@ -185,13 +187,15 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
     return ScanOutcome{scan_stochastic(limits, head, tc, rows, p, max_groups, stream), false};
   }
   const int ring_ctas = std::min(max_groups, limits.sm_count);  // the TMA-ring scans: one CTA per SM
-  const int64_t row_bytes = int64_t(p.d_load) * 2;
+  const int64_t row_bytes = int64_t(p.d_load) * (head.codes() ? 1 : 2);
   if (tc && rows <= tuning::kStreamMaxRows) {
     const int shape = tuning::stream_shape_for(rows);
     scan::StreamMaps maps;
     const int ring_blocks = scan::stream_blocks(p.vocab, ring_ctas);
-    const bool hand_off = may_sample && tuning::stream_box_hands_off(p.vocab, ring_blocks);
-    const void* box = limits.stream_box ? scan::stream_box_kernel(shape, head.dtype, hand_off) : nullptr;
+    // 8-bit codes have no handoff instance (scan::stream_box_kernel).
+    const bool hand_off = may_sample && !head.codes() && tuning::stream_box_hands_off(p.vocab, ring_blocks);
+    const bool box_on = head.codes() ? limits.stream_box_codes : limits.stream_box;
+    const void* box = box_on ? scan::stream_box_kernel(shape, head.dtype, hand_off) : nullptr;
     if (box && (tuning::stream_box_serves(shape, row_bytes, p.vocab, ring_ctas) || stream_rings_everywhere.load()) &&
         scan::stream_box_maps(p, &maps)) {
       const int blocks = ring_blocks;

@@ -36,6 +36,7 @@ struct ScanLimits {
   // build has sm_90a code, the device is compute capability 9.0, and the
   // kernel's shared memory fits.
   bool stream_box = false;
+  bool stream_box_codes = false;  // the same for 8-bit codes (a larger ring)
   // The same for its 17–64-row form (scan::stream_wide_kernel).
   bool stream_wide = false;
   int mma_blocks_per_sm[tuning::kMmaShapeCount] = {};

@@ -31,15 +31,18 @@ cudaError_t launch_stream(const void* kernel, const ScanParams& params, const St
                           cudaStream_t stream);
 
 // The same scan on sm_90a (dispatch checks the device and the build) for W
-// and hidden both bf16 or both fp16: W reaches shared memory in TMA boxes
-// and warpgroup MMAs multiply it; one CTA per SM, launch_stream_box's
-// threads and stream_box_smem() bytes of dynamic shared memory. NULL for
-// other dtypes and for shapes it does not serve (tuning::stream_box_serves).
+// and hidden both bf16 or both fp16, or W e4m3 codes and hidden bf16: W
+// reaches shared memory in TMA boxes and warpgroup MMAs multiply it (codes
+// converted to bf16 in registers); one CTA per SM, launch_stream_box's
+// threads and stream_box_smem(W's dtype) bytes of dynamic shared memory.
+// NULL for other dtypes and for shapes it does not serve
+// (tuning::stream_box_serves).
 // hand_off: the instance whose consumer groups share each CTA's last unit's
 // fold, for launches that may have a sampled row (tuning::
-// stream_box_hands_off); any launch may take either.
+// stream_box_hands_off); any launch may take either. e4m3 codes have no
+// such instance (NULL).
 const void* stream_box_kernel(int shape, flashspec_dtype w_dtype, bool hand_off);
-size_t stream_box_smem();
+size_t stream_box_smem(flashspec_dtype w_dtype);
 // The tensor maps a stream_box_kernel or stream_wide_kernel reads: W in
 // boxes of tuning::kStreamBoxMapTokens tokens and of 16 tokens, and the
 // launch's staged hidden rows (boxes of its rows padded to the kernel's
@@ -57,8 +60,8 @@ struct StreamMaps {
 const void* stream_wide_kernel(flashspec_dtype w_dtype);
 size_t stream_wide_smem();
 // Encodes the maps for a launch; false (the register path serves it) unless
-// W and the staged rows are 16-bit with 16-byte-aligned rows and the driver
-// can encode tensor maps.
+// W is 16-bit or 8-bit codes (the staged rows 16-bit) with 16-byte-aligned
+// rows and the driver can encode tensor maps.
 bool stream_box_maps(const ScanParams& params, StreamMaps* maps);
 // launch_stream's contract for a stream_box_kernel.
 cudaError_t launch_stream_box(const void* kernel, const ScanParams& params, const StreamTail& tail,

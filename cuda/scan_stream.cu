@@ -5,6 +5,7 @@
 // Warps then merge across lanes and across the CTA in a fixed order, and the
 // CTA writes one Partial per row: nothing vocabulary-sized leaves the chip.
 #include <algorithm>
+#include <type_traits>
 #include <utility>
 
 #include "launch.cuh"
@@ -303,10 +304,9 @@ constexpr int kTileTokens = 64;                           // a wgmma's 64-token 
 constexpr int kStageTokens = tuning::kStreamBoxStageTokens;
 constexpr int kUnitTiles = kStageTokens / kTileTokens;    // a stage's 64-token tiles, one group's
 constexpr int kStageTiles = kStageTokens / 16;            // 16-token tiles (the vocabulary's split)
-constexpr int kBoxColumns = 64;                           // elements of a row per TMA box: 128 bytes
+constexpr int kBoxColumns = 64;                           // 16-bit elements of a row per TMA box: 128 bytes
 constexpr int kRowBytes = kBoxColumns * 2;
-constexpr int kPanels = tuning::kStreamBoxPanels;         // boxes side by side along a row per stage
-constexpr int kColumns = kPanels * kBoxColumns;           // elements of each row a stage holds
+constexpr int kPanels = tuning::kStreamBoxPanels;         // W's boxes side by side along a row per stage
 constexpr int kTileBytes = kTileTokens * kRowBytes;
 constexpr int kPanelBytes = kStageTokens * kRowBytes;     // one panel of W's tokens
 constexpr int kWBytes = kPanels * kPanelBytes;            // a stage's W; the hidden rows' panels follow
@@ -323,12 +323,17 @@ static_assert(kStageTokens % tuning::kStreamBoxMapTokens == 0, "a full stage is 
 // what the producer lane puts there: step s is unit s / slices of the CTA's
 // tiles [first_tile, first_tile + tiles), columns (s % slices) · kColumns.
 // A stage's full barrier counts its bytes; its empty barrier the consumer
-// warps that are done with it.
-template <int kStages_, int kHiddenRows>
+// warps that are done with it. kCodes: W is 8-bit codes, whose 128-byte
+// panel holds twice the columns of a 16-bit one, and the hidden rows' (bf16)
+// take two panels for each of W's.
+template <int kStages_, int kHiddenRows, bool kCodes = false>
 struct Ring {
   static constexpr int kStages = kStages_;
+  static constexpr int kPanelColumns = kCodes ? kRowBytes : kBoxColumns;  // W's elements per panel row
+  static constexpr int kColumns = kPanels * kPanelColumns;                // elements of each row a stage holds
+  static constexpr int kHiddenPanels = kColumns / kBoxColumns;
   static constexpr int kHiddenPanelBytes = kHiddenRows * kRowBytes;
-  static constexpr int kStageBytes = kWBytes + kPanels * kHiddenPanelBytes;
+  static constexpr int kStageBytes = kWBytes + kHiddenPanels * kHiddenPanelBytes;
   static constexpr size_t kSmemBytes = size_t(kStages) * kStageBytes + kAlign;
   static_assert(kStageBytes % kAlign == 0 && kHiddenPanelBytes % kAlign == 0,
                 "every tile starts on the swizzle's period");
@@ -347,13 +352,13 @@ struct Ring {
     const int unit = s / slices, column = (s - unit * slices) * kColumns;
     const int unit_tiles = min(kStageTiles, tiles - unit * kStageTiles);
     uint64_t* bar = full + stage_of(s);
-    tma::barrier_expect(bar, uint32_t(kPanels * (unit_tiles * 16 * kRowBytes + kHiddenRows * kRowBytes)));
+    tma::barrier_expect(bar, uint32_t(kPanels * unit_tiles * 16 * kRowBytes + kHiddenPanels * kHiddenPanelBytes));
     const int token = (first_tile + unit * kStageTiles) * 16;
     const uint64_t once = tma::evict_first_policy();  // W is read once
     constexpr int kMapTiles = tuning::kStreamBoxMapTokens / 16;
     for (int panel = 0; panel < kPanels; ++panel) {
       unsigned char* dst = stage(s) + panel * kPanelBytes;
-      const int x = column + panel * kBoxColumns;
+      const int x = column + panel * kPanelColumns;
       int tile = 0;
       for (; tile + kMapTiles <= unit_tiles; tile += kMapTiles)
         tma::load_box_2d(dst + tile * 16 * kRowBytes, &maps.w, bar, x, token + tile * 16, once);
@@ -367,7 +372,7 @@ struct Ring {
   __device__ __forceinline__ void load_hidden(int s, int row_base) const {
     const uint64_t kept = tma::evict_last_policy();  // every CTA reads the hidden rows
     const int column = (s % slices) * kColumns;
-    for (int panel = 0; panel < kPanels; ++panel)
+    for (int panel = 0; panel < kHiddenPanels; ++panel)
       tma::load_box_2d(stage(s) + kWBytes + panel * kHiddenPanelBytes, &maps.hidden, full + stage_of(s),
                        column + panel * kBoxColumns, row_base, kept);
   }
@@ -388,6 +393,9 @@ struct Ring {
 // The 9–16-row scan's ring.
 using NarrowRing = Ring<kStages, kMaxRows>;
 
+// The 9–16-row scan's ring for 8-bit codes.
+using CodeRing = Ring<kStages, kMaxRows, true>;
+
 // The CTA's share of the vocabulary in a ring scan: tiles [c·T/C,
 // (c+1)·T/C) of the T 16-token tiles (the split of stream::first_tile_of,
 // by CTA), walked in units of kStageTokens tokens, each unit in `slices`
@@ -396,7 +404,9 @@ using NarrowRing = Ring<kStages, kMaxRows>;
 struct Walk {
   int first_tile, tiles, units, slices, steps;
 };
+template <class RingT>
 __device__ __forceinline__ Walk walk_of(const ScanParams& p) {
+  constexpr int kColumns = RingT::kColumns;
   Walk w;
   w.first_tile = stream::first_tile_of(blockIdx.x, gridDim.x, p.vocab);
   w.tiles = stream::first_tile_of(int64_t(blockIdx.x) + 1, gridDim.x, p.vocab) - w.first_tile;
@@ -559,6 +569,62 @@ __device__ __forceinline__ void multiply_stage(uint32_t stage, bool accumulate, 
         mma(i, stage + panel * kPanelBytes + i * kTileBytes + k * 32,
             hidden + panel * RingT::kHiddenPanelBytes + k * 32, accumulate || panel > 0 || k > 0);
 }
+
+// A stage's MMAs for 8-bit codes (CodeRing), W the MMA's A from registers:
+// for each k16 step of the stage's columns, each thread reads its fragment's
+// codes of each of the unit's 64-token tiles from the stage (`stage` its
+// generic address, stage_address its shared one) — tokens 16·group_warp +
+// g and + 8, columns 2t, 2t + 1 and 2t + 8, 2t + 9 of the step, in the TMA's
+// 128-byte swizzle (16-byte unit u of row r at u ^ (r mod 8), the tiles
+// 1024-byte aligned) — converts them to bf16 pairs (codes_to_bf16x2,
+// exact) and multiplies them by the hidden rows' panel in the stage. A
+// step's codes are read before the step before it converts, and a step
+// waits for the MMAs of the step before it, which read the fragments it
+// overwrites.
+template <flashspec_dtype kW, class RingT>
+__device__ __forceinline__ void multiply_code_stage(const unsigned char* stage, uint32_t stage_address,
+                                                    bool accumulate, int group_warp,
+                                                    float (&acc)[kUnitTiles][8]) {
+  static_assert(RingT::kColumns % 16 == 0, "whole k16 steps per stage");
+  constexpr int kSteps = RingT::kColumns / 16;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const unsigned char* row_g = stage + (16 * group_warp + g) * kRowBytes + 2 * t;
+  const uint32_t hidden = stage_address + uint32_t(kWBytes);
+  auto read_step = [&](int step, uint32_t (&raw)[kUnitTiles][4]) {
+    const unsigned char* unit = row_g + ((step ^ g) << 4);
+#pragma unroll
+    for (int i = 0; i < kUnitTiles; ++i) {
+      const unsigned char* at = unit + i * kTileBytes;
+      raw[i][0] = *reinterpret_cast<const uint16_t*>(at);
+      raw[i][1] = *reinterpret_cast<const uint16_t*>(at + 8 * kRowBytes);
+      raw[i][2] = *reinterpret_cast<const uint16_t*>(at + 8);
+      raw[i][3] = *reinterpret_cast<const uint16_t*>(at + 8 * kRowBytes + 8);
+    }
+  };
+  uint32_t codes[2][kUnitTiles][4];
+  read_step(0, codes[0]);
+  uint32_t fragments[kUnitTiles][4];
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step) {
+    const uint32_t(&raw)[kUnitTiles][4] = codes[step & 1];
+    if (step + 1 < kSteps) read_step(step + 1, codes[(step + 1) & 1]);
+    if (step >= 1) wgmma::wait<0>();
+#pragma unroll
+    for (int i = 0; i < kUnitTiles; ++i)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        uint32_t unused;
+        codes_to_bf16x2<kW>(raw[i][q], fragments[i][q], unused);
+      }
+    wgmma::fence();
+    const uint64_t b =
+        wgmma::k_major_sw128(hidden + uint32_t((step / 4) * RingT::kHiddenPanelBytes + (step % 4) * 32));
+#pragma unroll
+    for (int i = 0; i < kUnitTiles; ++i)
+      wgmma::mma_k16_n16_registers(acc[i], fragments[i], b, accumulate || step > 0);
+    wgmma::commit();
+  }
+}
 }  // namespace box
 
 // The weight-streaming scan on sm_90a. Each CTA walks its token range
@@ -574,14 +640,21 @@ __device__ __forceinline__ void multiply_stage(uint32_t stage, bool accumulate, 
 // path does, while the other group multiplies the next unit. kHandOff: the
 // two groups share the CTA's last unit's fold (box::consume_units), the
 // instance for launches that may have a sampled row (tuning::
-// stream_box_hands_off).
+// stream_box_hands_off). e4m3 codes: a stage holds 128 codes of each token,
+// which the multiplying group converts to bf16 as the MMA's A
+// (box::multiply_code_stage); the row scales multiply the finished logits.
 template <flashspec_dtype kW, int kShape, bool kHandOff>
 __global__ void __launch_bounds__(box::kThreads, 1)
     stream_box_kernel(const ScanParams p, const StreamTail tail, const __grid_constant__ StreamMaps maps) {
   constexpr int kNT = tuning::stream_shape(false, kShape).row_groups;
   constexpr int kN = kNT * 8;  // the wgmma's N: hidden rows per launch, padded to 8
   static_assert(kN == kMaxRows, "the ring's hidden panels are kMaxRows rows, the hidden map's box");
-  using Ring = box::NarrowRing;
+  constexpr bool kCodes = is_codes(kW);
+  // The handoff stores the owner's logits over stages that its warps read
+  // codes from with ordinary loads, which a warp still reading would race
+  // with (compute-sanitizer's racecheck found it): codes never hand off.
+  static_assert(!(kCodes && kHandOff), "8-bit codes take the instance without the handoff");
+  using Ring = std::conditional_t<kCodes, box::CodeRing, box::NarrowRing>;
   constexpr bool kBf16 = kW == FLASHSPEC_DTYPE_BF16;
   __shared__ RowPlan plans[kMaxRows];
   __shared__ Partial merged[box::kConsumerWarps + 1][kMaxRows];
@@ -591,7 +664,7 @@ __global__ void __launch_bounds__(box::kThreads, 1)
       (reinterpret_cast<uintptr_t>(dynamic_smem) + box::kAlign - 1) & ~uintptr_t(box::kAlign - 1));
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const box::Walk walk = box::walk_of(p);
+  const box::Walk walk = box::walk_of<Ring>(p);
   const int early = walk.steps < Ring::kStages ? walk.steps : Ring::kStages;
   const Ring ring_of{ring, bars.full, maps, walk.first_tile, walk.tiles, walk.slices};
   box::start_ring<kHandOff>(p, ring_of, bars, early, plans, kMaxRows);
@@ -610,12 +683,16 @@ __global__ void __launch_bounds__(box::kThreads, 1)
     const HeldLanePlans<kNT> lane_plans(SharedLanePlans{plans, lane & 3});
     float acc[box::kUnitTiles][kN / 2];
     const box::Handoff<kN / 2> handoff{reinterpret_cast<float*>(ring), group_warp * 32 + lane};
+    const uint32_t ring_address = tma::smem_address(ring);
     box::consume_units<kHandOff, Ring>(
-        walk, bars, tma::smem_address(ring), group,
+        walk, bars, ring_address, group,
         [&](uint32_t stage, bool accumulate) {
-          box::multiply_stage<Ring>(stage, accumulate, [&](int i, uint32_t w, uint32_t hidden, bool scale_d) {
-            wgmma::mma_k16<kN, kBf16>(acc[i], wgmma::k_major_sw128(w), wgmma::k_major_sw128(hidden), scale_d);
-          });
+          if constexpr (kCodes)
+            box::multiply_code_stage<kW, Ring>(ring + (stage - ring_address), stage, accumulate, group_warp, acc);
+          else
+            box::multiply_stage<Ring>(stage, accumulate, [&](int i, uint32_t w, uint32_t hidden, bool scale_d) {
+              wgmma::mma_k16<kN, kBf16>(acc[i], wgmma::k_major_sw128(w), wgmma::k_major_sw128(hidden), scale_d);
+            });
         },
         [&](int unit, int begin, int end, bool handed_in) {
           // Warp group_warp holds tokens 16·group_warp + g (+ 8) of each
@@ -627,11 +704,22 @@ __global__ void __launch_bounds__(box::kThreads, 1)
 #pragma unroll 1
           for (int i = 0; i < end; ++i) {
             const int tile = unit * box::kStageTiles + i * box::kGroupWarps + group_warp;
-            if (i >= begin && tile < walk.tiles)
+            if (i >= begin && tile < walk.tiles) {
+              const int tok_a = (walk.first_tile + tile) * 16 + (lane >> 2), tok_b = tok_a + 8;
+              // 8-bit codes: the row's scale multiplies the finished logit.
+              float scale_a = 1.0f, scale_b = 1.0f;
+              if constexpr (kCodes) {
+                if (tok_a < p.vocab) scale_a = __ldg(p.w_scale + tok_a);
+                if (tok_b < p.vocab) scale_b = __ldg(p.w_scale + tok_b);
+              }
               fold_tile<kNT, OfferForm::kSelects>(
-                  p, lane_plans, shared_noise, (walk.first_tile + tile) * 16 + (lane >> 2), nullptr,
-                  [&](int nt, int q) { return from_ring ? handoff.at(i, 4 * nt + q) : acc[0][4 * nt + q]; },
+                  p, lane_plans, shared_noise, tok_a, nullptr,
+                  [&](int nt, int q) {
+                    const float v = from_ring ? handoff.at(i, 4 * nt + q) : acc[0][4 * nt + q];
+                    return kCodes ? v * (q < 2 ? scale_a : scale_b) : v;
+                  },
                   [&](int nt, int j) -> Partial& { return held[nt][j]; });
+            }
             if (!from_ring)
 #pragma unroll
               for (int next = 0; next + 1 < box::kUnitTiles; ++next)
@@ -709,7 +797,7 @@ __global__ void __launch_bounds__(wide::kThreads, 1)
       (reinterpret_cast<uintptr_t>(dynamic_smem) + box::kAlign - 1) & ~uintptr_t(box::kAlign - 1));
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const box::Walk walk = box::walk_of(p);
+  const box::Walk walk = box::walk_of<Ring>(p);
   const int early = walk.steps < Ring::kStages ? walk.steps : Ring::kStages;
   const Ring ring_of{ring, bars.full, maps, walk.first_tile, walk.tiles, walk.slices};
   box::start_ring<kHandOff>(p, ring_of, bars, early, plans, wide::kRows);
@@ -866,7 +954,7 @@ struct StreamScan {
 // The sm_90a kernel of a stream shape it serves, else NULL (not compiled).
 template <flashspec_dtype kW, int kShape, bool kHandOff>
 const void* box_kernel_address() {
-  if constexpr (kShape >= tuning::kStreamBoxMinShape)
+  if constexpr (kShape >= tuning::kStreamBoxMinShape && !(is_codes(kW) && kHandOff))
     return reinterpret_cast<const void*>(&stream_box_kernel<kW, kShape, kHandOff>);
   else
     return nullptr;
@@ -898,17 +986,18 @@ EncodeTiled encode_tiled() {
   return encode;
 }
 
-// A 2-D map of 16-bit rows (`columns` elements of which exist, `pitch` bytes
-// apart), read in boxes of 64 elements × box_rows rows with the 128-byte
-// swizzle the wgmma descriptors expect.
+// A 2-D map of rows of 16-bit elements or 8-bit codes (`columns` elements
+// of which exist, `pitch` bytes apart), read in boxes of 128 bytes ×
+// box_rows rows with the 128-byte swizzle the wgmma descriptors expect.
 bool encode_rows(EncodeTiled encode, CUtensorMap* map, flashspec_dtype dtype, const void* base, uint64_t columns,
                  uint64_t rows, uint64_t pitch, uint32_t box_rows) {
   const cuuint64_t dims[2] = {columns, rows};
   const cuuint64_t strides[1] = {pitch};
-  const cuuint32_t box[2] = {uint32_t(box::kBoxColumns), box_rows};
+  const cuuint32_t box[2] = {uint32_t(is_codes(dtype) ? box::kRowBytes : box::kBoxColumns), box_rows};
   const cuuint32_t element_strides[2] = {1, 1};
-  const CUtensorMapDataType type =
-      dtype == FLASHSPEC_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUtensorMapDataType type = is_codes(dtype)                ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : dtype == FLASHSPEC_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                   : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   return encode(map, type, 2, const_cast<void*>(base), dims, strides, box, element_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
@@ -933,12 +1022,20 @@ cudaError_t launch_stream(const void* kernel, const ScanParams& params, const St
 
 const void* stream_box_kernel(int shape, flashspec_dtype w_dtype, bool hand_off) {
   const auto shapes = std::make_index_sequence<tuning::kStreamShapeCount>();
-  if (w_dtype == FLASHSPEC_DTYPE_BF16) return box_kernel_of<FLASHSPEC_DTYPE_BF16>(shape, hand_off, shapes);
-  if (w_dtype == FLASHSPEC_DTYPE_F16) return box_kernel_of<FLASHSPEC_DTYPE_F16>(shape, hand_off, shapes);
-  return nullptr;
+  switch (w_dtype) {
+    case FLASHSPEC_DTYPE_BF16: return box_kernel_of<FLASHSPEC_DTYPE_BF16>(shape, hand_off, shapes);
+    case FLASHSPEC_DTYPE_F16: return box_kernel_of<FLASHSPEC_DTYPE_F16>(shape, hand_off, shapes);
+    // int8 codes stay on the register path: their conversion costs the
+    // ring's converting warps more, and the ring was 2 % slower to 1 % faster
+    // there (H200, tuning::stream_box_serves).
+    case FLASHSPEC_DTYPE_E4M3: return box_kernel_of<FLASHSPEC_DTYPE_E4M3>(shape, hand_off, shapes);
+    default: return nullptr;
+  }
 }
 
-size_t stream_box_smem() { return box::NarrowRing::kSmemBytes; }
+size_t stream_box_smem(flashspec_dtype w_dtype) {
+  return is_codes(w_dtype) ? box::CodeRing::kSmemBytes : box::NarrowRing::kSmemBytes;
+}
 
 const void* stream_wide_kernel(flashspec_dtype w_dtype) {
   if (w_dtype == FLASHSPEC_DTYPE_BF16) return wide_kernel_address<FLASHSPEC_DTYPE_BF16>();
@@ -949,8 +1046,10 @@ const void* stream_wide_kernel(flashspec_dtype w_dtype) {
 size_t stream_wide_smem() { return wide::WideRing::kSmemBytes; }
 
 bool stream_box_maps(const ScanParams& p, StreamMaps* maps) {
-  if (p.w_dtype != FLASHSPEC_DTYPE_BF16 && p.w_dtype != FLASHSPEC_DTYPE_F16) return false;
-  const uint64_t pitch = uint64_t(p.ldw) * 2, hidden_pitch = uint64_t(p.k_pad) * 2;
+  if (p.w_dtype != FLASHSPEC_DTYPE_BF16 && p.w_dtype != FLASHSPEC_DTYPE_F16 && !is_codes(p.w_dtype)) return false;
+  // 8-bit codes meet hidden rows staged in bf16.
+  const flashspec_dtype hidden_dtype = is_codes(p.w_dtype) ? FLASHSPEC_DTYPE_BF16 : p.w_dtype;
+  const uint64_t pitch = uint64_t(p.ldw) * (is_codes(p.w_dtype) ? 1 : 2), hidden_pitch = uint64_t(p.k_pad) * 2;
   if (p.d_load <= 0 || p.vocab <= 0 || pitch % 16 != 0 || hidden_pitch % 16 != 0 ||
       reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || reinterpret_cast<uintptr_t>(p.h) % 16 != 0)
     return false;
@@ -962,7 +1061,7 @@ bool stream_box_maps(const ScanParams& p, StreamMaps* maps) {
   return encode_rows(encode, &maps->w, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch,
                      tuning::kStreamBoxMapTokens) &&
          encode_rows(encode, &maps->w_tile, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch, 16) &&
-         encode_rows(encode, &maps->hidden, p.w_dtype, p.h, uint64_t(p.k_pad), uint64_t(p.row_base + p.rows),
+         encode_rows(encode, &maps->hidden, hidden_dtype, p.h, uint64_t(p.k_pad), uint64_t(p.row_base + p.rows),
                      hidden_pitch, n);
 }
 
@@ -980,7 +1079,7 @@ cudaError_t launch_ring(const void* kernel, const ScanParams& params, const Stre
 
 cudaError_t launch_stream_box(const void* kernel, const ScanParams& params, const StreamTail& tail,
                               const StreamMaps& maps, int blocks, cudaStream_t stream) {
-  return launch_ring(kernel, params, tail, maps, blocks, box::kThreads, stream_box_smem(), stream);
+  return launch_ring(kernel, params, tail, maps, blocks, box::kThreads, stream_box_smem(params.w_dtype), stream);
 }
 
 cudaError_t launch_stream_wide(const void* kernel, const ScanParams& params, const StreamTail& tail,

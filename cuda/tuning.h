@@ -112,7 +112,18 @@ constexpr bool ring_units_at_least(int64_t vocab, int ctas, int units) {
 
 // Whether the sm_90a scan serves a stream shape whose W rows are row_bytes
 // long over a vocabulary of `vocab` tokens on `ctas` CTAs (one per SM),
-// where the device and the build have it.
+// where the device and the build have it. e4m3 codes take the same rule
+// (a row of d codes is d bytes): their stages hold a 128-byte panel of 128
+// codes per token, which the multiplying group converts to bf16 in
+// registers as the MMA's A, each k16 step's codes read while the step
+// before converts. H200, e4m3 greedy draft / verify µs, register scan →
+// ring: 128256 × 4096 × 16 208.0 / 224.3 → 198.4 / 216.5, × 9 197.9 /
+// 214.7 → 190.3 / 207.2; 262144 × 8192 × 16 738.7 / 751.9 → 676.7 /
+// 708.1; 151936 × 4096 × 16 250.0 / 269.2 → 236.5 / 256.8 (the verify
+// with the last unit handed over, which codes no longer do: a few µs of
+// it). int8, whose conversion costs more, measured −1 … +2 % and keeps the
+// register scan; without the read ahead the ring was 2–6 % slower for
+// e4m3 (bench/RESULTS.md).
 constexpr bool stream_box_serves(int shape, int64_t row_bytes, int64_t vocab, int ctas) {
   return shape >= kStreamBoxMinShape && row_bytes >= kStreamBoxMinRowBytes &&
          ring_units_at_least(vocab, ctas, kStreamBoxMinUnits);
