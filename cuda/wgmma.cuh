@@ -125,9 +125,8 @@ __device__ __forceinline__ void mma_k16(float (&d)[kN / 2], uint64_t a, uint64_t
 // thread's registers (the mma.sync m16n8k16 A fragment of its warp's 16
 // rows: a[0] row g, columns 2t, 2t + 1; a[1] row g + 8; a[2], a[3] the same
 // at columns 2t + 8, 2t + 9) and B, N × 16 bf16, K-major in shared memory.
-// The registers are read while the MMA runs: they may change only after a
-// wait that covers it (ptxas keeps them; it serialises the MMAs where it
-// cannot).
+// The registers are read while the MMA runs: the caller changes them only
+// after a wait (wait<N>) that covers it.
 __device__ __forceinline__ void mma_k16_n16_registers(float (&d)[8], const uint32_t (&a)[4], uint64_t b,
                                                       bool accumulate) {
 #if FLASHSPEC_WGMMA_CODE
