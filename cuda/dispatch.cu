@@ -8,6 +8,7 @@
 #include "launch.cuh"
 #include "scan.h"
 #include "scan_gemm.h"
+#include "util/dtype.h"
 
 namespace flashspec {
 namespace cuda {
@@ -187,13 +188,12 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
     return ScanOutcome{scan_stochastic(limits, head, tc, rows, p, max_groups, stream), false};
   }
   const int ring_ctas = std::min(max_groups, limits.sm_count);  // the TMA-ring scans: one CTA per SM
-  const int64_t row_bytes = int64_t(p.d_load) * (head.codes() ? 1 : 2);
+  const int64_t row_bytes = int64_t(p.d_load) * int64_t(dtype_size(head.dtype));
   if (tc && rows <= tuning::kStreamMaxRows) {
     const int shape = tuning::stream_shape_for(rows);
     scan::StreamMaps maps;
     const int ring_blocks = scan::stream_blocks(p.vocab, ring_ctas);
-    // 8-bit codes have no handoff instance (scan::stream_box_kernel).
-    const bool hand_off = may_sample && !head.codes() && tuning::stream_box_hands_off(p.vocab, ring_blocks);
+    const bool hand_off = may_sample && tuning::stream_box_hands_off(p.vocab, ring_blocks);
     const bool box_on = head.codes() ? limits.stream_box_codes : limits.stream_box;
     const void* box = box_on ? scan::stream_box_kernel(shape, head.dtype, hand_off) : nullptr;
     if (box && (tuning::stream_box_serves(shape, row_bytes, p.vocab, ring_ctas) || stream_rings_everywhere.load()) &&

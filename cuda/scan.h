@@ -39,8 +39,8 @@ cudaError_t launch_stream(const void* kernel, const ScanParams& params, const St
 // (tuning::stream_box_serves).
 // hand_off: the instance whose consumer groups share each CTA's last unit's
 // fold, for launches that may have a sampled row (tuning::
-// stream_box_hands_off); any launch may take either. e4m3 codes have no
-// such instance (NULL).
+// stream_box_hands_off); any launch may take either. e4m3 codes have only
+// the instance without it, which either value gives.
 const void* stream_box_kernel(int shape, flashspec_dtype w_dtype, bool hand_off);
 size_t stream_box_smem(flashspec_dtype w_dtype);
 // The tensor maps a stream_box_kernel or stream_wide_kernel reads: W in

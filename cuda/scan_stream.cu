@@ -14,6 +14,7 @@
 #include "stream_tiles.cuh"
 #include "tma.cuh"
 #include "tuning.h"
+#include "util/dtype.h"
 #include "warp_fold.cuh"
 #include "wgmma.cuh"
 
@@ -959,11 +960,13 @@ const void* box_kernel_address() {
   else
     return nullptr;
 }
+// 8-bit codes have only the instance without the handoff, which serves
+// their calls either way.
 template <flashspec_dtype kW, size_t... kShapes>
 const void* box_kernel_of(int shape, bool hand_off, std::index_sequence<kShapes...>) {
   static const void* const kernels[][2] = {
       {box_kernel_address<kW, int(kShapes), false>(), box_kernel_address<kW, int(kShapes), true>()}...};
-  return kernels[shape][hand_off ? 1 : 0];
+  return kernels[shape][hand_off && !is_codes(kW) ? 1 : 0];
 }
 
 // cuTensorMapEncodeTiled from the driver the runtime uses (no link against
@@ -1049,7 +1052,7 @@ bool stream_box_maps(const ScanParams& p, StreamMaps* maps) {
   if (p.w_dtype != FLASHSPEC_DTYPE_BF16 && p.w_dtype != FLASHSPEC_DTYPE_F16 && !is_codes(p.w_dtype)) return false;
   // 8-bit codes meet hidden rows staged in bf16.
   const flashspec_dtype hidden_dtype = is_codes(p.w_dtype) ? FLASHSPEC_DTYPE_BF16 : p.w_dtype;
-  const uint64_t pitch = uint64_t(p.ldw) * (is_codes(p.w_dtype) ? 1 : 2), hidden_pitch = uint64_t(p.k_pad) * 2;
+  const uint64_t pitch = uint64_t(p.ldw) * dtype_size(p.w_dtype), hidden_pitch = uint64_t(p.k_pad) * 2;
   if (p.d_load <= 0 || p.vocab <= 0 || pitch % 16 != 0 || hidden_pitch % 16 != 0 ||
       reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || reinterpret_cast<uintptr_t>(p.h) % 16 != 0)
     return false;
