@@ -42,5 +42,39 @@ __device__ __forceinline__ void codes_to_bf16x2(uint32_t word, uint32_t& lo, uin
 
 constexpr bool is_codes(flashspec_dtype w) { return w == FLASHSPEC_DTYPE_E4M3 || w == FLASHSPEC_DTYPE_I8; }
 
+// The k order of the 9–16-row TMA ring's e4m3 product (scan_stream.cu,
+// box::multiply_code_stage). A stage holds 128 codes of each token (one
+// 128-byte line); lane (g, t) of a warp reads 16-byte unit 2t + j of its
+// tokens' lines whole (j = 0, 1) and takes bytes 4s … 4s + 3 of it as its
+// wgmma A fragment's columns 2t, 2t + 1, 2t + 8, 2t + 9 of k16 step
+// 4j + s — one 16-byte load per token for four steps, where the line's own
+// order would take sixteen 2-byte loads. The product is a sum over k, so
+// the hidden rows it meets are staged in the same order: column kappa of
+// each kRingCodeBlock-column block holds the block's element
+// ring_code_column(kappa), the one the fragment puts there.
+constexpr int kRingCodeBlock = 128;
+__host__ __device__ constexpr int ring_code_column(int kappa) {
+  const int step = kappa / 16, k = kappa % 16;  // the k16 step and the column in it
+  const int j = step / 4, s = step % 4, t = (k % 8) / 2, high = k / 8, e = k % 2;
+  return 16 * (2 * t + j) + 4 * s + 2 * high + e;
+}
+// Columns of the hidden rows staged in that order: whole blocks.
+__host__ __device__ constexpr int64_t ring_code_columns(int64_t k_pad) {
+  return (k_pad + kRingCodeBlock - 1) / kRingCodeBlock * kRingCodeBlock;
+}
+// Every column of a block once, and a fragment's pairs (columns 2q, 2q + 1)
+// are pairs of the block, which the staging copies as 32-bit words.
+constexpr bool ring_code_order_holds() {
+  bool seen[kRingCodeBlock] = {};
+  for (int kappa = 0; kappa < kRingCodeBlock; ++kappa) {
+    const int c = ring_code_column(kappa);
+    if (c < 0 || c >= kRingCodeBlock || seen[c]) return false;
+    if (kappa % 2 == 1 && c != ring_code_column(kappa - 1) + 1) return false;
+    seen[c] = true;
+  }
+  return true;
+}
+static_assert(ring_code_order_holds(), "ring_code_column permutes a block, pairs kept");
+
 }  // namespace cuda
 }  // namespace flashspec

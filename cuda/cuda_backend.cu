@@ -12,6 +12,7 @@
 #include <string>
 
 #include "combine.h"
+#include "codes.cuh"
 #include "controls.h"
 #include "device_storage.h"
 #include "dispatch.h"
@@ -207,7 +208,7 @@ class CudaBackend final : public Backend {
     DeviceScope scope(device_);
     const auto& head = static_cast<const CudaLmHead&>(head_base);
     guard([&] {
-      const bool tc = stage(head, *args.hidden);
+      const bool tc = stage(head, *args.hidden, false, args.controls.present);
       check_cuda(prepare::draft_plans(args, head.vocab, plans_.as<RowPlan>(), stream_, true), "draft plans");
       if (args.controls.present) {
         controls::Outputs out = {};
@@ -238,7 +239,7 @@ class CudaBackend final : public Backend {
       DraftArgs at_one = args;
       at_one.temperature = 1.0f;
       at_one.temperatures = nullptr;
-      const bool tc = stage(head, *args.hidden);
+      const bool tc = stage(head, *args.hidden, false, true);
       check_cuda(prepare::draft_plans(at_one, head.vocab, plans_.as<RowPlan>(), stream_, true), "draft plans");
       controls::Outputs out = {};
       out.topk = k;
@@ -254,13 +255,14 @@ class CudaBackend final : public Backend {
     auto& store = static_cast<CudaSummaries&>(store_base);
     guard([&] {
       const bool stochastic = has_draft_distribution(args);
-      const bool tc = stage(head, *args.target_hidden, stochastic);
+      const bool controlled = args.controls.present || args.logprobs || args.top_logprobs > 0;
+      const bool tc = stage(head, *args.target_hidden, stochastic, controlled);
       check_cuda(prepare::verify_plans(args, int32_t(head.vocab), nullptr, plans_.as<RowPlan>(),
                                        store.batch_status.as<int32_t>(), stream_, true,
                                        stochastic ? row_drafts_.as<RowDrafts>() : nullptr, tried_.as<int32_t>()),
                  "verify plans");
       store.top_n = args.top_logprobs;
-      if (args.controls.present || args.logprobs || args.top_logprobs > 0) {
+      if (controlled) {
         controls::Outputs out = {};
         out.summaries = store.rows.as<RowSummary>();
         out.top_tokens = store.top_tokens.as<int32_t>();
@@ -409,9 +411,11 @@ class CudaBackend final : public Backend {
                 std::to_string(device_));
   }
 
-  // Staged hidden rows: [max_rows, k_pad] fp32 at most (the CUDA-core path).
+  // Staged hidden rows: [max_rows, k_pad] fp32 at most (the CUDA-core path),
+  // or 16-bit rows and their copy in the e4m3 ring's k order (whole
+  // 128-column blocks) after them.
   void reserve_staging(int64_t d) {
-    const size_t need = size_t(max_rows_) * size_t(round_up(d, 64)) * sizeof(float);
+    const size_t need = size_t(max_rows_) * size_t(ring_code_columns(round_up(d, 64))) * sizeof(float);
     if (staging_.bytes() >= need) return;
     check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     staging_.allocate(need, "cudaMalloc (hidden staging)");
@@ -428,14 +432,22 @@ class CudaBackend final : public Backend {
 
   // Stages the hidden rows; returns whether the tensor-core scans apply
   // (never for a stochastic draft of an 8-bit head, which the CUDA-core scan
-  // serves: `stochastic`).
-  bool stage(const CudaLmHead& head, const flashspec_tensor& hidden, bool stochastic = false) {
+  // serves: `stochastic`). Where run_scan may take the e4m3 TMA ring
+  // (scan_reads_ring_order; not for `controlled` calls, which run_controlled
+  // serves), the rows' copy in the ring's k order too, after the [max_rows,
+  // k_pad] rows: workspace() hands it on until the next call stages.
+  bool stage(const CudaLmHead& head, const flashspec_tensor& hidden, bool stochastic = false,
+             bool controlled = false) {
     const int64_t k_pad = head.staged_columns();
     require(size_t(hidden.rows) * size_t(k_pad) * sizeof(float) <= staging_.bytes(), FLASHSPEC_ERR_WORKSPACE_EXCEEDED,
             Field::kHead, "its hidden size exceeds the staging this context reserved (create the head on this context)");
     const bool tc = head.tensor_cores && hidden.dtype == head.compute_dtype() && !(stochastic && head.codes());
+    const size_t plain_bytes = size_t(max_rows_) * size_t(k_pad) * 2;
+    const bool ring = !stochastic && !controlled && scan_reads_ring_order(limits_, head, tc, int(hidden.rows)) &&
+                      plain_bytes + size_t(hidden.rows) * size_t(ring_code_columns(k_pad)) * 2 <= staging_.bytes();
+    hidden_ring_order_ = ring ? staging_.as<unsigned char>() + plain_bytes : nullptr;
     check_cuda(prepare::stage_hidden(hidden, int32_t(k_pad), !tc, staging_.as<void>(), hidden_bad_.as<int32_t>(),
-                                     stream_),
+                                     hidden_ring_order_, stream_),
                "stage hidden");
     return tc;
   }
@@ -504,10 +516,10 @@ class CudaBackend final : public Backend {
   }
 
   ScanWorkspace workspace(const CudaLmHead& head) const {
-    return ScanWorkspace{plans_.as<RowPlan>(),       staging_.as<void>(),       partials_.as<Partial>(),
-                         q_partials_.as<QPartial>(), residuals_.as<Residual>(), max_rows_,
-                         cublas_,                    chunk_pipeline(),          dequantized_for(head),
-                         gumbel_bounds_.as<float>()};
+    return ScanWorkspace{plans_.as<RowPlan>(),       staging_.as<void>(),       hidden_ring_order_,
+                         partials_.as<Partial>(),    q_partials_.as<QPartial>(), residuals_.as<Residual>(),
+                         max_rows_,                  cublas_,                    chunk_pipeline(),
+                         dequantized_for(head),      gumbel_bounds_.as<float>()};
   }
 
   // The two logits buffers of the cuBLAS scans and what orders them.
@@ -583,6 +595,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer done_counter_;  // CTAs of a weight-streaming scan that have finished
   int last_error_ = 0;
   DeviceBuffer plans_, hidden_bad_, partials_, q_partials_, residuals_, flag_, staging_;
+  void* hidden_ring_order_ = nullptr;  // in staging_: the last staged rows' copy in the e4m3 ring's order (stage)
   DeviceBuffer level_partials_, row_drafts_, tried_, verdicts_;  // stochastic drafts' residual chains
   DeviceBuffer shard_summaries_, shard_status_;  // finalize of gathered shard records
   DeviceBuffer controls_storage_;                // calls with sampling controls or logprobs

@@ -51,6 +51,8 @@ ScanLimits configure_scans(int device);
 struct ScanWorkspace {
   RowPlan* plans;          // [max_rows]
   const void* hidden;      // staged hidden rows, [max_rows, k_pad]
+  const void* hidden_ring_order;  // the same rows in the e4m3 TMA ring's k order, where staged
+                                  // (scan_reads_ring_order), else NULL
   Partial* partials;       // [kMaxGroups, max_rows]
   QPartial* q_partials;    // [kMaxGroups, max_rows]
   Residual* residuals;     // [kMaxGroups, max_rows]
@@ -60,6 +62,12 @@ struct ScanWorkspace {
   uint16_t* dequantized;   // an 8-bit head's bf16 rows for the cuBLAS scan; NULL if none is reserved
   const float* gumbel_bounds;  // [256] sampling/gumbel_bounds.h, for the folds that skip noise
 };
+
+// Whether run_scan may take the TMA ring for `rows` rows of `head` (an e4m3
+// head at 9–16 rows), which reads the hidden rows in the ring's k order
+// (codes.cuh) from ScanWorkspace::hidden_ring_order: the staging writes that
+// copy too where this holds. Without it the register scan serves the call.
+bool scan_reads_ring_order(const ScanLimits& limits, const CudaLmHead& head, bool tensor_cores, int rows);
 
 // Tests (testing.h): the sm_90a TMA-ring scans (9–16 and 17–64 rows) serve
 // every call they can (on) or those tuning::stream_box_serves and

@@ -1,5 +1,6 @@
 // Kernels that run before a scan: row plans (with the device-side argument
 // checks the host cannot do on device memory) and the staging of hidden rows.
+#include "codes.cuh"
 #include "launch.cuh"
 #include "prepare.h"
 #include "sampling/algorithm1.h"
@@ -179,9 +180,33 @@ __device__ void draft_plan_row(const DraftPlanArgs& a, int r) {
     a.plans[r] = draft_row_plan(v);
 }
 
+// The block's row of 16-bit values (d of them) in the e4m3 TMA ring's k
+// order (codes.cuh), zero beyond d, as 32-bit pairs: columns 2q and 2q + 1
+// of the copy are a pair of the row (ring_code_order_holds). kInFlight
+// pairs' loads are issued before their stores; the row was just read by
+// this block, so they are L1 hits.
+__device__ __forceinline__ void stage_ring_order(const uint16_t* __restrict__ row, int32_t d, int32_t k_pad,
+                                                 uint32_t* __restrict__ out) {
+  constexpr int kInFlight = 4;
+  const int pairs = int(ring_code_columns(k_pad) / 2);
+  for (int first = threadIdx.x; first < pairs; first += kInFlight * blockDim.x) {
+    uint32_t word[kInFlight];
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      const int kappa = 2 * (first + i * int(blockDim.x));
+      const int c = kappa / kRingCodeBlock * kRingCodeBlock + ring_code_column(kappa % kRingCodeBlock);
+      const uint32_t lo = c < d ? row[c] : 0u, hi = c + 1 < d ? row[c + 1] : 0u;
+      word[i] = lo | hi << 16;
+    }
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i)
+      if (first + i * int(blockDim.x) < pairs) out[first + i * int(blockDim.x)] = word[i];
+  }
+}
+
 // One block per row, an element at a time: any dtype, stride and alignment.
 __global__ void stage_hidden_kernel(const void* src, flashspec_dtype dtype, int64_t ld, int32_t d, int32_t k_pad,
-                                    int32_t as_float, void* out, int32_t* bad) {
+                                    int32_t as_float, void* out, int32_t* bad, void* ring_order) {
   pdl_trigger();  // the scan may launch now and wait for these rows
   const int64_t r = blockIdx.x;
   const size_t esize = dtype_size(dtype);
@@ -198,6 +223,9 @@ __global__ void stage_hidden_kernel(const void* src, flashspec_dtype dtype, int6
       static_cast<uint16_t*>(out)[r * k_pad + c] = v;
     }
   }
+  if (ring_order)
+    stage_ring_order(reinterpret_cast<const uint16_t*>(row), d, k_pad,
+                     static_cast<uint32_t*>(ring_order) + r * (ring_code_columns(k_pad) / 2));
   found = __syncthreads_or(found);
   if (threadIdx.x == 0) bad[r] = found;
 }
@@ -221,7 +249,7 @@ __device__ __forceinline__ float element_of(const uint4& v, int e) {
 template <flashspec_dtype kSrc>
 __global__ void stage_hidden_groups_kernel(const uint4* __restrict__ src, int64_t ld_groups, int32_t d,
                                            int32_t k_pad, int32_t as_float, void* __restrict__ out,
-                                           int32_t* __restrict__ bad) {
+                                           int32_t* __restrict__ bad, void* __restrict__ ring_order) {
   constexpr int kPer = kSrc == FLASHSPEC_DTYPE_F32 ? 4 : 8;  // elements per 16 bytes
   constexpr int kGroupsInFlight = 4;
   pdl_trigger();  // the scan may launch now and wait for these rows
@@ -259,6 +287,9 @@ __global__ void stage_hidden_groups_kernel(const uint4* __restrict__ src, int64_
     if (as_float) static_cast<float*>(out)[r * k_pad + c] = 0.0f;
     else static_cast<uint16_t*>(out)[r * k_pad + c] = 0;
   }
+  if (ring_order)
+    stage_ring_order(reinterpret_cast<const uint16_t*>(row), d, k_pad,
+                     static_cast<uint32_t*>(ring_order) + r * (ring_code_columns(k_pad) / 2));
   found = __syncthreads_or(found);
   if (threadIdx.x == 0) bad[r] = found;
 }
@@ -299,7 +330,8 @@ cudaError_t draft_plans(const DraftArgs& args, int64_t vocab, RowPlan* plans, cu
 }
 
 cudaError_t stage_hidden(const flashspec_tensor& hidden, int32_t k_pad, bool as_float, void* out, int32_t* bad,
-                         cudaStream_t stream) {
+                         void* ring_order, cudaStream_t stream) {
+  if (ring_order && (as_float || dtype_size(hidden.dtype) != 2)) return cudaErrorInvalidValue;
   const int64_t esize = int64_t(dtype_size(hidden.dtype));
   const bool groups = (hidden.dtype == FLASHSPEC_DTYPE_F32 || hidden.dtype == FLASHSPEC_DTYPE_BF16 ||
                        hidden.dtype == FLASHSPEC_DTYPE_F16) &&
@@ -312,13 +344,16 @@ cudaError_t stage_hidden(const flashspec_tensor& hidden, int32_t k_pad, bool as_
   const int32_t d = int32_t(hidden.cols), f = as_float ? 1 : 0;
   if (!groups)
     stage_hidden_kernel<<<grid, block, 0, stream>>>(hidden.data, hidden.dtype, hidden.row_stride, d, k_pad, f, out,
-                                                     bad);
+                                                     bad, ring_order);
   else if (hidden.dtype == FLASHSPEC_DTYPE_F32)
-    stage_hidden_groups_kernel<FLASHSPEC_DTYPE_F32><<<grid, block, 0, stream>>>(src, ld_groups, d, k_pad, f, out, bad);
+    stage_hidden_groups_kernel<FLASHSPEC_DTYPE_F32><<<grid, block, 0, stream>>>(src, ld_groups, d, k_pad, f, out, bad,
+                                                                                ring_order);
   else if (hidden.dtype == FLASHSPEC_DTYPE_BF16)
-    stage_hidden_groups_kernel<FLASHSPEC_DTYPE_BF16><<<grid, block, 0, stream>>>(src, ld_groups, d, k_pad, f, out, bad);
+    stage_hidden_groups_kernel<FLASHSPEC_DTYPE_BF16><<<grid, block, 0, stream>>>(src, ld_groups, d, k_pad, f, out, bad,
+                                                                                 ring_order);
   else
-    stage_hidden_groups_kernel<FLASHSPEC_DTYPE_F16><<<grid, block, 0, stream>>>(src, ld_groups, d, k_pad, f, out, bad);
+    stage_hidden_groups_kernel<FLASHSPEC_DTYPE_F16><<<grid, block, 0, stream>>>(src, ld_groups, d, k_pad, f, out, bad,
+                                                                                ring_order);
   return cudaGetLastError();
 }
 

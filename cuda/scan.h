@@ -39,14 +39,14 @@ cudaError_t launch_stream(const void* kernel, const ScanParams& params, const St
 // (tuning::stream_box_serves).
 // hand_off: the instance whose consumer groups share each CTA's last unit's
 // fold, for launches that may have a sampled row (tuning::
-// stream_box_hands_off); any launch may take either. e4m3 codes have only
-// the instance without it, which either value gives.
+// stream_box_hands_off); any launch may take either.
 const void* stream_box_kernel(int shape, flashspec_dtype w_dtype, bool hand_off);
 size_t stream_box_smem(flashspec_dtype w_dtype);
 // The tensor maps a stream_box_kernel or stream_wide_kernel reads: W in
 // boxes of tuning::kStreamBoxMapTokens tokens and of 16 tokens, and the
 // launch's staged hidden rows (boxes of its rows padded to the kernel's
-// MMA); all 64 columns wide.
+// MMA; for e4m3 codes the copy in the ring's k order, ScanParams::
+// h_ring_order); all 128 bytes wide.
 struct StreamMaps {
   CUtensorMap w;
   CUtensorMap w_tile;
@@ -60,8 +60,9 @@ struct StreamMaps {
 const void* stream_wide_kernel(flashspec_dtype w_dtype);
 size_t stream_wide_smem();
 // Encodes the maps for a launch; false (the register path serves it) unless
-// W is 16-bit or 8-bit codes (the staged rows 16-bit) with 16-byte-aligned
-// rows and the driver can encode tensor maps.
+// W is 16-bit or 8-bit codes (the staged rows 16-bit, for codes their copy
+// in the ring's k order present) with 16-byte-aligned rows and the driver
+// can encode tensor maps.
 bool stream_box_maps(const ScanParams& params, StreamMaps* maps);
 // launch_stream's contract for a stream_box_kernel.
 cudaError_t launch_stream_box(const void* kernel, const ScanParams& params, const StreamTail& tail,

@@ -428,6 +428,7 @@ struct Barriers {
   uint64_t full[kRingStages], empty[kRingStages];
   uint64_t unit_done;
   uint64_t handoff;  // the last unit's handed tiles are in the ring (consume_units)
+  uint64_t codes_read;  // 8-bit codes: the last unit's owner has read every code its stash may overwrite
 };
 
 // What a ring scan's CTA does before its warps take their roles: the
@@ -446,7 +447,10 @@ __device__ __forceinline__ void start_ring(const ScanParams& p, const RingT& rin
       tma::barrier_init(bars.empty + stage, kGroupWarps);
     }
     tma::barrier_init(&bars.unit_done, kGroupWarps);
-    if (kHandOff) tma::barrier_init(&bars.handoff, kGroupWarps * 32);
+    if (kHandOff) {
+      tma::barrier_init(&bars.handoff, kGroupWarps * 32);
+      tma::barrier_init(&bars.codes_read, kGroupWarps * 32);
+    }
     tma::barrier_init_fence();
   }
   __syncthreads();
@@ -571,52 +575,52 @@ __device__ __forceinline__ void multiply_stage(uint32_t stage, bool accumulate, 
             hidden + panel * RingT::kHiddenPanelBytes + k * 32, accumulate || panel > 0 || k > 0);
 }
 
-// A stage's MMAs for 8-bit codes (CodeRing), W the MMA's A from registers:
-// for each k16 step of the stage's columns, each thread reads its fragment's
-// codes of each of the unit's 64-token tiles from the stage (`stage` its
-// generic address, stage_address its shared one) — tokens 16·group_warp +
-// g and + 8, columns 2t, 2t + 1 and 2t + 8, 2t + 9 of the step, in the TMA's
-// 128-byte swizzle (16-byte unit u of row r at u ^ (r mod 8), the tiles
-// 1024-byte aligned) — converts them to bf16 pairs (codes_to_bf16x2,
-// exact) and multiplies them by the hidden rows' panel in the stage. A
-// step's codes are read before the step before it converts, and a step
-// waits for the MMAs of the step before it, which read the fragments it
-// overwrites.
+// A stage's MMAs for 8-bit codes (CodeRing), W the MMA's A from registers,
+// in the k order of ring_code_column (codes.cuh), in which the stage's
+// hidden rows were staged: each thread reads the 16-byte unit 2t + j of
+// its tokens' 128-code lines (tokens 16·group_warp + g and + 8 of each of
+// the unit's 64-token tiles, in the TMA's 128-byte swizzle: 16-byte unit u
+// of row r at u ^ (r mod 8), the tiles 1024-byte aligned) for the k16 steps
+// 4j … 4j + 3, converts word s of it to the bf16 pairs of step 4j + s
+// (codes_to_bf16x2, exact) and multiplies them by the hidden rows' panel in
+// the stage (`stage` the stage's generic address, stage_address its shared
+// one). The second units are read during step 1, while the first convert;
+// a step waits for the MMAs of the step before it, which read the fragments
+// it overwrites.
 template <flashspec_dtype kW, class RingT>
 __device__ __forceinline__ void multiply_code_stage(const unsigned char* stage, uint32_t stage_address,
                                                     bool accumulate, int group_warp,
                                                     float (&acc)[kUnitTiles][8]) {
-  static_assert(RingT::kColumns % 16 == 0, "whole k16 steps per stage");
+  static_assert(RingT::kColumns == kRingCodeBlock, "a stage is one block of ring_code_column's order");
+  constexpr int kStepsPerUnit = 4;  // k16 steps per 16-byte unit of a token's codes
   constexpr int kSteps = RingT::kColumns / 16;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const unsigned char* row_g = stage + (16 * group_warp + g) * kRowBytes + 2 * t;
+  const unsigned char* row_g = stage + (16 * group_warp + g) * kRowBytes;
   const uint32_t hidden = stage_address + uint32_t(kWBytes);
-  auto read_step = [&](int step, uint32_t (&raw)[kUnitTiles][4]) {
-    const unsigned char* unit = row_g + ((step ^ g) << 4);
-#pragma unroll
-    for (int i = 0; i < kUnitTiles; ++i) {
-      const unsigned char* at = unit + i * kTileBytes;
-      raw[i][0] = *reinterpret_cast<const uint16_t*>(at);
-      raw[i][1] = *reinterpret_cast<const uint16_t*>(at + 8 * kRowBytes);
-      raw[i][2] = *reinterpret_cast<const uint16_t*>(at + 8);
-      raw[i][3] = *reinterpret_cast<const uint16_t*>(at + 8 * kRowBytes + 8);
-    }
+  // units[i][0]: token g's unit of tile i, units[i][1]: token g + 8's.
+  auto read_units = [&](int j, int i, uint4 (&units)[2]) {
+    const unsigned char* at = row_g + (((2 * t + j) ^ g) << 4) + i * kTileBytes;
+    units[0] = *reinterpret_cast<const uint4*>(at);
+    units[1] = *reinterpret_cast<const uint4*>(at + 8 * kRowBytes);
   };
-  uint32_t codes[2][kUnitTiles][4];
-  read_step(0, codes[0]);
+  auto word = [](const uint4& u, int s) { return s == 0 ? u.x : s == 1 ? u.y : s == 2 ? u.z : u.w; };
+  uint4 units[kSteps / kStepsPerUnit][kUnitTiles][2];
+#pragma unroll
+  for (int i = 0; i < kUnitTiles; ++i) read_units(0, i, units[0][i]);
   uint32_t fragments[kUnitTiles][4];
 #pragma unroll
   for (int step = 0; step < kSteps; ++step) {
-    const uint32_t(&raw)[kUnitTiles][4] = codes[step & 1];
-    if (step + 1 < kSteps) read_step(step + 1, codes[(step + 1) & 1]);
     if (step >= 1) wgmma::wait<0>();
 #pragma unroll
-    for (int i = 0; i < kUnitTiles; ++i)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        uint32_t unused;
-        codes_to_bf16x2<kW>(raw[i][q], fragments[i][q], unused);
-      }
+    for (int i = 0; i < kUnitTiles; ++i) {
+      // Registers 0 and 2 of the fragment: token g's columns 2t, 2t + 1 and
+      // 2t + 8, 2t + 9; 1 and 3 the same of token g + 8.
+      const int j = step / kStepsPerUnit, s = step % kStepsPerUnit;
+      codes_to_bf16x2<kW>(word(units[j][i][0], s), fragments[i][0], fragments[i][2]);
+      codes_to_bf16x2<kW>(word(units[j][i][1], s), fragments[i][1], fragments[i][3]);
+      // A tile's next units, into the registers its last words leave.
+      if (s == kStepsPerUnit - 1 && j + 1 < kSteps / kStepsPerUnit) read_units(j + 1, i, units[j + 1][i]);
+    }
     wgmma::fence();
     const uint64_t b =
         wgmma::k_major_sw128(hidden + uint32_t((step / 4) * RingT::kHiddenPanelBytes + (step % 4) * 32));
@@ -642,7 +646,8 @@ __device__ __forceinline__ void multiply_code_stage(const unsigned char* stage, 
 // two groups share the CTA's last unit's fold (box::consume_units), the
 // instance for launches that may have a sampled row (tuning::
 // stream_box_hands_off). e4m3 codes: a stage holds 128 codes of each token,
-// which the multiplying group converts to bf16 as the MMA's A
+// which the multiplying group converts to bf16 as the MMA's A in the k
+// order of ring_code_column, the hidden rows' copy in that order its B
 // (box::multiply_code_stage); the row scales multiply the finished logits.
 template <flashspec_dtype kW, int kShape, bool kHandOff>
 __global__ void __launch_bounds__(box::kThreads, 1)
@@ -651,10 +656,6 @@ __global__ void __launch_bounds__(box::kThreads, 1)
   constexpr int kN = kNT * 8;  // the wgmma's N: hidden rows per launch, padded to 8
   static_assert(kN == kMaxRows, "the ring's hidden panels are kMaxRows rows, the hidden map's box");
   constexpr bool kCodes = is_codes(kW);
-  // The handoff stores the owner's logits over stages that its warps read
-  // codes from with ordinary loads, which a warp still reading would race
-  // with (compute-sanitizer's racecheck found it): codes never hand off.
-  static_assert(!(kCodes && kHandOff), "8-bit codes take the instance without the handoff");
   using Ring = std::conditional_t<kCodes, box::CodeRing, box::NarrowRing>;
   constexpr bool kBf16 = kW == FLASHSPEC_DTYPE_BF16;
   __shared__ RowPlan plans[kMaxRows];
@@ -729,7 +730,18 @@ __global__ void __launch_bounds__(box::kThreads, 1)
           }
         },
         [&](int count) {
-          if (kHandOff) handoff.stash(acc, count);
+          if constexpr (kHandOff) {
+            // The stash lands on stages the group's warps read codes from
+            // with ordinary loads, which a warp behind the others may not
+            // have finished (compute-sanitizer's racecheck found the race
+            // without this wait); 16-bit W is read by the MMAs alone, which
+            // the group issues together and has waited for.
+            if constexpr (kCodes) {
+              tma::barrier_arrive(&bars.codes_read);
+              tma::barrier_wait(&bars.codes_read, 0);
+            }
+            handoff.stash(acc, count);
+          }
         });
   }
   finish_scan<kNT, box::kConsumerWarps + 1>(p, tail, plans, held, merged, warp, lane);
@@ -955,18 +967,16 @@ struct StreamScan {
 // The sm_90a kernel of a stream shape it serves, else NULL (not compiled).
 template <flashspec_dtype kW, int kShape, bool kHandOff>
 const void* box_kernel_address() {
-  if constexpr (kShape >= tuning::kStreamBoxMinShape && !(is_codes(kW) && kHandOff))
+  if constexpr (kShape >= tuning::kStreamBoxMinShape)
     return reinterpret_cast<const void*>(&stream_box_kernel<kW, kShape, kHandOff>);
   else
     return nullptr;
 }
-// 8-bit codes have only the instance without the handoff, which serves
-// their calls either way.
 template <flashspec_dtype kW, size_t... kShapes>
 const void* box_kernel_of(int shape, bool hand_off, std::index_sequence<kShapes...>) {
   static const void* const kernels[][2] = {
       {box_kernel_address<kW, int(kShapes), false>(), box_kernel_address<kW, int(kShapes), true>()}...};
-  return kernels[shape][hand_off && !is_codes(kW) ? 1 : 0];
+  return kernels[shape][hand_off ? 1 : 0];
 }
 
 // cuTensorMapEncodeTiled from the driver the runtime uses (no link against
@@ -1050,11 +1060,15 @@ size_t stream_wide_smem() { return wide::WideRing::kSmemBytes; }
 
 bool stream_box_maps(const ScanParams& p, StreamMaps* maps) {
   if (p.w_dtype != FLASHSPEC_DTYPE_BF16 && p.w_dtype != FLASHSPEC_DTYPE_F16 && !is_codes(p.w_dtype)) return false;
-  // 8-bit codes meet hidden rows staged in bf16.
-  const flashspec_dtype hidden_dtype = is_codes(p.w_dtype) ? FLASHSPEC_DTYPE_BF16 : p.w_dtype;
-  const uint64_t pitch = uint64_t(p.ldw) * dtype_size(p.w_dtype), hidden_pitch = uint64_t(p.k_pad) * 2;
-  if (p.d_load <= 0 || p.vocab <= 0 || pitch % 16 != 0 || hidden_pitch % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || reinterpret_cast<uintptr_t>(p.h) % 16 != 0)
+  // 8-bit codes meet hidden rows staged in bf16, in the ring's k order
+  // (codes.cuh).
+  const bool codes = is_codes(p.w_dtype);
+  const flashspec_dtype hidden_dtype = codes ? FLASHSPEC_DTYPE_BF16 : p.w_dtype;
+  const void* hidden = codes ? p.h_ring_order : p.h;
+  const uint64_t hidden_columns = uint64_t(codes ? ring_code_columns(p.k_pad) : p.k_pad);
+  const uint64_t pitch = uint64_t(p.ldw) * dtype_size(p.w_dtype), hidden_pitch = hidden_columns * 2;
+  if (p.d_load <= 0 || p.vocab <= 0 || pitch % 16 != 0 || hidden_pitch % 16 != 0 || !hidden ||
+      reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || reinterpret_cast<uintptr_t>(hidden) % 16 != 0)
     return false;
   const EncodeTiled encode = encode_tiled();
   if (!encode) return false;
@@ -1064,7 +1078,7 @@ bool stream_box_maps(const ScanParams& p, StreamMaps* maps) {
   return encode_rows(encode, &maps->w, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch,
                      tuning::kStreamBoxMapTokens) &&
          encode_rows(encode, &maps->w_tile, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch, 16) &&
-         encode_rows(encode, &maps->hidden, hidden_dtype, p.h, uint64_t(p.k_pad), uint64_t(p.row_base + p.rows),
+         encode_rows(encode, &maps->hidden, hidden_dtype, hidden, hidden_columns, uint64_t(p.row_base + p.rows),
                      hidden_pitch, n);
 }
 

@@ -498,9 +498,12 @@ TEST_F(Gpu, QuantisedHeadsDraftParity) {
 // bf16 in registers as the MMA's A, the row's scale on the finished logit);
 // here it serves every call it can (tests' switch, cuda/testing.h): a
 // vocabulary smaller than one box, units with ragged ends, hidden sizes that
-// end inside a 128-column stage, CTAs of several units (V = 90001); greedy
-// and sampled rows; a 13-row verify batch. int8 codes keep the register
-// path (QuantisedHeadsDraftParity).
+// end inside a 128-column stage (the hidden rows' copy in the ring's k order
+// padded with zeros; d = 204 staged element by element, not in 16-byte
+// groups), CTAs of several units (V = 90001, whose sampled calls share each
+// CTA's last unit between the warpgroups); greedy and sampled rows; a
+// 13-row verify batch. int8 codes keep the register path
+// (QuantisedHeadsDraftParity).
 TEST_F(Gpu, QuantisedHeadsParityStreamBoxes) {
   const flashspec::cuda::RingScansEverywhere everywhere;
   constexpr flashspec_dtype kE4m3 = FLASHSPEC_DTYPE_E4M3;
@@ -509,6 +512,7 @@ TEST_F(Gpu, QuantisedHeadsParityStreamBoxes) {
     run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 5003, 8232, 16, t, false, kE4m3});
     run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 90001, 200, 9, t, false, kE4m3});
   }
+  run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 5003, 204, 11, 1.0f, false, kE4m3});
   run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 90001, 256, 4, 4, false, 0.3f, false, kE4m3});
 }
 
