@@ -42,7 +42,7 @@ __device__ __forceinline__ void codes_to_bf16x2(uint32_t word, uint32_t& lo, uin
 
 constexpr bool is_codes(flashspec_dtype w) { return w == FLASHSPEC_DTYPE_E4M3 || w == FLASHSPEC_DTYPE_I8; }
 
-// The k order of the 9–16-row TMA ring's e4m3 product (scan_stream.cu,
+// The k order of the 9–16-row TMA ring's 8-bit-code product (scan_stream.cu,
 // box::multiply_code_stage). A stage holds 128 codes of each token (one
 // 128-byte line); lane (g, t) of a warp reads 16-byte unit 2t + j of its
 // tokens' lines whole (j = 0, 1) and takes bytes 4s … 4s + 3 of it as its

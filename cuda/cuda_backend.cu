@@ -412,7 +412,7 @@ class CudaBackend final : public Backend {
   }
 
   // Staged hidden rows: [max_rows, k_pad] fp32 at most (the CUDA-core path),
-  // or 16-bit rows and their copy in the e4m3 ring's k order (whole
+  // or 16-bit rows and their copy in the 8-bit-code ring's k order (whole
   // 128-column blocks) after them.
   void reserve_staging(int64_t d) {
     const size_t need = size_t(max_rows_) * size_t(ring_code_columns(round_up(d, 64))) * sizeof(float);
@@ -432,7 +432,7 @@ class CudaBackend final : public Backend {
 
   // Stages the hidden rows; returns whether the tensor-core scans apply
   // (never for a stochastic draft of an 8-bit head, which the CUDA-core scan
-  // serves: `stochastic`). Where run_scan may take the e4m3 TMA ring
+  // serves: `stochastic`). Where run_scan may take the 8-bit-code TMA ring
   // (scan_reads_ring_order; not for `controlled` calls, which run_controlled
   // serves), the rows' copy in the ring's k order too, after the [max_rows,
   // k_pad] rows: workspace() hands it on until the next call stages.
@@ -595,7 +595,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer done_counter_;  // CTAs of a weight-streaming scan that have finished
   int last_error_ = 0;
   DeviceBuffer plans_, hidden_bad_, partials_, q_partials_, residuals_, flag_, staging_;
-  void* hidden_ring_order_ = nullptr;  // in staging_: the last staged rows' copy in the e4m3 ring's order (stage)
+  void* hidden_ring_order_ = nullptr;  // in staging_: the last staged rows' copy in the code ring's order (stage)
   DeviceBuffer level_partials_, row_drafts_, tried_, verdicts_;  // stochastic drafts' residual chains
   DeviceBuffer shard_summaries_, shard_status_;  // finalize of gathered shard records
   DeviceBuffer controls_storage_;                // calls with sampling controls or logprobs

@@ -158,7 +158,7 @@ ScanLimits configure_scans(int device) {
   if (major == 9 && minor == 0) {
     limits.stream_box = limits.stream_box_codes = true;
     limits.stream_wide = true;
-    for (flashspec_dtype dtype : {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_E4M3}) {
+    for (flashspec_dtype dtype : {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_E4M3, FLASHSPEC_DTYPE_I8}) {
       for (int shape = 0; shape < tuning::kStreamShapeCount; ++shape)
         for (bool hand_off : {false, true}) {
           const void* kernel = scan::stream_box_kernel(shape, dtype, hand_off);

@@ -51,7 +51,7 @@ ScanLimits configure_scans(int device);
 struct ScanWorkspace {
   RowPlan* plans;          // [max_rows]
   const void* hidden;      // staged hidden rows, [max_rows, k_pad]
-  const void* hidden_ring_order;  // the same rows in the e4m3 TMA ring's k order, where staged
+  const void* hidden_ring_order;  // the same rows in the code TMA ring's k order, where staged
                                   // (scan_reads_ring_order), else NULL
   Partial* partials;       // [kMaxGroups, max_rows]
   QPartial* q_partials;    // [kMaxGroups, max_rows]
@@ -63,7 +63,7 @@ struct ScanWorkspace {
   const float* gumbel_bounds;  // [256] sampling/gumbel_bounds.h, for the folds that skip noise
 };
 
-// Whether run_scan may take the TMA ring for `rows` rows of `head` (an e4m3
+// Whether run_scan may take the TMA ring for `rows` rows of `head` (an 8-bit
 // head at 9–16 rows), which reads the hidden rows in the ring's k order
 // (codes.cuh) from ScanWorkspace::hidden_ring_order: the staging writes that
 // copy too where this holds. Without it the register scan serves the call.

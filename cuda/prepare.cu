@@ -180,7 +180,7 @@ __device__ void draft_plan_row(const DraftPlanArgs& a, int r) {
     a.plans[r] = draft_row_plan(v);
 }
 
-// The block's row of 16-bit values (d of them) in the e4m3 TMA ring's k
+// The block's row of 16-bit values (d of them) in the 8-bit-code TMA ring's k
 // order (codes.cuh), zero beyond d, as 32-bit pairs: columns 2q and 2q + 1
 // of the copy are a pair of the row (ring_code_order_holds). kInFlight
 // pairs' loads are issued before their stores; the row was just read by

@@ -38,7 +38,7 @@ cudaError_t draft_plans(const DraftArgs& args, int64_t vocab, RowPlan* plans, cu
 // values when as_float is false (the tensor-core path, same dtype as W), as
 // fp32 otherwise. bad[r] = 1 if row r holds a NaN or Inf. ring_order, when
 // not NULL (16-bit rows only): the rows again, [rows, ring_code_columns(k_pad)],
-// each 128-column block in the e4m3 TMA ring's k order (codes.cuh).
+// each 128-column block in the 8-bit-code TMA ring's k order (codes.cuh).
 cudaError_t stage_hidden(const flashspec_tensor& hidden, int32_t k_pad, bool as_float, void* out, int32_t* bad,
                          void* ring_order, cudaStream_t stream);
 

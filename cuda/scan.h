@@ -31,7 +31,7 @@ cudaError_t launch_stream(const void* kernel, const ScanParams& params, const St
                           cudaStream_t stream);
 
 // The same scan on sm_90a (dispatch checks the device and the build) for W
-// and hidden both bf16 or both fp16, or W e4m3 codes and hidden bf16: W
+// and hidden both bf16 or both fp16, or W 8-bit codes and hidden bf16: W
 // reaches shared memory in TMA boxes and warpgroup MMAs multiply it (codes
 // converted to bf16 in registers); one CTA per SM, launch_stream_box's
 // threads and stream_box_smem(W's dtype) bytes of dynamic shared memory.
@@ -45,7 +45,7 @@ size_t stream_box_smem(flashspec_dtype w_dtype);
 // The tensor maps a stream_box_kernel or stream_wide_kernel reads: W in
 // boxes of tuning::kStreamBoxMapTokens tokens and of 16 tokens, and the
 // launch's staged hidden rows (boxes of its rows padded to the kernel's
-// MMA; for e4m3 codes the copy in the ring's k order, ScanParams::
+// MMA; for 8-bit codes the copy in the ring's k order, ScanParams::
 // h_ring_order); all 128 bytes wide.
 struct StreamMaps {
   CUtensorMap w;

@@ -64,7 +64,7 @@ struct ScanParams {
   int32_t d_load;         // columns read from W (multiple of 8 on the mma path)
   int32_t k_pad;          // staged hidden columns (multiple of 32; of 64 for 8-bit codes), zero beyond d
   const void* h;          // staged hidden rows, [total rows, k_pad]
-  const void* h_ring_order;  // e4m3 codes at 9–16 rows: the same rows in the TMA ring's k order
+  const void* h_ring_order;  // 8-bit codes at 9–16 rows: the same rows in the TMA ring's k order
                              // (codes.cuh), [total rows, ring_code_columns(k_pad)]; NULL where not staged
   int32_t rows;           // rows in this launch
   int32_t row_base;       // first global row of this launch

@@ -645,7 +645,7 @@ __device__ __forceinline__ void multiply_code_stage(const unsigned char* stage, 
 // path does, while the other group multiplies the next unit. kHandOff: the
 // two groups share the CTA's last unit's fold (box::consume_units), the
 // instance for launches that may have a sampled row (tuning::
-// stream_box_hands_off). e4m3 codes: a stage holds 128 codes of each token,
+// stream_box_hands_off). 8-bit codes: a stage holds 128 codes of each token,
 // which the multiplying group converts to bf16 as the MMA's A in the k
 // order of ring_code_column, the hidden rows' copy in that order its B
 // (box::multiply_code_stage); the row scales multiply the finished logits.
@@ -1038,10 +1038,8 @@ const void* stream_box_kernel(int shape, flashspec_dtype w_dtype, bool hand_off)
   switch (w_dtype) {
     case FLASHSPEC_DTYPE_BF16: return box_kernel_of<FLASHSPEC_DTYPE_BF16>(shape, hand_off, shapes);
     case FLASHSPEC_DTYPE_F16: return box_kernel_of<FLASHSPEC_DTYPE_F16>(shape, hand_off, shapes);
-    // int8 codes stay on the register path: their conversion costs the
-    // ring's converting warps more, and the ring was 2 % slower to 1 % faster
-    // there (H200, tuning::stream_box_serves).
     case FLASHSPEC_DTYPE_E4M3: return box_kernel_of<FLASHSPEC_DTYPE_E4M3>(shape, hand_off, shapes);
+    case FLASHSPEC_DTYPE_I8: return box_kernel_of<FLASHSPEC_DTYPE_I8>(shape, hand_off, shapes);
     default: return nullptr;
   }
 }

@@ -494,26 +494,26 @@ TEST_F(Gpu, QuantisedHeadsDraftParity) {
   }
 }
 
-// On sm_90a the 9–16-row TMA-ring scan streams e4m3 codes too (converted to
-// bf16 in registers as the MMA's A, the row's scale on the finished logit);
-// here it serves every call it can (tests' switch, cuda/testing.h): a
-// vocabulary smaller than one box, units with ragged ends, hidden sizes that
-// end inside a 128-column stage (the hidden rows' copy in the ring's k order
-// padded with zeros; d = 204 staged element by element, not in 16-byte
-// groups), CTAs of several units (V = 90001, whose sampled calls share each
-// CTA's last unit between the warpgroups); greedy and sampled rows; a
-// 13-row verify batch. int8 codes keep the register path
-// (QuantisedHeadsDraftParity).
+// On sm_90a the 9–16-row TMA-ring scan streams e4m3 and int8 codes too
+// (converted to bf16 in registers as the MMA's A, the row's scale on the
+// finished logit); here it serves every call it can (tests' switch,
+// cuda/testing.h): a vocabulary smaller than one box, units with ragged
+// ends, hidden sizes that end inside a 128-column stage (the hidden rows'
+// copy in the ring's k order padded with zeros; d = 204 staged element by
+// element, not in 16-byte groups), CTAs of several units (V = 90001, whose
+// sampled calls share each CTA's last unit between the warpgroups); greedy
+// and sampled rows; a 13-row verify batch.
 TEST_F(Gpu, QuantisedHeadsParityStreamBoxes) {
   const flashspec::cuda::RingScansEverywhere everywhere;
-  constexpr flashspec_dtype kE4m3 = FLASHSPEC_DTYPE_E4M3;
-  run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 40, 8192, 12, 1.0f, false, kE4m3});
-  for (float t : {0.0f, 1.0f}) {
-    run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 5003, 8232, 16, t, false, kE4m3});
-    run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 90001, 200, 9, t, false, kE4m3});
+  for (flashspec_dtype stored : {FLASHSPEC_DTYPE_E4M3, FLASHSPEC_DTYPE_I8}) {
+    run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 40, 8192, 12, 1.0f, false, stored});
+    for (float t : {0.0f, 1.0f}) {
+      run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 5003, 8232, 16, t, false, stored});
+      run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 90001, 200, 9, t, false, stored});
+    }
+    run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 5003, 204, 11, 1.0f, false, stored});
+    run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 90001, 256, 4, 4, false, 0.3f, false, stored});
   }
-  run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 5003, 204, 11, 1.0f, false, kE4m3});
-  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 90001, 256, 4, 4, false, 0.3f, false, kE4m3});
 }
 
 TEST_F(Gpu, QuantisedHeadsVerifyParity) {
