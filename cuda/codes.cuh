@@ -40,6 +40,18 @@ __device__ __forceinline__ void codes_to_bf16x2(uint32_t word, uint32_t& lo, uin
   }
 }
 
+// The packed f16 pairs of four e4m3 codes (elements 0,1 then 2,3 of the
+// word): one conversion per pair, where bf16 takes four (codes_to_bf16x2).
+// Every e4m3 value is an f16 value, so the conversion is exact.
+__device__ __forceinline__ void e4m3_to_f16x2(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  auto convert = [](uint32_t pair) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3);
+    return uint32_t(h.x) | uint32_t(h.y) << 16;
+  };
+  lo = convert(word & 0xffffu);
+  hi = convert(word >> 16);
+}
+
 constexpr bool is_codes(flashspec_dtype w) { return w == FLASHSPEC_DTYPE_E4M3 || w == FLASHSPEC_DTYPE_I8; }
 
 // The k order of the 9–16-row TMA ring's 8-bit-code product (scan_stream.cu,

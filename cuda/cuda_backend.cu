@@ -114,7 +114,7 @@ class CudaBackend final : public Backend {
     for (DeviceBuffer* b : {&plans_, &hidden_bad_, &partials_, &q_partials_, &residuals_, &level_partials_,
                             &row_drafts_, &tried_, &verdicts_, &flag_, &done_counter_,
                             &staging_, &chunk_logits_, &cublas_workspace_, &gumbel_bounds_, &shard_summaries_,
-                            &shard_status_, &controls_storage_})
+                            &shard_status_, &controls_storage_, &ring_staging_})
       b->reset();
     if (previous != device_) cudaSetDevice(previous);
   }
@@ -185,6 +185,7 @@ class CudaBackend final : public Backend {
     require(found == 0, FLASHSPEC_ERR_NON_FINITE, Field::kWeight, "holds a NaN or Inf value");
     reserve_staging(head->hidden);
     if (head->codes()) reserve_dequantized(head->hidden);
+    if (head->codes()) reserve_ring_hidden(*head);
     return head;
   }
 
@@ -411,14 +412,25 @@ class CudaBackend final : public Backend {
                 std::to_string(device_));
   }
 
-  // Staged hidden rows: [max_rows, k_pad] fp32 at most (the CUDA-core path),
-  // or 16-bit rows and their copy in the 8-bit-code ring's k order (whole
-  // 128-column blocks) after them.
+  // Staged hidden rows: [max_rows, k_pad] fp32 at most (the CUDA-core path).
   void reserve_staging(int64_t d) {
-    const size_t need = size_t(max_rows_) * size_t(ring_code_columns(round_up(d, 64))) * sizeof(float);
+    const size_t need = size_t(max_rows_) * size_t(round_up(d, 64)) * sizeof(float);
     if (staging_.bytes() >= need) return;
     check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     staging_.allocate(need, "cudaMalloc (hidden staging)");
+  }
+
+  // The 8-bit-code TMA ring's copies of up to kStreamMaxRows staged rows
+  // (RingHidden): bf16 and f16 rows of ring_code_columns(k_pad) values,
+  // then the factors.
+  size_t ring_hidden_bytes(int64_t k_pad) const {
+    return size_t(tuning::kStreamMaxRows) * (2 * size_t(ring_code_columns(k_pad)) * 2 + sizeof(float));
+  }
+  void reserve_ring_hidden(const CudaLmHead& head) {
+    const size_t need = ring_hidden_bytes(head.staged_columns());
+    if (ring_staging_.bytes() >= need) return;
+    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    ring_staging_.allocate(need, "cudaMalloc (hidden rows for the 8-bit-code ring)");
   }
 
   // bf16 copies of an 8-bit head's codes, gemm_scan::kDequantTokens rows at
@@ -434,20 +446,26 @@ class CudaBackend final : public Backend {
   // (never for a stochastic draft of an 8-bit head, which the CUDA-core scan
   // serves: `stochastic`). Where run_scan may take the 8-bit-code TMA ring
   // (scan_reads_ring_order; not for `controlled` calls, which run_controlled
-  // serves), the rows' copy in the ring's k order too, after the [max_rows,
-  // k_pad] rows: workspace() hands it on until the next call stages.
+  // serves), the rows' copies it reads too (RingHidden): workspace() hands
+  // them on until the next call stages.
   bool stage(const CudaLmHead& head, const flashspec_tensor& hidden, bool stochastic = false,
              bool controlled = false) {
     const int64_t k_pad = head.staged_columns();
     require(size_t(hidden.rows) * size_t(k_pad) * sizeof(float) <= staging_.bytes(), FLASHSPEC_ERR_WORKSPACE_EXCEEDED,
             Field::kHead, "its hidden size exceeds the staging this context reserved (create the head on this context)");
     const bool tc = head.tensor_cores && hidden.dtype == head.compute_dtype() && !(stochastic && head.codes());
-    const size_t plain_bytes = size_t(max_rows_) * size_t(k_pad) * 2;
-    const bool ring = !stochastic && !controlled && scan_reads_ring_order(limits_, head, tc, int(hidden.rows)) &&
-                      plain_bytes + size_t(hidden.rows) * size_t(ring_code_columns(k_pad)) * 2 <= staging_.bytes();
-    hidden_ring_order_ = ring ? staging_.as<unsigned char>() + plain_bytes : nullptr;
+    ring_hidden_ = RingHidden{};
+    if (!stochastic && !controlled && scan_reads_ring_order(limits_, head, tc, int(hidden.rows)) &&
+        ring_hidden_bytes(k_pad) <= ring_staging_.bytes()) {
+      const size_t copy = size_t(tuning::kStreamMaxRows) * size_t(ring_code_columns(k_pad));
+      ring_hidden_.bf16 = ring_staging_.as<uint16_t>();
+      if (head.dtype == FLASHSPEC_DTYPE_E4M3) {  // int8's products stay bf16
+        ring_hidden_.f16 = ring_hidden_.bf16 + copy;
+        ring_hidden_.factors = reinterpret_cast<float*>(ring_hidden_.f16 + copy);
+      }
+    }
     check_cuda(prepare::stage_hidden(hidden, int32_t(k_pad), !tc, staging_.as<void>(), hidden_bad_.as<int32_t>(),
-                                     hidden_ring_order_, stream_),
+                                     ring_hidden_, stream_),
                "stage hidden");
     return tc;
   }
@@ -516,7 +534,7 @@ class CudaBackend final : public Backend {
   }
 
   ScanWorkspace workspace(const CudaLmHead& head) const {
-    return ScanWorkspace{plans_.as<RowPlan>(),       staging_.as<void>(),       hidden_ring_order_,
+    return ScanWorkspace{plans_.as<RowPlan>(),       staging_.as<void>(),       ring_hidden_,
                          partials_.as<Partial>(),    q_partials_.as<QPartial>(), residuals_.as<Residual>(),
                          max_rows_,                  cublas_,                    chunk_pipeline(),
                          dequantized_for(head),      gumbel_bounds_.as<float>()};
@@ -595,7 +613,8 @@ class CudaBackend final : public Backend {
   DeviceBuffer done_counter_;  // CTAs of a weight-streaming scan that have finished
   int last_error_ = 0;
   DeviceBuffer plans_, hidden_bad_, partials_, q_partials_, residuals_, flag_, staging_;
-  void* hidden_ring_order_ = nullptr;  // in staging_: the last staged rows' copy in the code ring's order (stage)
+  DeviceBuffer ring_staging_;  // the code ring's copies of staged rows (reserve_ring_hidden)
+  RingHidden ring_hidden_ = {};  // in ring_staging_: the last staged rows' copies, where staged (stage)
   DeviceBuffer level_partials_, row_drafts_, tried_, verdicts_;  // stochastic drafts' residual chains
   DeviceBuffer shard_summaries_, shard_status_;  // finalize of gathered shard records
   DeviceBuffer controls_storage_;                // calls with sampling controls or logprobs

@@ -47,7 +47,7 @@ ScanParams base_params(const ScanWorkspace& ws, const CudaLmHead& head, int rows
   p.d_load = head.d_load;
   p.k_pad = head.staged_columns();
   p.h = ws.hidden;
-  p.h_ring_order = ws.hidden_ring_order;
+  p.ring_hidden = ws.ring_hidden;
   p.rows = rows;
   p.row_base = 0;
   p.plans = ws.plans;
@@ -200,7 +200,7 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
     scan::StreamMaps maps;
     const int ring_blocks = scan::stream_blocks(p.vocab, ring_ctas);
     const bool hand_off = may_sample && tuning::stream_box_hands_off(p.vocab, ring_blocks);
-    const bool box_on = head.codes() ? limits.stream_box_codes && p.h_ring_order : limits.stream_box;
+    const bool box_on = head.codes() ? limits.stream_box_codes && p.ring_hidden.bf16 : limits.stream_box;
     const void* box = box_on ? scan::stream_box_kernel(shape, head.dtype, hand_off) : nullptr;
     if (box && (tuning::stream_box_serves(shape, row_bytes, p.vocab, ring_ctas) || stream_rings_everywhere.load()) &&
         scan::stream_box_maps(p, &maps)) {

@@ -51,8 +51,8 @@ ScanLimits configure_scans(int device);
 struct ScanWorkspace {
   RowPlan* plans;          // [max_rows]
   const void* hidden;      // staged hidden rows, [max_rows, k_pad]
-  const void* hidden_ring_order;  // the same rows in the code TMA ring's k order, where staged
-                                  // (scan_reads_ring_order), else NULL
+  RingHidden ring_hidden;  // the rows as the 8-bit-code TMA ring reads them, where staged
+                           // (scan_reads_ring_order); NULL members else
   Partial* partials;       // [kMaxGroups, max_rows]
   QPartial* q_partials;    // [kMaxGroups, max_rows]
   Residual* residuals;     // [kMaxGroups, max_rows]
@@ -64,9 +64,9 @@ struct ScanWorkspace {
 };
 
 // Whether run_scan may take the TMA ring for `rows` rows of `head` (an 8-bit
-// head at 9–16 rows), which reads the hidden rows in the ring's k order
-// (codes.cuh) from ScanWorkspace::hidden_ring_order: the staging writes that
-// copy too where this holds. Without it the register scan serves the call.
+// head at 9–16 rows), which reads the hidden rows' copies of
+// ScanWorkspace::ring_hidden (RingHidden): the staging writes them too
+// where this holds. Without them the register scan serves the call.
 bool scan_reads_ring_order(const ScanLimits& limits, const CudaLmHead& head, bool tensor_cores, int rows);
 
 // Tests (testing.h): the sm_90a TMA-ring scans (9–16 and 17–64 rows) serve

@@ -180,33 +180,78 @@ __device__ void draft_plan_row(const DraftPlanArgs& a, int r) {
     a.plans[r] = draft_row_plan(v);
 }
 
-// The block's row of 16-bit values (d of them) in the 8-bit-code TMA ring's k
-// order (codes.cuh), zero beyond d, as 32-bit pairs: columns 2q and 2q + 1
-// of the copy are a pair of the row (ring_code_order_holds). kInFlight
-// pairs' loads are issued before their stores; the row was just read by
-// this block, so they are L1 hits.
-__device__ __forceinline__ void stage_ring_order(const uint16_t* __restrict__ row, int32_t d, int32_t k_pad,
-                                                 uint32_t* __restrict__ out) {
+// The block's row of bf16 values (d of them, row r of the launch) as the
+// 8-bit-code TMA ring reads it (RingHidden): in the ring's k order (codes.cuh),
+// zero beyond d, as 32-bit pairs (columns 2q and 2q + 1 of a copy are a
+// pair of the row: ring_code_order_holds), the bf16 copy and the row's
+// range of exponents in a first pass, then the f16 copy scaled by 2^k where
+// that is exact, and the row's factor. kInFlight pairs' loads are issued
+// before their stores; the row was just read by this block, so they are L1
+// hits.
+__device__ void stage_ring_hidden(const uint16_t* __restrict__ row, int32_t d, int32_t k_pad, const RingHidden& ring,
+                                  int64_t r) {
   constexpr int kInFlight = 4;
   const int pairs = int(ring_code_columns(k_pad) / 2);
+  __shared__ int exponent_max, exponent_min;  // the row's nonzero values' biased bf16 exponents
+  if (threadIdx.x == 0) exponent_max = 0, exponent_min = 255;
+  __syncthreads();
+  auto gather = [&](int pair) {
+    const int kappa = 2 * pair;
+    const int c = kappa / kRingCodeBlock * kRingCodeBlock + ring_code_column(kappa % kRingCodeBlock);
+    const uint32_t lo = c < d ? row[c] : 0u, hi = c + 1 < d ? row[c + 1] : 0u;
+    return lo | hi << 16;
+  };
+  int biggest = 0, smallest = 255;
+  uint32_t* const bf16_out = reinterpret_cast<uint32_t*>(ring.bf16) + r * pairs;
   for (int first = threadIdx.x; first < pairs; first += kInFlight * blockDim.x) {
     uint32_t word[kInFlight];
 #pragma unroll
+    for (int i = 0; i < kInFlight; ++i) word[i] = gather(first + i * int(blockDim.x));
+#pragma unroll
     for (int i = 0; i < kInFlight; ++i) {
-      const int kappa = 2 * (first + i * int(blockDim.x));
-      const int c = kappa / kRingCodeBlock * kRingCodeBlock + ring_code_column(kappa % kRingCodeBlock);
-      const uint32_t lo = c < d ? row[c] : 0u, hi = c + 1 < d ? row[c + 1] : 0u;
-      word[i] = lo | hi << 16;
+      if (first + i * int(blockDim.x) >= pairs) continue;
+      bf16_out[first + i * int(blockDim.x)] = word[i];
+      for (const uint32_t v : {word[i] & 0xffffu, word[i] >> 16})
+        if (v & 0x7fffu) {  // nonzero: a subnormal's exponent 0 and Inf's or NaN's 255 never fit
+          const int exponent = int(v >> 7) & 0xff;
+          biggest = max(biggest, exponent);
+          smallest = min(smallest, exponent);
+        }
     }
+  }
+  if (!ring.f16) return;  // int8: bf16 products only
+  atomicMax(&exponent_max, biggest);
+  atomicMin(&exponent_min, smallest);
+  __syncthreads();
+  // The largest magnitude to [2^15, 2^16) (f16's largest finite value is
+  // 65504): k = 142 − its biased exponent. Every value is then exact in
+  // f16 if none falls below 2^-14 (29 binades under the largest), with a
+  // factor 2^-k that is a normal float. An all-zero row: k = 0.
+  const int top = exponent_max, bottom = exponent_min;
+  const bool zero = top == 0;
+  const bool fits = zero || (top >= 16 && top <= 254 && bottom >= 1 && bottom >= top - 29);
+  const int k = zero ? 0 : 142 - top;
+  if (threadIdx.x == 0) ring.factors[r] = fits ? __int_as_float((127 - k) << 23) : 0.0f;
+  if (!fits) return;
+  const float scale = __int_as_float((127 + k) << 23);
+  auto to_f16 = [&](uint32_t bf16) {
+    return uint32_t(__half_as_ushort(__float2half_rn(__uint_as_float(bf16 << 16) * scale)));
+  };
+  uint32_t* const f16_out = reinterpret_cast<uint32_t*>(ring.f16) + r * pairs;
+  for (int first = threadIdx.x; first < pairs; first += kInFlight * blockDim.x) {
+    uint32_t word[kInFlight];
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) word[i] = gather(first + i * int(blockDim.x));
 #pragma unroll
     for (int i = 0; i < kInFlight; ++i)
-      if (first + i * int(blockDim.x) < pairs) out[first + i * int(blockDim.x)] = word[i];
+      if (first + i * int(blockDim.x) < pairs)
+        f16_out[first + i * int(blockDim.x)] = to_f16(word[i] & 0xffffu) | to_f16(word[i] >> 16) << 16;
   }
 }
 
 // One block per row, an element at a time: any dtype, stride and alignment.
 __global__ void stage_hidden_kernel(const void* src, flashspec_dtype dtype, int64_t ld, int32_t d, int32_t k_pad,
-                                    int32_t as_float, void* out, int32_t* bad, void* ring_order) {
+                                    int32_t as_float, void* out, int32_t* bad, RingHidden ring) {
   pdl_trigger();  // the scan may launch now and wait for these rows
   const int64_t r = blockIdx.x;
   const size_t esize = dtype_size(dtype);
@@ -223,9 +268,7 @@ __global__ void stage_hidden_kernel(const void* src, flashspec_dtype dtype, int6
       static_cast<uint16_t*>(out)[r * k_pad + c] = v;
     }
   }
-  if (ring_order)
-    stage_ring_order(reinterpret_cast<const uint16_t*>(row), d, k_pad,
-                     static_cast<uint32_t*>(ring_order) + r * (ring_code_columns(k_pad) / 2));
+  if (ring.bf16) stage_ring_hidden(reinterpret_cast<const uint16_t*>(row), d, k_pad, ring, r);
   found = __syncthreads_or(found);
   if (threadIdx.x == 0) bad[r] = found;
 }
@@ -249,7 +292,7 @@ __device__ __forceinline__ float element_of(const uint4& v, int e) {
 template <flashspec_dtype kSrc>
 __global__ void stage_hidden_groups_kernel(const uint4* __restrict__ src, int64_t ld_groups, int32_t d,
                                            int32_t k_pad, int32_t as_float, void* __restrict__ out,
-                                           int32_t* __restrict__ bad, void* __restrict__ ring_order) {
+                                           int32_t* __restrict__ bad, RingHidden ring) {
   constexpr int kPer = kSrc == FLASHSPEC_DTYPE_F32 ? 4 : 8;  // elements per 16 bytes
   constexpr int kGroupsInFlight = 4;
   pdl_trigger();  // the scan may launch now and wait for these rows
@@ -287,9 +330,7 @@ __global__ void stage_hidden_groups_kernel(const uint4* __restrict__ src, int64_
     if (as_float) static_cast<float*>(out)[r * k_pad + c] = 0.0f;
     else static_cast<uint16_t*>(out)[r * k_pad + c] = 0;
   }
-  if (ring_order)
-    stage_ring_order(reinterpret_cast<const uint16_t*>(row), d, k_pad,
-                     static_cast<uint32_t*>(ring_order) + r * (ring_code_columns(k_pad) / 2));
+  if (ring.bf16) stage_ring_hidden(reinterpret_cast<const uint16_t*>(row), d, k_pad, ring, r);
   found = __syncthreads_or(found);
   if (threadIdx.x == 0) bad[r] = found;
 }
@@ -330,8 +371,8 @@ cudaError_t draft_plans(const DraftArgs& args, int64_t vocab, RowPlan* plans, cu
 }
 
 cudaError_t stage_hidden(const flashspec_tensor& hidden, int32_t k_pad, bool as_float, void* out, int32_t* bad,
-                         void* ring_order, cudaStream_t stream) {
-  if (ring_order && (as_float || dtype_size(hidden.dtype) != 2)) return cudaErrorInvalidValue;
+                         const RingHidden& ring, cudaStream_t stream) {
+  if (ring.bf16 && (as_float || hidden.dtype != FLASHSPEC_DTYPE_BF16)) return cudaErrorInvalidValue;
   const int64_t esize = int64_t(dtype_size(hidden.dtype));
   const bool groups = (hidden.dtype == FLASHSPEC_DTYPE_F32 || hidden.dtype == FLASHSPEC_DTYPE_BF16 ||
                        hidden.dtype == FLASHSPEC_DTYPE_F16) &&
@@ -344,16 +385,16 @@ cudaError_t stage_hidden(const flashspec_tensor& hidden, int32_t k_pad, bool as_
   const int32_t d = int32_t(hidden.cols), f = as_float ? 1 : 0;
   if (!groups)
     stage_hidden_kernel<<<grid, block, 0, stream>>>(hidden.data, hidden.dtype, hidden.row_stride, d, k_pad, f, out,
-                                                     bad, ring_order);
+                                                     bad, ring);
   else if (hidden.dtype == FLASHSPEC_DTYPE_F32)
     stage_hidden_groups_kernel<FLASHSPEC_DTYPE_F32><<<grid, block, 0, stream>>>(src, ld_groups, d, k_pad, f, out, bad,
-                                                                                ring_order);
+                                                                                ring);
   else if (hidden.dtype == FLASHSPEC_DTYPE_BF16)
     stage_hidden_groups_kernel<FLASHSPEC_DTYPE_BF16><<<grid, block, 0, stream>>>(src, ld_groups, d, k_pad, f, out, bad,
-                                                                                 ring_order);
+                                                                                 ring);
   else
     stage_hidden_groups_kernel<FLASHSPEC_DTYPE_F16><<<grid, block, 0, stream>>>(src, ld_groups, d, k_pad, f, out, bad,
-                                                                                ring_order);
+                                                                                ring);
   return cudaGetLastError();
 }
 

@@ -45,12 +45,13 @@ size_t stream_box_smem(flashspec_dtype w_dtype);
 // The tensor maps a stream_box_kernel or stream_wide_kernel reads: W in
 // boxes of tuning::kStreamBoxMapTokens tokens and of 16 tokens, and the
 // launch's staged hidden rows (boxes of its rows padded to the kernel's
-// MMA; for 8-bit codes the copy in the ring's k order, ScanParams::
-// h_ring_order); all 128 bytes wide.
+// MMA; for 8-bit codes the bf16 copy of ScanParams::ring_hidden, and for
+// e4m3 its f16 copy in hidden_f16); all 128 bytes wide.
 struct StreamMaps {
   CUtensorMap w;
   CUtensorMap w_tile;
   CUtensorMap hidden;
+  CUtensorMap hidden_f16;  // e4m3 codes only
 };
 // 17–tuning::kStreamWideMaxRows rows on sm_90a, W and hidden both bf16 or
 // both fp16: the same ring of TMA boxes, the hidden rows as the warpgroup
@@ -60,9 +61,9 @@ struct StreamMaps {
 const void* stream_wide_kernel(flashspec_dtype w_dtype);
 size_t stream_wide_smem();
 // Encodes the maps for a launch; false (the register path serves it) unless
-// W is 16-bit or 8-bit codes (the staged rows 16-bit, for codes their copy
-// in the ring's k order present) with 16-byte-aligned rows and the driver
-// can encode tensor maps.
+// W is 16-bit or 8-bit codes (the staged rows 16-bit, for codes their
+// copies of ScanParams::ring_hidden present) with 16-byte-aligned rows and
+// the driver can encode tensor maps.
 bool stream_box_maps(const ScanParams& params, StreamMaps* maps);
 // launch_stream's contract for a stream_box_kernel.
 cudaError_t launch_stream_box(const void* kernel, const ScanParams& params, const StreamTail& tail,

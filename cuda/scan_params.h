@@ -53,6 +53,23 @@ struct StochasticDrafts {
   QPartial* level_partials;        // [2][groups][partial_stride]: the residual chain's sums
 };
 
+// An 8-bit head's staged hidden rows (at most tuning::kStreamMaxRows) as the
+// 9–16-row TMA ring reads them: in its k order (ring_code_column,
+// codes.cuh), [rows, ring_code_columns(k_pad)] 16-bit values each. bf16:
+// the rows as they are. For e4m3 (NULL for int8, whose products stay
+// bf16) f16: row r times 2^k_r, k_r putting the row's largest magnitude in
+// [2^15, 2^16), which f16 holds exactly where every nonzero value of the
+// row is then at least 2^-14 (a row spanning at most 2^29); factors[r] =
+// 2^-k_r there, else 0. Where every row's factor is nonzero the ring
+// multiplies the f16 copy, converting codes to f16 at a quarter of the bf16
+// conversion's instructions, and the factor takes the scaling off the
+// finished logit (exactly: a power of two).
+struct RingHidden {
+  uint16_t* bf16;
+  uint16_t* f16;
+  float* factors;
+};
+
 struct ScanParams {
   const void* w;          // LM head, [vocab, ldw]
   int64_t ldw;            // elements per weight row
@@ -64,8 +81,7 @@ struct ScanParams {
   int32_t d_load;         // columns read from W (multiple of 8 on the mma path)
   int32_t k_pad;          // staged hidden columns (multiple of 32; of 64 for 8-bit codes), zero beyond d
   const void* h;          // staged hidden rows, [total rows, k_pad]
-  const void* h_ring_order;  // 8-bit codes at 9–16 rows: the same rows in the TMA ring's k order
-                             // (codes.cuh), [total rows, ring_code_columns(k_pad)]; NULL where not staged
+  RingHidden ring_hidden;  // 8-bit codes at 9–16 rows: the TMA ring's copies of the rows; NULL where not staged
   int32_t rows;           // rows in this launch
   int32_t row_base;       // first global row of this launch
   const RowPlan* plans;   // indexed by global row

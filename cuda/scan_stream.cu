@@ -343,6 +343,7 @@ struct Ring {
   uint64_t* full;
   const StreamMaps& maps;
   int first_tile, tiles, slices;
+  bool f16_hidden;  // e4m3 codes: the hidden rows' f16 copy (maps.hidden_f16) rather than maps.hidden
 
   __device__ __forceinline__ static int stage_of(int s) { return s % kStages; }
   __device__ __forceinline__ unsigned char* stage(int s) const { return ring + size_t(stage_of(s)) * kStageBytes; }
@@ -373,9 +374,15 @@ struct Ring {
   __device__ __forceinline__ void load_hidden(int s, int row_base) const {
     const uint64_t kept = tma::evict_last_policy();  // every CTA reads the hidden rows
     const int column = (s % slices) * kColumns;
-    for (int panel = 0; panel < kHiddenPanels; ++panel)
-      tma::load_box_2d(stage(s) + kWBytes + panel * kHiddenPanelBytes, &maps.hidden, full + stage_of(s),
-                       column + panel * kBoxColumns, row_base, kept);
+    // Each map's address known to the compiler (a parameter's), not chosen
+    // at run time.
+    for (int panel = 0; panel < kHiddenPanels; ++panel) {
+      unsigned char* dst = stage(s) + kWBytes + panel * kHiddenPanelBytes;
+      if (f16_hidden)
+        tma::load_box_2d(dst, &maps.hidden_f16, full + stage_of(s), column + panel * kBoxColumns, row_base, kept);
+      else
+        tma::load_box_2d(dst, &maps.hidden, full + stage_of(s), column + panel * kBoxColumns, row_base, kept);
+    }
   }
 
   // The producer lane after the grid's wait: the hidden rows of the first
@@ -479,8 +486,10 @@ __device__ __forceinline__ int handed_tiles(const Walk& walk) {
 // A consumer warpgroup's part of a ring scan: the groups take whole units in
 // turn (group u mod kGroups takes unit u), so that one folds a unit's
 // logits while the other multiplies the next. For each stage of its units,
-// multiply(stage, accumulate) issues the stage's MMAs (stage: its
-// shared-memory address; accumulate: false on a unit's first stage); after a
+// multiply(stage, accumulate, f16) issues the stage's MMAs (stage: its
+// shared-memory address; accumulate: false on a unit's first stage; f16:
+// std::true_type where the launch's `f16` holds, the e4m3 ring's products
+// in f16, else std::false_type); after a
 // unit's last stage, fold(unit, begin, end, false) folds its 64-token tiles
 // [begin, end) from the accumulators (tile i in the i-th). With kHandOff,
 // the owner of the CTA's last unit first hands its first
@@ -490,7 +499,8 @@ __device__ __forceinline__ int handed_tiles(const Walk& walk) {
 // units, folds them from there: fold(last, 0, count, true).
 template <bool kHandOff, class RingT, class Multiply, class Fold, class Stash>
 __device__ __forceinline__ void consume_units(const Walk& walk, Barriers<RingT::kStages>& bars, uint32_t ring_address,
-                                              int group, Multiply&& multiply, Fold&& fold, Stash&& stash) {
+                                              int group, Multiply&& multiply, Fold&& fold, Stash&& stash,
+                                              bool f16 = false) {
   const int lane = threadIdx.x & 31;
   const int last = walk.units - 1, handed = kHandOff ? handed_tiles(walk) : 0;
   // One call of fold, whose code is long, and one path through the MMAs'
@@ -510,18 +520,26 @@ __device__ __forceinline__ void consume_units(const Walk& walk, Barriers<RingT::
     // on each stage's group before the next, the verify level).
     int in_flight = -1;
     const int slices = handed_in ? 0 : walk.slices;
+    auto multiply_slices = [&](auto f16_tag) {
 #pragma unroll 1
-    for (int slice = 0; slice < slices; ++slice) {
-      const int s = unit * walk.slices + slice, stage = RingT::stage_of(s);
-      tma::barrier_wait(bars.full + stage, uint32_t(s / RingT::kStages) & 1u);
-      wgmma::fence();
-      multiply(ring_address + uint32_t(stage * RingT::kStageBytes), slice > 0);
-      wgmma::commit();
-      wgmma::wait<1>();
-      __syncwarp();
-      if (lane == 0 && in_flight >= 0) tma::barrier_arrive(bars.empty + in_flight);
-      in_flight = stage;
-    }
+      for (int slice = 0; slice < slices; ++slice) {
+        const int s = unit * walk.slices + slice, stage = RingT::stage_of(s);
+        tma::barrier_wait(bars.full + stage, uint32_t(s / RingT::kStages) & 1u);
+        wgmma::fence();
+        multiply(ring_address + uint32_t(stage * RingT::kStageBytes), slice > 0, f16_tag);
+        wgmma::commit();
+        wgmma::wait<1>();
+        __syncwarp();
+        if (lane == 0 && in_flight >= 0) tma::barrier_arrive(bars.empty + in_flight);
+        in_flight = stage;
+      }
+    };
+    // A branch around the whole loop: one around each stage's MMAs has ptxas
+    // serialise them (C7520, "WG.AR in divergent path").
+    if (f16)
+      multiply_slices(std::true_type{});
+    else
+      multiply_slices(std::false_type{});
     wgmma::wait_all();
     __syncwarp();
     if (lane == 0 && in_flight >= 0) tma::barrier_arrive(bars.empty + in_flight);
@@ -577,21 +595,29 @@ __device__ __forceinline__ void multiply_stage(uint32_t stage, bool accumulate, 
 
 // A stage's MMAs for 8-bit codes (CodeRing), W the MMA's A from registers,
 // in the k order of ring_code_column (codes.cuh), in which the stage's
-// hidden rows were staged: each thread reads the 16-byte unit 2t + j of
-// its tokens' 128-code lines (tokens 16·group_warp + g and + 8 of each of
-// the unit's 64-token tiles, in the TMA's 128-byte swizzle: 16-byte unit u
-// of row r at u ^ (r mod 8), the tiles 1024-byte aligned) for the k16 steps
-// 4j … 4j + 3, converts word s of it to the bf16 pairs of step 4j + s
-// (codes_to_bf16x2, exact) and multiplies them by the hidden rows' panel in
-// the stage (`stage` the stage's generic address, stage_address its shared
-// one). The second units are read during step 1, while the first convert;
-// a step waits for the MMAs of the step before it, which read the fragments
-// it overwrites.
-template <flashspec_dtype kW, class RingT>
+// hidden rows were staged (bf16; with kF16 the rows' f16 copy of
+// RingHidden, the e4m3 codes then converted to f16): each thread reads the
+// 16-byte unit 2t + j of its tokens' 128-code lines (tokens 16·group_warp +
+// g and + 8 of each of the unit's 64-token tiles, in the TMA's 128-byte
+// swizzle: 16-byte unit u of row r at u ^ (r mod 8), the tiles 1024-byte
+// aligned) for the k16 steps 4j … 4j + 3, converts word s of it to the
+// pairs of step 4j + s (codes_to_bf16x2 or e4m3_to_f16x2, exact) and
+// multiplies them by the hidden rows' panel in the stage (`stage` the
+// stage's generic address, stage_address its shared one). A tile's second
+// units are read as its first ones' last words convert; a step waits for
+// the MMAs of the step before it, which read the fragments it overwrites.
+template <flashspec_dtype kW, class RingT, bool kF16>
 __device__ __forceinline__ void multiply_code_stage(const unsigned char* stage, uint32_t stage_address,
                                                     bool accumulate, int group_warp,
                                                     float (&acc)[kUnitTiles][8]) {
   static_assert(RingT::kColumns == kRingCodeBlock, "a stage is one block of ring_code_column's order");
+  static_assert(!kF16 || kW == FLASHSPEC_DTYPE_E4M3, "f16 products for e4m3 codes");
+  auto convert = [](uint32_t word, uint32_t& lo, uint32_t& hi) {
+    if constexpr (kF16)
+      e4m3_to_f16x2(word, lo, hi);
+    else
+      codes_to_bf16x2<kW>(word, lo, hi);
+  };
   constexpr int kStepsPerUnit = 4;  // k16 steps per 16-byte unit of a token's codes
   constexpr int kSteps = RingT::kColumns / 16;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -616,8 +642,8 @@ __device__ __forceinline__ void multiply_code_stage(const unsigned char* stage, 
       // Registers 0 and 2 of the fragment: token g's columns 2t, 2t + 1 and
       // 2t + 8, 2t + 9; 1 and 3 the same of token g + 8.
       const int j = step / kStepsPerUnit, s = step % kStepsPerUnit;
-      codes_to_bf16x2<kW>(word(units[j][i][0], s), fragments[i][0], fragments[i][2]);
-      codes_to_bf16x2<kW>(word(units[j][i][1], s), fragments[i][1], fragments[i][3]);
+      convert(word(units[j][i][0], s), fragments[i][0], fragments[i][2]);
+      convert(word(units[j][i][1], s), fragments[i][1], fragments[i][3]);
       // A tile's next units, into the registers its last words leave.
       if (s == kStepsPerUnit - 1 && j + 1 < kSteps / kStepsPerUnit) read_units(j + 1, i, units[j + 1][i]);
     }
@@ -626,7 +652,7 @@ __device__ __forceinline__ void multiply_code_stage(const unsigned char* stage, 
         wgmma::k_major_sw128(hidden + uint32_t((step / 4) * RingT::kHiddenPanelBytes + (step % 4) * 32));
 #pragma unroll
     for (int i = 0; i < kUnitTiles; ++i)
-      wgmma::mma_k16_n16_registers(acc[i], fragments[i], b, accumulate || step > 0);
+      wgmma::mma_k16_n16_registers<!kF16>(acc[i], fragments[i], b, accumulate || step > 0);
     wgmma::commit();
   }
 }
@@ -668,9 +694,18 @@ __global__ void __launch_bounds__(box::kThreads, 1)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const box::Walk walk = box::walk_of<Ring>(p);
   const int early = walk.steps < Ring::kStages ? walk.steps : Ring::kStages;
-  const Ring ring_of{ring, bars.full, maps, walk.first_tile, walk.tiles, walk.slices};
+  Ring ring_of{ring, bars.full, maps, walk.first_tile, walk.tiles, walk.slices, false};
   box::start_ring<kHandOff>(p, ring_of, bars, early, plans, kMaxRows);
-  __syncthreads();
+  // e4m3 codes: the products in f16 where every row's f16 copy is exact
+  // (RingHidden's factors, which the staging wrote before the grid's wait).
+  constexpr bool kMayF16 = kW == FLASHSPEC_DTYPE_E4M3;
+  bool f16_products = false;
+  if constexpr (kMayF16) {
+    f16_products = __syncthreads_and(tid >= p.rows || __ldg(p.ring_hidden.factors + p.row_base + tid) > 0.0f);
+    ring_of.f16_hidden = f16_products;
+  } else {
+    __syncthreads();
+  }
 
   Partial held[kNT][2];
 #pragma unroll
@@ -684,13 +719,25 @@ __global__ void __launch_bounds__(box::kThreads, 1)
     // The lane's rows' plans in registers, as its partials are.
     const HeldLanePlans<kNT> lane_plans(SharedLanePlans{plans, lane & 3});
     float acc[box::kUnitTiles][kN / 2];
+    // The factor 2^-k of each of the lane's rows (nt·8 + 2t + j) where the
+    // products are in f16, which takes the f16 copy's scaling off a logit.
+    float row_factor[kNT][2];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int row = nt * 8 + 2 * (lane & 3) + j;
+        row_factor[nt][j] = f16_products && row < p.rows ? __ldg(p.ring_hidden.factors + p.row_base + row) : 1.0f;
+      }
     const box::Handoff<kN / 2> handoff{reinterpret_cast<float*>(ring), group_warp * 32 + lane};
     const uint32_t ring_address = tma::smem_address(ring);
     box::consume_units<kHandOff, Ring>(
         walk, bars, ring_address, group,
-        [&](uint32_t stage, bool accumulate) {
+        [&](uint32_t stage, bool accumulate, auto f16_tag) {
+          constexpr bool kF16 = kMayF16 && decltype(f16_tag)::value;
           if constexpr (kCodes)
-            box::multiply_code_stage<kW, Ring>(ring + (stage - ring_address), stage, accumulate, group_warp, acc);
+            box::multiply_code_stage<kW, Ring, kF16>(ring + (stage - ring_address), stage, accumulate, group_warp,
+                                                     acc);
           else
             box::multiply_stage<Ring>(stage, accumulate, [&](int i, uint32_t w, uint32_t hidden, bool scale_d) {
               wgmma::mma_k16<kN, kBf16>(acc[i], wgmma::k_major_sw128(w), wgmma::k_major_sw128(hidden), scale_d);
@@ -708,7 +755,8 @@ __global__ void __launch_bounds__(box::kThreads, 1)
             const int tile = unit * box::kStageTiles + i * box::kGroupWarps + group_warp;
             if (i >= begin && tile < walk.tiles) {
               const int tok_a = (walk.first_tile + tile) * 16 + (lane >> 2), tok_b = tok_a + 8;
-              // 8-bit codes: the row's scale multiplies the finished logit.
+              // 8-bit codes: the row's scale multiplies the finished logit
+              // (after the hidden row's factor, exact: a power of two).
               float scale_a = 1.0f, scale_b = 1.0f;
               if constexpr (kCodes) {
                 if (tok_a < p.vocab) scale_a = __ldg(p.w_scale + tok_a);
@@ -718,7 +766,7 @@ __global__ void __launch_bounds__(box::kThreads, 1)
                   p, lane_plans, shared_noise, tok_a, nullptr,
                   [&](int nt, int q) {
                     const float v = from_ring ? handoff.at(i, 4 * nt + q) : acc[0][4 * nt + q];
-                    return kCodes ? v * (q < 2 ? scale_a : scale_b) : v;
+                    return kCodes ? v * row_factor[nt][q & 1] * (q < 2 ? scale_a : scale_b) : v;
                   },
                   [&](int nt, int j) -> Partial& { return held[nt][j]; });
             }
@@ -742,7 +790,8 @@ __global__ void __launch_bounds__(box::kThreads, 1)
             }
             handoff.stash(acc, count);
           }
-        });
+        },
+        f16_products);
   }
   finish_scan<kNT, box::kConsumerWarps + 1>(p, tail, plans, held, merged, warp, lane);
 }
@@ -812,7 +861,7 @@ __global__ void __launch_bounds__(wide::kThreads, 1)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const box::Walk walk = box::walk_of<Ring>(p);
   const int early = walk.steps < Ring::kStages ? walk.steps : Ring::kStages;
-  const Ring ring_of{ring, bars.full, maps, walk.first_tile, walk.tiles, walk.slices};
+  const Ring ring_of{ring, bars.full, maps, walk.first_tile, walk.tiles, walk.slices, false};
   box::start_ring<kHandOff>(p, ring_of, bars, early, plans, wide::kRows);
   if (tid < 256) noise_bounds[tid] = p.gumbel_bounds ? p.gumbel_bounds[tid] : pos_inf();
   __syncthreads();
@@ -839,7 +888,7 @@ __global__ void __launch_bounds__(wide::kThreads, 1)
     const box::Handoff<32> handoff{reinterpret_cast<float*>(ring), group_warp * 32 + lane};
     box::consume_units<kHandOff, Ring>(
         walk, bars, tma::smem_address(ring), group,
-        [&](uint32_t stage, bool accumulate) {
+        [&](uint32_t stage, bool accumulate, auto) {
           box::multiply_stage<Ring>(stage, accumulate, [&](int i, uint32_t w, uint32_t hidden, bool scale_d) {
             wgmma::mma_k16_n64<kBf16>(acc[i], wgmma::k_major_sw128(hidden), wgmma::k_major_sw128(w), scale_d);
           });
@@ -1058,15 +1107,17 @@ size_t stream_wide_smem() { return wide::WideRing::kSmemBytes; }
 
 bool stream_box_maps(const ScanParams& p, StreamMaps* maps) {
   if (p.w_dtype != FLASHSPEC_DTYPE_BF16 && p.w_dtype != FLASHSPEC_DTYPE_F16 && !is_codes(p.w_dtype)) return false;
-  // 8-bit codes meet hidden rows staged in bf16, in the ring's k order
-  // (codes.cuh).
-  const bool codes = is_codes(p.w_dtype);
+  // 8-bit codes meet the hidden rows' copies in the ring's k order
+  // (RingHidden): bf16, and for e4m3 f16 as well.
+  const bool codes = is_codes(p.w_dtype), f16_copy = p.w_dtype == FLASHSPEC_DTYPE_E4M3;
   const flashspec_dtype hidden_dtype = codes ? FLASHSPEC_DTYPE_BF16 : p.w_dtype;
-  const void* hidden = codes ? p.h_ring_order : p.h;
+  const void* hidden = codes ? p.ring_hidden.bf16 : p.h;
   const uint64_t hidden_columns = uint64_t(codes ? ring_code_columns(p.k_pad) : p.k_pad);
   const uint64_t pitch = uint64_t(p.ldw) * dtype_size(p.w_dtype), hidden_pitch = hidden_columns * 2;
   if (p.d_load <= 0 || p.vocab <= 0 || pitch % 16 != 0 || hidden_pitch % 16 != 0 || !hidden ||
-      reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || reinterpret_cast<uintptr_t>(hidden) % 16 != 0)
+      reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || reinterpret_cast<uintptr_t>(hidden) % 16 != 0 ||
+      (f16_copy && (!p.ring_hidden.f16 || !p.ring_hidden.factors ||
+                    reinterpret_cast<uintptr_t>(p.ring_hidden.f16) % 16 != 0)))
     return false;
   const EncodeTiled encode = encode_tiled();
   if (!encode) return false;
@@ -1077,7 +1128,9 @@ bool stream_box_maps(const ScanParams& p, StreamMaps* maps) {
                      tuning::kStreamBoxMapTokens) &&
          encode_rows(encode, &maps->w_tile, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch, 16) &&
          encode_rows(encode, &maps->hidden, hidden_dtype, hidden, hidden_columns, uint64_t(p.row_base + p.rows),
-                     hidden_pitch, n);
+                     hidden_pitch, n) &&
+         (!f16_copy || encode_rows(encode, &maps->hidden_f16, FLASHSPEC_DTYPE_F16, p.ring_hidden.f16,
+                                   hidden_columns, uint64_t(p.row_base + p.rows), hidden_pitch, n));
 }
 
 namespace {

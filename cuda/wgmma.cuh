@@ -121,22 +121,30 @@ __device__ __forceinline__ void mma_k16(float (&d)[kN / 2], uint64_t a, uint64_t
 #endif
 }
 
-// d = A·Bᵀ + (accumulate ? d : 0) with A, 64 × 16 bf16, in the calling
-// thread's registers (the mma.sync m16n8k16 A fragment of its warp's 16
-// rows: a[0] row g, columns 2t, 2t + 1; a[1] row g + 8; a[2], a[3] the same
-// at columns 2t + 8, 2t + 9) and B, N × 16 bf16, K-major in shared memory.
-// The registers are read while the MMA runs: the caller changes them only
-// after a wait (wait<N>) that covers it.
+// d = A·Bᵀ + (accumulate ? d : 0) with A, 64 × 16 bf16 (fp16 where not
+// kBf16), in the calling thread's registers (the mma.sync m16n8k16 A
+// fragment of its warp's 16 rows: a[0] row g, columns 2t, 2t + 1; a[1] row
+// g + 8; a[2], a[3] the same at columns 2t + 8, 2t + 9) and B, N × 16 of
+// the same type, K-major in shared memory. The registers are read while the
+// MMA runs: the caller changes them only after a wait (wait<N>) that covers
+// it.
+template <bool kBf16>
 __device__ __forceinline__ void mma_k16_n16_registers(float (&d)[8], const uint32_t (&a)[4], uint64_t b,
                                                       bool accumulate) {
 #if FLASHSPEC_WGMMA_CODE
   const int scale_d = accumulate ? 1 : 0;
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, "
-      "1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+#define FLASHSPEC_WGMMA_M64N16K16_RS(TYPE)                                                                  \
+  asm volatile(                                                                                            \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"                                                       \
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE                                          \
+      " {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"                               \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])    \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d))
+  if constexpr (kBf16)
+    FLASHSPEC_WGMMA_M64N16K16_RS("bf16");
+  else
+    FLASHSPEC_WGMMA_M64N16K16_RS("f16");
+#undef FLASHSPEC_WGMMA_M64N16K16_RS
 #else
   (void)d, (void)a, (void)b, (void)accumulate;
 #endif

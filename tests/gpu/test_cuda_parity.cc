@@ -22,12 +22,19 @@ using namespace fstest;
 
 namespace {
 
+// Hidden rows beyond the draws (the e4m3 TMA ring's f16 copies, RingHidden
+// in cuda/scan_params.h): row 1 times 2^20, past f16's range unless scaled;
+// and with kSpanning also row 2 spanning 2^33, more than f16 holds exactly
+// (that launch multiplies in bf16).
+enum class HiddenRange { kDrawn, kScaled, kSpanning };
+
 struct DraftCase {
   flashspec_dtype w, h;
   int vocab, d, rows;
   float temperature;
   bool borrow_unaligned;
   flashspec_dtype stored = kUnquantised;
+  HiddenRange range = HiddenRange::kDrawn;
 };
 
 void run_draft_parity(const DraftCase& c) {
@@ -35,6 +42,9 @@ void run_draft_parity(const DraftCase& c) {
   const int64_t stride = c.borrow_unaligned ? c.d + 3 : 0;
   Matrix w = random_matrix(c.w, c.vocab, c.d, rng, 3.0 / std::sqrt(double(c.d)), stride);
   Matrix h = random_matrix(c.h, c.rows, c.d, rng, 1.0);
+  if (c.range != HiddenRange::kDrawn)
+    for (int k = 0; k < c.d; ++k) h.set(1, k, h.at(1, k) * 1048576.0);
+  if (c.range == HiddenRange::kSpanning) h.set(2, 0, 0x1p-33);
   const Matrix reference = dequantised(w, c.stored);
   auto cpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CPU).seed(77));
   auto gpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(77));
@@ -495,14 +505,16 @@ TEST_F(Gpu, QuantisedHeadsDraftParity) {
 }
 
 // On sm_90a the 9–16-row TMA-ring scan streams e4m3 and int8 codes too
-// (converted to bf16 in registers as the MMA's A, the row's scale on the
-// finished logit); here it serves every call it can (tests' switch,
+// (converted in registers as the MMA's A, the row's scale on the finished
+// logit); here it serves every call it can (tests' switch,
 // cuda/testing.h): a vocabulary smaller than one box, units with ragged
 // ends, hidden sizes that end inside a 128-column stage (the hidden rows'
-// copy in the ring's k order padded with zeros; d = 204 staged element by
-// element, not in 16-byte groups), CTAs of several units (V = 90001, whose
-// sampled calls share each CTA's last unit between the warpgroups); greedy
-// and sampled rows; a 13-row verify batch.
+// copies in the ring's k order padded with zeros; d = 204 staged element
+// by element, not in 16-byte groups), CTAs of several units (V = 90001,
+// whose sampled calls share each CTA's last unit between the warpgroups);
+// greedy and sampled rows; a 13-row verify batch; for e4m3 the products in
+// f16 (every launch here but one) with a row scaled past f16's range, and
+// in bf16 (a row spanning more than f16 holds); int8's in bf16.
 TEST_F(Gpu, QuantisedHeadsParityStreamBoxes) {
   const flashspec::cuda::RingScansEverywhere everywhere;
   for (flashspec_dtype stored : {FLASHSPEC_DTYPE_E4M3, FLASHSPEC_DTYPE_I8}) {
@@ -514,6 +526,9 @@ TEST_F(Gpu, QuantisedHeadsParityStreamBoxes) {
     run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 5003, 204, 11, 1.0f, false, stored});
     run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 90001, 256, 4, 4, false, 0.3f, false, stored});
   }
+  for (HiddenRange range : {HiddenRange::kScaled, HiddenRange::kSpanning})
+    run_draft_parity(
+        {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 20011, 1000, 14, 0.7f, false, FLASHSPEC_DTYPE_E4M3, range});
 }
 
 TEST_F(Gpu, QuantisedHeadsVerifyParity) {
