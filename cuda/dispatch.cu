@@ -29,6 +29,22 @@ bool opt_in_smem(const void* kernel, size_t dynamic, size_t max_smem) {
   return true;
 }
 
+// Partials per row a scan may write for `head`: at most one per 8 tokens.
+int max_groups_for(const CudaLmHead& head) {
+  return int(std::min<int64_t>(tuning::kMaxGroups, (head.vocab + 7) / 8));
+}
+// The TMA-ring scans' CTAs: one per SM.
+int ring_ctas_for(const ScanLimits& limits, const CudaLmHead& head) {
+  return std::min(max_groups_for(head), limits.sm_count);
+}
+int64_t row_bytes_of(const CudaLmHead& head) { return int64_t(head.d_load) * int64_t(dtype_size(head.dtype)); }
+// Whether the 9–16-row TMA ring serves stream shape `shape` of `head`
+// (tuning::stream_box_serves, or everywhere while the tests ask).
+bool box_ring_serves(const ScanLimits& limits, const CudaLmHead& head, int shape) {
+  return tuning::stream_box_serves(shape, row_bytes_of(head), head.vocab, ring_ctas_for(limits, head)) ||
+         stream_rings_everywhere.load();
+}
+
 int occupancy(const void* kernel, int threads, size_t smem) {
   int blocks = 0;
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem),
@@ -174,8 +190,9 @@ ScanLimits configure_scans(int device) {
 }
 
 bool scan_reads_ring_order(const ScanLimits& limits, const CudaLmHead& head, bool tensor_cores, int rows) {
-  return tensor_cores && head.codes() && limits.stream_box_codes && rows <= tuning::kStreamMaxRows &&
-         scan::stream_box_kernel(tuning::stream_shape_for(rows), head.dtype, false) != nullptr;
+  if (!tensor_cores || !head.codes() || !limits.stream_box_codes || rows > tuning::kStreamMaxRows) return false;
+  const int shape = tuning::stream_shape_for(rows);
+  return scan::stream_box_kernel(shape, head.dtype, false) != nullptr && box_ring_serves(limits, head, shape);
 }
 
 void set_stream_rings_everywhere(bool on) { stream_rings_everywhere.store(on); }
@@ -187,14 +204,14 @@ int32_t gemm_chunk_tokens(int32_t max_rows) {
 ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const CudaLmHead& head, bool tc, int rows,
                      bool may_sample, const StochasticDrafts* drafts, const StreamTail& tail, cudaStream_t stream) {
   ScanParams p = base_params(ws, head, rows);
-  const int max_groups = int(std::min<int64_t>(tuning::kMaxGroups, (head.vocab + 7) / 8));
+  const int max_groups = max_groups_for(head);
   if (drafts) {
     p.stochastic = 1;
     p.drafts = *drafts;
     return ScanOutcome{scan_stochastic(limits, head, tc, rows, p, max_groups, stream), false};
   }
-  const int ring_ctas = std::min(max_groups, limits.sm_count);  // the TMA-ring scans: one CTA per SM
-  const int64_t row_bytes = int64_t(p.d_load) * int64_t(dtype_size(head.dtype));
+  const int ring_ctas = ring_ctas_for(limits, head);
+  const int64_t row_bytes = row_bytes_of(head);
   if (tc && rows <= tuning::kStreamMaxRows) {
     const int shape = tuning::stream_shape_for(rows);
     scan::StreamMaps maps;
@@ -202,8 +219,7 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
     const bool hand_off = may_sample && tuning::stream_box_hands_off(p.vocab, ring_blocks);
     const bool box_on = head.codes() ? limits.stream_box_codes && p.ring_hidden.bf16 : limits.stream_box;
     const void* box = box_on ? scan::stream_box_kernel(shape, head.dtype, hand_off) : nullptr;
-    if (box && (tuning::stream_box_serves(shape, row_bytes, p.vocab, ring_ctas) || stream_rings_everywhere.load()) &&
-        scan::stream_box_maps(p, &maps)) {
+    if (box && box_ring_serves(limits, head, shape) && scan::stream_box_maps(p, &maps)) {
       const int blocks = ring_blocks;
       p.groups = blocks;
       p.row_blocks = 1;

@@ -64,9 +64,10 @@ struct ScanWorkspace {
 };
 
 // Whether run_scan may take the TMA ring for `rows` rows of `head` (an 8-bit
-// head at 9–16 rows), which reads the hidden rows' copies of
-// ScanWorkspace::ring_hidden (RingHidden): the staging writes them too
-// where this holds. Without them the register scan serves the call.
+// head at 9–16 rows that the ring serves), which reads the hidden rows'
+// copies of ScanWorkspace::ring_hidden (RingHidden): the staging writes
+// them too where this holds. Without them the register scan serves the
+// call.
 bool scan_reads_ring_order(const ScanLimits& limits, const CudaLmHead& head, bool tensor_cores, int rows);
 
 // Tests (testing.h): the sm_90a TMA-ring scans (9–16 and 17–64 rows) serve
