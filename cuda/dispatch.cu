@@ -217,7 +217,7 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
     scan::StreamMaps maps;
     const int ring_blocks = scan::stream_blocks(p.vocab, ring_ctas);
     const bool hand_off = may_sample && tuning::stream_box_hands_off(p.vocab, ring_blocks);
-    const bool box_on = head.codes() ? limits.stream_box_codes && p.ring_hidden.bf16 : limits.stream_box;
+    const bool box_on = head.codes() ? limits.stream_box_codes : limits.stream_box;
     const void* box = box_on ? scan::stream_box_kernel(shape, head.dtype, hand_off) : nullptr;
     if (box && box_ring_serves(limits, head, shape) && scan::stream_box_maps(p, &maps)) {
       const int blocks = ring_blocks;
