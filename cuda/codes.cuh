@@ -1,7 +1,7 @@
-// 8-bit LM-head codes (e4m3, int8) as bf16 in registers, for the tensor
-// cores: every e4m3 and int8 value is a bf16 value, so the conversions are
-// exact, and a product with bf16 hidden rows in fp32 is the product with the
-// codes' values.
+// 8-bit LM-head codes (e4m3, int8) as bf16 or f16 in registers, for the
+// tensor cores: every e4m3 and int8 value is a bf16 and an f16 value, so the
+// conversions are exact, and a product with bf16 (or f16) hidden rows in
+// fp32 is the product with the codes' values.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -40,16 +40,34 @@ __device__ __forceinline__ void codes_to_bf16x2(uint32_t word, uint32_t& lo, uin
   }
 }
 
-// The packed f16 pairs of four e4m3 codes (elements 0,1 then 2,3 of the
-// word): one conversion per pair, where bf16 takes four (codes_to_bf16x2).
-// Every e4m3 value is an f16 value, so the conversion is exact.
-__device__ __forceinline__ void e4m3_to_f16x2(uint32_t word, uint32_t& lo, uint32_t& hi) {
-  auto convert = [](uint32_t pair) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3);
-    return uint32_t(h.x) | uint32_t(h.y) << 16;
-  };
-  lo = convert(word & 0xffffu);
-  hi = convert(word >> 16);
+// The packed f16 pairs of four codes (elements 0,1 then 2,3 of the word),
+// exact: every e4m3 and int8 value is an f16 value. e4m3: one conversion
+// per pair, where bf16 takes four (codes_to_bf16x2). int8 x: with its sign
+// bit flipped, x + 128 in [0, 256) is the low byte of the f16 0x64 ‖
+// (x + 128) = 1024 + 128 + x (f16's unit in the last place is 1 in
+// [1024, 2048)), so subtracting 1152 leaves x: a flip per word, a byte
+// permute and a subtraction per pair, where bf16 takes four instructions
+// per pair.
+template <flashspec_dtype kW>
+__device__ __forceinline__ void codes_to_f16x2(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  if constexpr (kW == FLASHSPEC_DTYPE_E4M3) {
+    auto convert = [](uint32_t pair) {
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3);
+      return uint32_t(h.x) | uint32_t(h.y) << 16;
+    };
+    lo = convert(word & 0xffffu);
+    hi = convert(word >> 16);
+  } else {
+    const uint32_t biased = word ^ 0x80808080u;
+    auto convert = [](uint32_t spread) {
+      const uint32_t offset = 0x64806480u;  // the f16 pair (1152, 1152)
+      const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&spread),
+                                *reinterpret_cast<const __half2*>(&offset));
+      return *reinterpret_cast<const uint32_t*>(&h);
+    };
+    lo = convert(__byte_perm(biased, 0x6464u, 0x4140u));
+    hi = convert(__byte_perm(biased, 0x6464u, 0x4342u));
+  }
 }
 
 constexpr bool is_codes(flashspec_dtype w) { return w == FLASHSPEC_DTYPE_E4M3 || w == FLASHSPEC_DTYPE_I8; }

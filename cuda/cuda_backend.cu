@@ -459,10 +459,8 @@ class CudaBackend final : public Backend {
         ring_hidden_bytes(k_pad) <= ring_staging_.bytes()) {
       const size_t copy = size_t(tuning::kStreamMaxRows) * size_t(ring_code_columns(k_pad));
       ring_hidden_.bf16 = ring_staging_.as<uint16_t>();
-      if (head.dtype == FLASHSPEC_DTYPE_E4M3) {  // int8's products stay bf16
-        ring_hidden_.f16 = ring_hidden_.bf16 + copy;
-        ring_hidden_.factors = reinterpret_cast<float*>(ring_hidden_.f16 + copy);
-      }
+      ring_hidden_.f16 = ring_hidden_.bf16 + copy;
+      ring_hidden_.factors = reinterpret_cast<float*>(ring_hidden_.f16 + copy);
     }
     check_cuda(prepare::stage_hidden(hidden, int32_t(k_pad), !tc, staging_.as<void>(), hidden_bad_.as<int32_t>(),
                                      ring_hidden_, stream_),

@@ -195,31 +195,35 @@ __device__ void stage_ring_hidden(const uint16_t* __restrict__ row, int32_t d, i
   __shared__ int exponent_max, exponent_min;  // the row's nonzero values' biased bf16 exponents
   if (threadIdx.x == 0) exponent_max = 0, exponent_min = 255;
   __syncthreads();
-  auto gather = [&](int pair) {
-    const int kappa = 2 * pair;
-    const int c = kappa / kRingCodeBlock * kRingCodeBlock + ring_code_column(kappa % kRingCodeBlock);
-    const uint32_t lo = c < d ? row[c] : 0u, hi = c + 1 < d ? row[c + 1] : 0u;
-    return lo | hi << 16;
+  // visit(q, word) for each pair q of the copies this thread writes, word
+  // the row's pair of bf16 values there.
+  auto each_pair = [&](auto&& visit) {
+    auto gather = [&](int pair) {
+      const int kappa = 2 * pair;
+      const int c = kappa / kRingCodeBlock * kRingCodeBlock + ring_code_column(kappa % kRingCodeBlock);
+      const uint32_t lo = c < d ? row[c] : 0u, hi = c + 1 < d ? row[c + 1] : 0u;
+      return lo | hi << 16;
+    };
+    for (int first = threadIdx.x; first < pairs; first += kInFlight * blockDim.x) {
+      uint32_t word[kInFlight];
+#pragma unroll
+      for (int i = 0; i < kInFlight; ++i) word[i] = gather(first + i * int(blockDim.x));
+#pragma unroll
+      for (int i = 0; i < kInFlight; ++i)
+        if (first + i * int(blockDim.x) < pairs) visit(first + i * int(blockDim.x), word[i]);
+    }
   };
   int biggest = 0, smallest = 255;
   uint32_t* const bf16_out = reinterpret_cast<uint32_t*>(ring.bf16) + r * pairs;
-  for (int first = threadIdx.x; first < pairs; first += kInFlight * blockDim.x) {
-    uint32_t word[kInFlight];
-#pragma unroll
-    for (int i = 0; i < kInFlight; ++i) word[i] = gather(first + i * int(blockDim.x));
-#pragma unroll
-    for (int i = 0; i < kInFlight; ++i) {
-      if (first + i * int(blockDim.x) >= pairs) continue;
-      bf16_out[first + i * int(blockDim.x)] = word[i];
-      for (const uint32_t v : {word[i] & 0xffffu, word[i] >> 16})
-        if (v & 0x7fffu) {  // nonzero: a subnormal's exponent 0 and Inf's or NaN's 255 never fit
-          const int exponent = int(v >> 7) & 0xff;
-          biggest = max(biggest, exponent);
-          smallest = min(smallest, exponent);
-        }
-    }
-  }
-  if (!ring.f16) return;  // int8: bf16 products only
+  each_pair([&](int q, uint32_t word) {
+    bf16_out[q] = word;
+    for (const uint32_t v : {word & 0xffffu, word >> 16})
+      if (v & 0x7fffu) {  // nonzero: a subnormal's exponent 0 and Inf's or NaN's 255 never fit
+        const int exponent = int(v >> 7) & 0xff;
+        biggest = max(biggest, exponent);
+        smallest = min(smallest, exponent);
+      }
+  });
   atomicMax(&exponent_max, biggest);
   atomicMin(&exponent_min, smallest);
   __syncthreads();
@@ -238,15 +242,7 @@ __device__ void stage_ring_hidden(const uint16_t* __restrict__ row, int32_t d, i
     return uint32_t(__half_as_ushort(__float2half_rn(__uint_as_float(bf16 << 16) * scale)));
   };
   uint32_t* const f16_out = reinterpret_cast<uint32_t*>(ring.f16) + r * pairs;
-  for (int first = threadIdx.x; first < pairs; first += kInFlight * blockDim.x) {
-    uint32_t word[kInFlight];
-#pragma unroll
-    for (int i = 0; i < kInFlight; ++i) word[i] = gather(first + i * int(blockDim.x));
-#pragma unroll
-    for (int i = 0; i < kInFlight; ++i)
-      if (first + i * int(blockDim.x) < pairs)
-        f16_out[first + i * int(blockDim.x)] = to_f16(word[i] & 0xffffu) | to_f16(word[i] >> 16) << 16;
-  }
+  each_pair([&](int q, uint32_t word) { f16_out[q] = to_f16(word & 0xffffu) | to_f16(word >> 16) << 16; });
 }
 
 // One block per row, an element at a time: any dtype, stride and alignment.

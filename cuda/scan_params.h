@@ -56,14 +56,13 @@ struct StochasticDrafts {
 // An 8-bit head's staged hidden rows (at most tuning::kStreamMaxRows) as the
 // 9–16-row TMA ring reads them: in its k order (ring_code_column,
 // codes.cuh), [rows, ring_code_columns(k_pad)] 16-bit values each. bf16:
-// the rows as they are. For e4m3 (NULL for int8, whose products stay
-// bf16) f16: row r times 2^k_r, k_r putting the row's largest magnitude in
-// [2^15, 2^16), which f16 holds exactly where every nonzero value of the
-// row is then at least 2^-14 (a row spanning at most 2^29); factors[r] =
-// 2^-k_r there, else 0. Where every row's factor is nonzero the ring
-// multiplies the f16 copy, converting codes to f16 at a quarter of the bf16
-// conversion's instructions, and the factor takes the scaling off the
-// finished logit (exactly: a power of two).
+// the rows as they are. f16: row r times 2^k_r, k_r putting the row's
+// largest magnitude in [2^15, 2^16), which f16 holds exactly where every
+// nonzero value of the row is then at least 2^-14 (a row spanning at most
+// 2^29); factors[r] = 2^-k_r there, else 0. Where every row's factor is
+// nonzero the ring multiplies the f16 copy, converting codes to f16 in
+// fewer instructions than to bf16 (codes.cuh), and the factor takes the
+// scaling off the finished logit (exactly: a power of two).
 struct RingHidden {
   uint16_t* bf16;
   uint16_t* f16;

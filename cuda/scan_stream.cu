@@ -343,7 +343,7 @@ struct Ring {
   uint64_t* full;
   const StreamMaps& maps;
   int first_tile, tiles, slices;
-  bool f16_hidden;  // e4m3 codes: the hidden rows' f16 copy (maps.hidden_f16) rather than maps.hidden
+  bool f16_hidden;  // 8-bit codes: the hidden rows' f16 copy (maps.hidden_f16) rather than maps.hidden
 
   __device__ __forceinline__ static int stage_of(int s) { return s % kStages; }
   __device__ __forceinline__ unsigned char* stage(int s) const { return ring + size_t(stage_of(s)) * kStageBytes; }
@@ -488,8 +488,8 @@ __device__ __forceinline__ int handed_tiles(const Walk& walk) {
 // logits while the other multiplies the next. For each stage of its units,
 // multiply(stage, accumulate, f16) issues the stage's MMAs (stage: its
 // shared-memory address; accumulate: false on a unit's first stage; f16:
-// std::true_type where the launch's `f16` holds, the e4m3 ring's products
-// in f16, else std::false_type); after a
+// std::true_type where the launch's `f16` holds, the 8-bit-code ring's
+// products in f16, else std::false_type); after a
 // unit's last stage, fold(unit, begin, end, false) folds its 64-token tiles
 // [begin, end) from the accumulators (tile i in the i-th). With kHandOff,
 // the owner of the CTA's last unit first hands its first
@@ -596,12 +596,12 @@ __device__ __forceinline__ void multiply_stage(uint32_t stage, bool accumulate, 
 // A stage's MMAs for 8-bit codes (CodeRing), W the MMA's A from registers,
 // in the k order of ring_code_column (codes.cuh), in which the stage's
 // hidden rows were staged (bf16; with kF16 the rows' f16 copy of
-// RingHidden, the e4m3 codes then converted to f16): each thread reads the
+// RingHidden, the codes then converted to f16): each thread reads the
 // 16-byte unit 2t + j of its tokens' 128-code lines (tokens 16·group_warp +
 // g and + 8 of each of the unit's 64-token tiles, in the TMA's 128-byte
 // swizzle: 16-byte unit u of row r at u ^ (r mod 8), the tiles 1024-byte
 // aligned) for the k16 steps 4j … 4j + 3, converts word s of it to the
-// pairs of step 4j + s (codes_to_bf16x2 or e4m3_to_f16x2, exact) and
+// pairs of step 4j + s (codes_to_bf16x2 or codes_to_f16x2, exact) and
 // multiplies them by the hidden rows' panel in the stage (`stage` the
 // stage's generic address, stage_address its shared one). A tile's second
 // units are read as its first ones' last words convert; a step waits for
@@ -611,10 +611,9 @@ __device__ __forceinline__ void multiply_code_stage(const unsigned char* stage, 
                                                     bool accumulate, int group_warp,
                                                     float (&acc)[kUnitTiles][8]) {
   static_assert(RingT::kColumns == kRingCodeBlock, "a stage is one block of ring_code_column's order");
-  static_assert(!kF16 || kW == FLASHSPEC_DTYPE_E4M3, "f16 products for e4m3 codes");
   auto convert = [](uint32_t word, uint32_t& lo, uint32_t& hi) {
     if constexpr (kF16)
-      e4m3_to_f16x2(word, lo, hi);
+      codes_to_f16x2<kW>(word, lo, hi);
     else
       codes_to_bf16x2<kW>(word, lo, hi);
   };
@@ -672,7 +671,7 @@ __device__ __forceinline__ void multiply_code_stage(const unsigned char* stage, 
 // two groups share the CTA's last unit's fold (box::consume_units), the
 // instance for launches that may have a sampled row (tuning::
 // stream_box_hands_off). 8-bit codes: a stage holds 128 codes of each token,
-// which the multiplying group converts to bf16 as the MMA's A in the k
+// which the multiplying group converts to bf16 or f16 as the MMA's A in the k
 // order of ring_code_column, the hidden rows' copy in that order its B
 // (box::multiply_code_stage); the row scales multiply the finished logits.
 template <flashspec_dtype kW, int kShape, bool kHandOff>
@@ -696,11 +695,10 @@ __global__ void __launch_bounds__(box::kThreads, 1)
   const int early = walk.steps < Ring::kStages ? walk.steps : Ring::kStages;
   Ring ring_of{ring, bars.full, maps, walk.first_tile, walk.tiles, walk.slices, false};
   box::start_ring<kHandOff>(p, ring_of, bars, early, plans, kMaxRows);
-  // e4m3 codes: the products in f16 where every row's f16 copy is exact
+  // 8-bit codes: the products in f16 where every row's f16 copy is exact
   // (RingHidden's factors, which the staging wrote before the grid's wait).
-  constexpr bool kMayF16 = kW == FLASHSPEC_DTYPE_E4M3;
   bool f16_products = false;
-  if constexpr (kMayF16) {
+  if constexpr (kCodes) {
     f16_products = __syncthreads_and(tid >= p.rows || __ldg(p.ring_hidden.factors + p.row_base + tid) > 0.0f);
     ring_of.f16_hidden = f16_products;
   } else {
@@ -734,7 +732,7 @@ __global__ void __launch_bounds__(box::kThreads, 1)
     box::consume_units<kHandOff, Ring>(
         walk, bars, ring_address, group,
         [&](uint32_t stage, bool accumulate, auto f16_tag) {
-          constexpr bool kF16 = kMayF16 && decltype(f16_tag)::value;
+          constexpr bool kF16 = kCodes && decltype(f16_tag)::value;
           if constexpr (kCodes)
             box::multiply_code_stage<kW, Ring, kF16>(ring + (stage - ring_address), stage, accumulate, group_warp,
                                                      acc);
@@ -1108,16 +1106,16 @@ size_t stream_wide_smem() { return wide::WideRing::kSmemBytes; }
 bool stream_box_maps(const ScanParams& p, StreamMaps* maps) {
   if (p.w_dtype != FLASHSPEC_DTYPE_BF16 && p.w_dtype != FLASHSPEC_DTYPE_F16 && !is_codes(p.w_dtype)) return false;
   // 8-bit codes meet the hidden rows' copies in the ring's k order
-  // (RingHidden): bf16, and for e4m3 f16 as well.
-  const bool codes = is_codes(p.w_dtype), f16_copy = p.w_dtype == FLASHSPEC_DTYPE_E4M3;
+  // (RingHidden): bf16 and f16, with the f16 copy's factors.
+  const bool codes = is_codes(p.w_dtype);
   const flashspec_dtype hidden_dtype = codes ? FLASHSPEC_DTYPE_BF16 : p.w_dtype;
   const void* hidden = codes ? p.ring_hidden.bf16 : p.h;
   const uint64_t hidden_columns = uint64_t(codes ? ring_code_columns(p.k_pad) : p.k_pad);
   const uint64_t pitch = uint64_t(p.ldw) * dtype_size(p.w_dtype), hidden_pitch = hidden_columns * 2;
   if (p.d_load <= 0 || p.vocab <= 0 || pitch % 16 != 0 || hidden_pitch % 16 != 0 || !hidden ||
       reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || reinterpret_cast<uintptr_t>(hidden) % 16 != 0 ||
-      (f16_copy && (!p.ring_hidden.f16 || !p.ring_hidden.factors ||
-                    reinterpret_cast<uintptr_t>(p.ring_hidden.f16) % 16 != 0)))
+      (codes && (!p.ring_hidden.f16 || !p.ring_hidden.factors ||
+                 reinterpret_cast<uintptr_t>(p.ring_hidden.f16) % 16 != 0)))
     return false;
   const EncodeTiled encode = encode_tiled();
   if (!encode) return false;
@@ -1129,7 +1127,7 @@ bool stream_box_maps(const ScanParams& p, StreamMaps* maps) {
          encode_rows(encode, &maps->w_tile, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch, 16) &&
          encode_rows(encode, &maps->hidden, hidden_dtype, hidden, hidden_columns, uint64_t(p.row_base + p.rows),
                      hidden_pitch, n) &&
-         (!f16_copy || encode_rows(encode, &maps->hidden_f16, FLASHSPEC_DTYPE_F16, p.ring_hidden.f16,
+         (!codes || encode_rows(encode, &maps->hidden_f16, FLASHSPEC_DTYPE_F16, p.ring_hidden.f16,
                                    hidden_columns, uint64_t(p.row_base + p.rows), hidden_pitch, n));
 }
 

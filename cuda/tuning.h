@@ -114,8 +114,8 @@ constexpr bool ring_units_at_least(int64_t vocab, int ctas, int units) {
 // long over a vocabulary of `vocab` tokens on `ctas` CTAs (one per SM),
 // where the device and the build have it. 8-bit codes take the same rule
 // (a row of d codes is d bytes): their stages hold a 128-byte panel of 128
-// codes per token, which the multiplying group converts to bf16 (e4m3: to
-// f16 where the hidden rows allow, RingHidden) in registers as the MMA's
+// codes per token, which the multiplying group converts to bf16 (to f16
+// where the hidden rows allow, RingHidden) in registers as the MMA's
 // A, reading a token's codes of four k16 steps in one 16-byte load
 // (ring_code_column's k order). H200, µs: int8 verify,
 // register scan → ring, 128256 × 4096 × 16 230.0 → 214.9, × 9 223.2 →
@@ -125,8 +125,9 @@ constexpr bool ring_units_at_least(int64_t vocab, int ctas, int units) {
 // 16 672.2 / 709.0 → 652.1 / 685.2 (the register scan: 208.0 / 224.3 and
 // 738.7 / 751.9 in an earlier run), then with f16 products 160.4 / 181.6
 // and 538.9 / 564.8 (the bf16 products in the same run 192.5 / 210.9 and
-// 663.0 / 687.9). Reading 16-bit pairs, int8 measured −1 … +2 % against
-// the register scan (bench/RESULTS.md).
+// 663.0 / 687.9); int8 verify with f16 products 128256 × 4096 × 16 214.2
+// → 200.1, 262144 × 8192 × 16 744.2 → 667.2. Reading 16-bit pairs, int8
+// measured −1 … +2 % against the register scan (bench/RESULTS.md).
 constexpr bool stream_box_serves(int shape, int64_t row_bytes, int64_t vocab, int ctas) {
   return shape >= kStreamBoxMinShape && row_bytes >= kStreamBoxMinRowBytes &&
          ring_units_at_least(vocab, ctas, kStreamBoxMinUnits);

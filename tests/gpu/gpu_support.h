@@ -113,6 +113,47 @@ inline Matrix dequantised(const Matrix& w, flashspec_dtype stored) {
   return out;
 }
 
+// A pre-quantised 8-bit head's rows as a caller hands them over: codes
+// drawn byte by byte over every value the dtype has (int8's −128, which the
+// quantiser never writes, included; e4m3's NaN codes excepted) and a scale
+// per row; `reference` is their values s_v · q_vk, for the float64 logits.
+struct PrequantisedRows {
+  std::vector<uint8_t> codes;  // [vocab, d]
+  std::vector<float> scales;   // [vocab]
+  Matrix reference;
+};
+
+inline PrequantisedRows prequantised_rows(flashspec_dtype stored, int64_t vocab, int64_t d, Rng& rng) {
+  PrequantisedRows out{std::vector<uint8_t>(size_t(vocab * d)), std::vector<float>(size_t(vocab)),
+                       Matrix(FLASHSPEC_DTYPE_F32, vocab, d)};
+  for (int64_t v = 0; v < vocab; ++v) {
+    uint8_t* row = out.codes.data() + v * d;
+    for (int64_t k = 0; k < d; ++k) {
+      do row[k] = uint8_t(rng.next() >> 56);
+      while (stored == FLASHSPEC_DTYPE_E4M3 && (row[k] & 0x7f) == 0x7f);
+    }
+    // Logits of unit scale: a code's magnitude is up to 448 (e4m3) or 128.
+    const double largest = stored == FLASHSPEC_DTYPE_E4M3 ? 448.0 : 128.0;
+    out.scales[size_t(v)] = float((0.5 + rng.uniform()) * 3.0 / (largest * std::sqrt(double(d))));
+    for (int64_t k = 0; k < d; ++k)
+      out.reference.set(v, k, double(out.scales[size_t(v)]) * flashspec::load_as_float(row, stored, k));
+  }
+  return out;
+}
+
+// A head over those rows, copied from host memory.
+inline HeadPtr make_prequantised_head(flashspec_context* ctx, const PrequantisedRows& rows, flashspec_dtype stored) {
+  const flashspec_tensor codes = flashspec_tensor_make(rows.codes.data(), stored, FLASHSPEC_MEMORY_HOST,
+                                                       rows.reference.rows, rows.reference.cols);
+  const flashspec_tensor scales =
+      flashspec_tensor_make(rows.scales.data(), FLASHSPEC_DTYPE_F32, FLASHSPEC_MEMORY_HOST, rows.reference.rows, 1);
+  flashspec_lm_head* head = nullptr;
+  EXPECT_EQ(flashspec_lm_head_create_quantized(ctx, &codes, &scales, stored, FLASHSPEC_LM_HEAD_COPY, &head),
+            FLASHSPEC_OK)
+      << flashspec_context_last_error(ctx);
+  return HeadPtr(head);
+}
+
 inline HeadPtr make_case_head(flashspec_context* ctx, const flashspec_tensor& w, flashspec_lm_head_flags flags,
                        flashspec_dtype stored) {
   if (stored == kUnquantised) return make_head(ctx, w, flags);

@@ -22,7 +22,7 @@ using namespace fstest;
 
 namespace {
 
-// Hidden rows beyond the draws (the e4m3 TMA ring's f16 copies, RingHidden
+// Hidden rows beyond the draws (the 8-bit-code TMA ring's f16 copies, RingHidden
 // in cuda/scan_params.h): row 1 times 2^20, past f16's range unless scaled;
 // and with kSpanning also row 2 spanning 2^33, more than f16 holds exactly
 // (that launch multiplies in bf16).
@@ -35,6 +35,7 @@ struct DraftCase {
   bool borrow_unaligned;
   flashspec_dtype stored = kUnquantised;
   HiddenRange range = HiddenRange::kDrawn;
+  bool prequantised = false;  // with stored E4M3/I8: codes over every value and scales, handed over as they are
 };
 
 void run_draft_parity(const DraftCase& c) {
@@ -45,15 +46,20 @@ void run_draft_parity(const DraftCase& c) {
   if (c.range != HiddenRange::kDrawn)
     for (int k = 0; k < c.d; ++k) h.set(1, k, h.at(1, k) * 1048576.0);
   if (c.range == HiddenRange::kSpanning) h.set(2, 0, 0x1p-33);
-  const Matrix reference = dequantised(w, c.stored);
+  const PrequantisedRows codes =
+      c.prequantised ? prequantised_rows(c.stored, c.vocab, c.d, rng) : PrequantisedRows{};
+  const Matrix reference = c.prequantised ? codes.reference : dequantised(w, c.stored);
   auto cpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CPU).seed(77));
   auto gpu = make_context(ContextOptions(FLASHSPEC_BACKEND_CUDA).seed(77));
   ASSERT_TRUE(cpu && gpu);
   flashspec_tensor wv = w.view();
-  auto cpu_head = make_case_head(cpu.get(), wv, FLASHSPEC_LM_HEAD_COPY, c.stored);
   DevMatrix wd(w);
-  auto gpu_head = make_case_head(gpu.get(), wd.view(),
-                                 c.borrow_unaligned ? FLASHSPEC_LM_HEAD_BORROW : FLASHSPEC_LM_HEAD_COPY, c.stored);
+  auto cpu_head = c.prequantised ? make_prequantised_head(cpu.get(), codes, c.stored)
+                                 : make_case_head(cpu.get(), wv, FLASHSPEC_LM_HEAD_COPY, c.stored);
+  auto gpu_head = c.prequantised ? make_prequantised_head(gpu.get(), codes, c.stored)
+                                 : make_case_head(gpu.get(), wd.view(),
+                                                  c.borrow_unaligned ? FLASHSPEC_LM_HEAD_BORROW : FLASHSPEC_LM_HEAD_COPY,
+                                                  c.stored);
   ASSERT_TRUE(cpu_head && gpu_head);
 
   std::vector<float> temps(size_t(c.rows));
@@ -512,9 +518,10 @@ TEST_F(Gpu, QuantisedHeadsDraftParity) {
 // copies in the ring's k order padded with zeros; d = 204 staged element
 // by element, not in 16-byte groups), CTAs of several units (V = 90001,
 // whose sampled calls share each CTA's last unit between the warpgroups);
-// greedy and sampled rows; a 13-row verify batch; for e4m3 the products in
-// f16 (every launch here but one) with a row scaled past f16's range, and
-// in bf16 (a row spanning more than f16 holds); int8's in bf16.
+// greedy and sampled rows; a 13-row verify batch; the products in f16
+// (every launch here but two) with a row scaled past f16's range, and in
+// bf16 (a row spanning more than f16 holds); pre-quantised codes over every
+// value of the dtype (int8's −128, which the quantiser never writes).
 TEST_F(Gpu, QuantisedHeadsParityStreamBoxes) {
   const flashspec::cuda::RingScansEverywhere everywhere;
   for (flashspec_dtype stored : {FLASHSPEC_DTYPE_E4M3, FLASHSPEC_DTYPE_I8}) {
@@ -526,9 +533,13 @@ TEST_F(Gpu, QuantisedHeadsParityStreamBoxes) {
     run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 5003, 204, 11, 1.0f, false, stored});
     run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 90001, 256, 4, 4, false, 0.3f, false, stored});
   }
-  for (HiddenRange range : {HiddenRange::kScaled, HiddenRange::kSpanning})
-    run_draft_parity(
-        {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 20011, 1000, 14, 0.7f, false, FLASHSPEC_DTYPE_E4M3, range});
+  for (flashspec_dtype stored : {FLASHSPEC_DTYPE_E4M3, FLASHSPEC_DTYPE_I8}) {
+    for (HiddenRange range : {HiddenRange::kScaled, HiddenRange::kSpanning})
+      run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 20011, 1000, 14, 0.7f, false, stored, range});
+    for (float t : {0.0f, 1.0f})
+      run_draft_parity(
+          {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 9001, 520, 16, t, false, stored, HiddenRange::kDrawn, true});
+  }
 }
 
 TEST_F(Gpu, QuantisedHeadsVerifyParity) {
