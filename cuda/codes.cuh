@@ -15,17 +15,36 @@
 namespace flashspec {
 namespace cuda {
 
+// The packed f16 pairs of four e4m3 codes (elements 0,1 then 2,3 of the
+// word), exact. Where the hardware converts (sm_89 on), each conversion
+// takes a 16-bit half of the word as it lies (a register half as the
+// source operand), where converting `word >> 16` costs a shift first.
+__device__ __forceinline__ void e4m3_to_f16x2(uint32_t word, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(word));
+#else
+  auto convert = [](uint32_t pair) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3);
+    return uint32_t(h.x) | uint32_t(h.y) << 16;
+  };
+  lo = convert(word & 0xffffu);
+  hi = convert(word >> 16);
+#endif
+}
+
 // The packed bf16 pairs of four codes (elements 0,1 then 2,3 of the word).
 template <flashspec_dtype kW>
 __device__ __forceinline__ void codes_to_bf16x2(uint32_t word, uint32_t& lo, uint32_t& hi) {
   if constexpr (kW == FLASHSPEC_DTYPE_E4M3) {
     auto convert = [](uint32_t pair) {
-      const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3));
-      const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
+      const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(*reinterpret_cast<const __half2*>(&pair)));
       return *reinterpret_cast<const uint32_t*>(&b);
     };
-    lo = convert(word & 0xffffu);
-    hi = convert(word >> 16);
+    e4m3_to_f16x2(word, lo, hi);
+    lo = convert(lo);
+    hi = convert(hi);
   } else {
     // int8 x: the bf16 0x43 ‖ (x & 0x7f) is 128 + (x & 0x7f) and 0x43 ‖
     // (x & 0x80) is 128 or 256, so their difference is x, exactly.
@@ -51,22 +70,19 @@ __device__ __forceinline__ void codes_to_bf16x2(uint32_t word, uint32_t& lo, uin
 template <flashspec_dtype kW>
 __device__ __forceinline__ void codes_to_f16x2(uint32_t word, uint32_t& lo, uint32_t& hi) {
   if constexpr (kW == FLASHSPEC_DTYPE_E4M3) {
-    auto convert = [](uint32_t pair) {
-      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(pair), __NV_E4M3);
-      return uint32_t(h.x) | uint32_t(h.y) << 16;
-    };
-    lo = convert(word & 0xffffu);
-    hi = convert(word >> 16);
+    e4m3_to_f16x2(word, lo, hi);
   } else {
-    const uint32_t biased = word ^ 0x80808080u;
+    // A pair's bytes spread over zero bytes, then one xor flips their sign
+    // bits and writes the 0x64s (no constant register for the permute to
+    // keep).
     auto convert = [](uint32_t spread) {
-      const uint32_t offset = 0x64806480u;  // the f16 pair (1152, 1152)
-      const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&spread),
+      const uint32_t biased = spread ^ 0x64806480u, offset = 0x64806480u;  // offset: the f16 pair (1152, 1152)
+      const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&biased),
                                 *reinterpret_cast<const __half2*>(&offset));
       return *reinterpret_cast<const uint32_t*>(&h);
     };
-    lo = convert(__byte_perm(biased, 0x6464u, 0x4140u));
-    hi = convert(__byte_perm(biased, 0x6464u, 0x4342u));
+    lo = convert(__byte_perm(word, 0u, 0x4140u));
+    hi = convert(__byte_perm(word, 0u, 0x4342u));
   }
 }
 

@@ -602,17 +602,18 @@ __device__ __forceinline__ void multiply_stage(uint32_t stage, bool accumulate, 
 // swizzle: 16-byte unit u of row r at u ^ (r mod 8), the tiles 1024-byte
 // aligned) for the k16 steps 4j … 4j + 3, converts word s of it to the
 // pairs of step 4j + s (codes_to_bf16x2 or codes_to_f16x2, exact) and
-// multiplies them by the hidden rows' panel in the stage (`stage` the
-// stage's generic address, stage_address its shared one). A tile's second
+// multiplies them by the hidden rows' panel in the stage (at
+// stage_address, a shared-memory address). A tile's second
 // units are read as its first ones' last words convert. The unit's tiles
 // go in two halves, each its own MMA group: a half waits only for its own
 // MMAs of the step before (which read the fragments it overwrites), so its
 // conversion runs while the other half's MMAs do (H200: int8 verify 2–6 %,
-// e4m3 0–3 % faster than one group per step); a stage's first step waits
-// for none, consume_units having waited for the stage before.
+// e4m3 0–3 % faster than one group per step; four groups of one tile
+// measured the same as two); a stage's first step waits for none,
+// consume_units having waited for the stage before.
+constexpr int kCodeMmaGroups = 2;
 template <flashspec_dtype kW, class RingT, bool kF16>
-__device__ __forceinline__ void multiply_code_stage(const unsigned char* stage, uint32_t stage_address,
-                                                    bool accumulate, int group_warp,
+__device__ __forceinline__ void multiply_code_stage(uint32_t stage_address, bool accumulate, int group_warp,
                                                     float (&acc)[kUnitTiles][8]) {
   static_assert(RingT::kColumns == kRingCodeBlock, "a stage is one block of ring_code_column's order");
   auto convert = [](uint32_t word, uint32_t& lo, uint32_t& hi) {
@@ -624,19 +625,20 @@ __device__ __forceinline__ void multiply_code_stage(const unsigned char* stage, 
   constexpr int kStepsPerUnit = 4;  // k16 steps per 16-byte unit of a token's codes
   constexpr int kSteps = RingT::kColumns / 16;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const unsigned char* row_g = stage + (16 * group_warp + g) * kRowBytes;
+  const uint32_t row_g = stage_address + uint32_t((16 * group_warp + g) * kRowBytes);
   const uint32_t hidden = stage_address + uint32_t(kWBytes);
-  // units[i][0]: token g's unit of tile i, units[i][1]: token g + 8's.
+  // units[i][0]: token g's unit of tile i, units[i][1]: token g + 8's, by
+  // shared-memory loads (a generic pointer's loads take longer to return).
   auto read_units = [&](int j, int i, uint4 (&units)[2]) {
-    const unsigned char* at = row_g + (((2 * t + j) ^ g) << 4) + i * kTileBytes;
-    units[0] = *reinterpret_cast<const uint4*>(at);
-    units[1] = *reinterpret_cast<const uint4*>(at + 8 * kRowBytes);
+    const uint32_t at = row_g + uint32_t((((2 * t + j) ^ g) << 4) + i * kTileBytes);
+    units[0] = tma::load_shared_16(at);
+    units[1] = tma::load_shared_16(at + 8 * kRowBytes);
   };
   auto word = [](const uint4& u, int s) { return s == 0 ? u.x : s == 1 ? u.y : s == 2 ? u.z : u.w; };
   uint4 units[kSteps / kStepsPerUnit][kUnitTiles][2];
 #pragma unroll
   for (int i = 0; i < kUnitTiles; ++i) read_units(0, i, units[0][i]);
-  constexpr int kHalfTiles = kUnitTiles / 2;
+  constexpr int kGroupTiles = kUnitTiles / kCodeMmaGroups;
   uint32_t fragments[kUnitTiles][4];
 #pragma unroll
   for (int step = 0; step < kSteps; ++step) {
@@ -644,10 +646,10 @@ __device__ __forceinline__ void multiply_code_stage(const unsigned char* stage, 
     const uint64_t b =
         wgmma::k_major_sw128(hidden + uint32_t((step / 4) * RingT::kHiddenPanelBytes + (step % 4) * 32));
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      if (step >= 1) wgmma::wait<1>();
+    for (int mma_group = 0; mma_group < kCodeMmaGroups; ++mma_group) {
+      if (step >= 1) wgmma::wait<kCodeMmaGroups - 1>();
 #pragma unroll
-      for (int i = half * kHalfTiles; i < (half + 1) * kHalfTiles; ++i) {
+      for (int i = mma_group * kGroupTiles; i < (mma_group + 1) * kGroupTiles; ++i) {
         // Registers 0 and 2 of the fragment: token g's columns 2t, 2t + 1
         // and 2t + 8, 2t + 9; 1 and 3 the same of token g + 8.
         convert(word(units[j][i][0], s), fragments[i][0], fragments[i][2]);
@@ -657,7 +659,7 @@ __device__ __forceinline__ void multiply_code_stage(const unsigned char* stage, 
       }
       wgmma::fence();
 #pragma unroll
-      for (int i = half * kHalfTiles; i < (half + 1) * kHalfTiles; ++i)
+      for (int i = mma_group * kGroupTiles; i < (mma_group + 1) * kGroupTiles; ++i)
         wgmma::mma_k16_n16_registers<!kF16>(acc[i], fragments[i], b, accumulate || step > 0);
       wgmma::commit();
     }
@@ -742,8 +744,7 @@ __global__ void __launch_bounds__(box::kThreads, 1)
         [&](uint32_t stage, bool accumulate, auto f16_tag) {
           constexpr bool kF16 = kCodes && decltype(f16_tag)::value;
           if constexpr (kCodes)
-            box::multiply_code_stage<kW, Ring, kF16>(ring + (stage - ring_address), stage, accumulate, group_warp,
-                                                     acc);
+            box::multiply_code_stage<kW, Ring, kF16>(stage, accumulate, group_warp, acc);
           else
             box::multiply_stage<Ring>(stage, accumulate, [&](int i, uint32_t w, uint32_t hidden, bool scale_d) {
               wgmma::mma_k16<kN, kBf16>(acc[i], wgmma::k_major_sw128(w), wgmma::k_major_sw128(hidden), scale_d);

@@ -18,6 +18,17 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return uint32_t(__cvta_generic_to_shared(p));
 }
 
+// 16 bytes of shared memory at a 16-byte-aligned shared address; ordered
+// after the barrier waits before it (the "memory" clobber).
+__device__ __forceinline__ uint4 load_shared_16(uint32_t address) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(address)
+               : "memory");
+  return v;
+}
+
 // An mbarrier whose phases complete after `arrivals` arrivals (and the
 // bytes any expect_tx announced).
 __device__ __forceinline__ void barrier_init(uint64_t* bar, uint32_t arrivals) {
