@@ -607,7 +607,7 @@ __device__ __forceinline__ void multiply_stage(uint32_t stage, bool accumulate, 
 // units are read as its first ones' last words convert. The unit's tiles
 // go in two halves, each its own MMA group: a half waits only for its own
 // MMAs of the step before (which read the fragments it overwrites), so its
-// conversion runs while the other half's MMAs do (H200: int8 verify 2–6 %,
+// conversion runs while the other half's MMAs do (H200: int8 verify 1–6 %,
 // e4m3 0–3 % faster than one group per step; four groups of one tile
 // measured the same as two); a stage's first step waits for none,
 // consume_units having waited for the stage before.
