@@ -64,9 +64,9 @@ __device__ __forceinline__ void codes_to_bf16x2(uint32_t word, uint32_t& lo, uin
 // per pair, where bf16 takes four (codes_to_bf16x2). int8 x: with its sign
 // bit flipped, x + 128 in [0, 256) is the low byte of the f16 0x64 ‖
 // (x + 128) = 1024 + 128 + x (f16's unit in the last place is 1 in
-// [1024, 2048)), so subtracting 1152 leaves x: a flip per word, a byte
-// permute and a subtraction per pair, where bf16 takes four instructions
-// per pair.
+// [1024, 2048)), so subtracting 1152 leaves x: a byte permute, an xor and
+// a subtraction per pair, where bf16 takes four instructions and a
+// constant register per pair.
 template <flashspec_dtype kW>
 __device__ __forceinline__ void codes_to_f16x2(uint32_t word, uint32_t& lo, uint32_t& hi) {
   if constexpr (kW == FLASHSPEC_DTYPE_E4M3) {
