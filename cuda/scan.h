@@ -45,13 +45,13 @@ size_t stream_box_smem(flashspec_dtype w_dtype);
 // The tensor maps a stream_box_kernel or stream_wide_kernel reads: W in
 // boxes of tuning::kStreamBoxMapTokens tokens and of 16 tokens, and the
 // launch's staged hidden rows (boxes of its rows padded to the kernel's
-// MMA; for 8-bit codes the bf16 copy of ScanParams::ring_hidden, and for
-// e4m3 its f16 copy in hidden_f16); all 128 bytes wide.
+// MMA; for 8-bit codes the bf16 copy of ScanParams::ring_hidden, and its
+// f16 copy in hidden_f16); all 128 bytes wide.
 struct StreamMaps {
   CUtensorMap w;
   CUtensorMap w_tile;
   CUtensorMap hidden;
-  CUtensorMap hidden_f16;  // e4m3 codes only
+  CUtensorMap hidden_f16;  // 8-bit codes only
 };
 // 17–tuning::kStreamWideMaxRows rows on sm_90a, W and hidden both bf16 or
 // both fp16: the same ring of TMA boxes, the hidden rows as the warpgroup
