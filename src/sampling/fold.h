@@ -80,14 +80,16 @@ FS_HOST_DEVICE void lse_add(float& m, float& s, float x) {
   m = above ? x : m;
 }
 
-// (m, s) ← (m, s) ∪ (bm, bs).
+// (m, s) ← (m, s) ∪ (bm, bs): if bm > m, s·e^(m − bm) + bs and m = bm;
+// otherwise s + bs·e^(bm − m) (s unchanged where bs is empty, bm = −∞).
+// One exponential and selects, as lse_add: a chain of merges (the end of a
+// scan, a CTA's partials combined) waits on each in turn, and the branches
+// made each take several times as long.
 FS_HOST_DEVICE void lse_merge(float& m, float& s, float bm, float bs) {
-  if (bm > m) {
-    s = s * expf(m - bm) + bs;
-    m = bm;
-  } else if (bm != neg_inf()) {
-    s += bs * expf(bm - m);
-  }
+  const bool above = bm > m;
+  const float e = expf(-fabsf(bm - m));
+  s = above ? s * e + bs : bm != neg_inf() ? s + bs * e : s;
+  m = above ? bm : m;
 }
 
 FS_HOST_DEVICE float lse_value(float m, float s) { return m + logf(s); }
@@ -199,20 +201,18 @@ FS_HOST_DEVICE bool may_reach_merged(float scaled, float noise_bound, float runn
   return may_reach(scaled, noise_bound, runner_up) && !(scaled + noise_bound < floor);
 }
 
-// a ← a ∪ b; ties between winners go to the smaller token id.
+// a ← a ∪ b; ties between winners go to the smaller token id. Selects
+// rather than branches, as lse_merge.
 FS_HOST_DEVICE void merge_partial(Partial& a, const Partial& b) {
   lse_merge(a.m, a.s, b.m, b.s);
-  if (b.flags & kPartialTracked) a.tracked = b.tracked;
+  a.tracked = (b.flags & kPartialTracked) ? b.tracked : a.tracked;
   a.flags |= b.flags;
-  const bool b_wins = b.token >= 0 && (a.token < 0 || b.best > a.best || (b.best == a.best && b.token < a.token));
-  if (b_wins) {
-    a.second = fmaxf(a.best, b.second);
-    a.best = b.best;
-    a.best_scaled = b.best_scaled;
-    a.token = b.token;
-  } else {
-    a.second = fmaxf(a.second, b.best);
-  }
+  const bool b_wins =
+      (b.token >= 0) & ((a.token < 0) | (b.best > a.best) | ((b.best == a.best) & (b.token < a.token)));
+  a.second = b_wins ? fmaxf(a.best, b.second) : fmaxf(a.second, b.best);
+  a.best = b_wins ? b.best : a.best;
+  a.best_scaled = b_wins ? b.best_scaled : a.best_scaled;
+  a.token = b_wins ? b.token : a.token;
 }
 
 // log max(e^a − e^b, 0): −Inf where b ≥ a (a token the subtraction empties).

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "sampling/fold.h"
 #include "support.h"
 #include "util/philox.h"
 
@@ -166,6 +168,78 @@ TEST(OnlineLse, TemperatureTooSmallForTheLogitsIsReportedNotNaN) {
     EXPECT_EQ(ok.tokens[size_t(r)], argmax(ref.logit));
     EXPECT_TRUE(std::isfinite(ok.logq[size_t(r)]));
   }
+}
+
+// lse_merge and merge_partial take selects rather than branches (a chain of
+// merges on the GPU waited on each branch in turn); the result must be the
+// branching form's, bit for bit, over empty, equal, larger and smaller
+// operands and ties between winners.
+TEST(OnlineLse, MergesGiveTheBranchingFormsBits) {
+  using flashspec::Partial;
+  auto branching_lse = [](float& m, float& s, float bm, float bs) {
+    if (bm > m) {
+      s = s * std::exp(m - bm) + bs;
+      m = bm;
+    } else if (bm != -INFINITY) {
+      s += bs * std::exp(bm - m);
+    }
+  };
+  auto branching_merge = [&](Partial& a, const Partial& b) {
+    branching_lse(a.m, a.s, b.m, b.s);
+    if (b.flags & flashspec::kPartialTracked) a.tracked = b.tracked;
+    a.flags |= b.flags;
+    const bool b_wins =
+        b.token >= 0 && (a.token < 0 || b.best > a.best || (b.best == a.best && b.token < a.token));
+    if (b_wins) {
+      a.second = std::fmax(a.best, b.second);
+      a.best = b.best;
+      a.best_scaled = b.best_scaled;
+      a.token = b.token;
+    } else {
+      a.second = std::fmax(a.second, b.best);
+    }
+  };
+  auto bits = [](float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, sizeof u);
+    return u;
+  };
+  const float maxima[] = {-INFINITY, -3.5f, 0.0f, 0.25f, 7.0f, 1e30f};
+  const float scores[] = {-INFINITY, -1.0f, 2.0f, 2.0f, 5.5f};
+  const int32_t tokens[] = {-1, 3, 17};
+  std::vector<Partial> partials;
+  for (float m : maxima)
+    for (float best : scores)
+      for (int32_t token : tokens) {
+        Partial p = flashspec::empty_partial();
+        if (m != -INFINITY) {
+          p.m = m;
+          p.s = 1.0f + 0.375f * float(partials.size() % 7);
+        }
+        if (token >= 0) {
+          p.token = token;
+          p.best = best;
+          p.best_scaled = best - 0.5f;
+          p.second = best - 1.25f;
+        }
+        p.tracked = float(partials.size());
+        p.flags = int32_t(partials.size() % 3 == 0 ? flashspec::kPartialTracked : 0);
+        partials.push_back(p);
+      }
+  for (const Partial& a0 : partials)
+    for (const Partial& b : partials) {
+      Partial got = a0, want = a0;
+      flashspec::merge_partial(got, b);
+      branching_merge(want, b);
+      ASSERT_EQ(bits(got.m), bits(want.m));
+      ASSERT_EQ(bits(got.s), bits(want.s)) << a0.m << " " << a0.s << " ∪ " << b.m << " " << b.s;
+      ASSERT_EQ(bits(got.best), bits(want.best));
+      ASSERT_EQ(bits(got.best_scaled), bits(want.best_scaled));
+      ASSERT_EQ(got.token, want.token);
+      ASSERT_EQ(bits(got.second), bits(want.second));
+      ASSERT_EQ(bits(got.tracked), bits(want.tracked));
+      ASSERT_EQ(got.flags, want.flags);
+    }
 }
 
 }  // namespace
