@@ -37,14 +37,59 @@ __device__ __forceinline__ float exp_of_difference(float a, float b) {
   return y;
 }
 
+// The four logits of a thread's step at `base` (tokens past `end` as −inf)
+// and the mask of those in the slice. Chunks and slices are multiples of 4
+// tokens, so a whole step is one aligned 16-byte load.
+__device__ __forceinline__ unsigned load_step(const float* l, int base, int end, float (&x)[kTokensPerThread]) {
+  static_assert(kTokensPerThread == 4, "one 16-byte load per thread step");
+  if (base + kTokensPerThread <= end) {
+    const float4 v = *reinterpret_cast<const float4*>(l + base);
+    x[0] = v.x;
+    x[1] = v.y;
+    x[2] = v.z;
+    x[3] = v.w;
+    return 0xfu;
+  }
+  unsigned valid = 0;
+#pragma unroll
+  for (int k = 0; k < kTokensPerThread; ++k) {
+    const bool in = base + k < end;
+    x[k] = in ? l[base + k] : neg_inf();
+    valid |= in ? 1u << k : 0u;
+  }
+  return valid;
+}
+
 // Folds logits [begin, end) of one greedy row (token v0 + i at l[i]); each
-// thread takes four consecutive tokens at a time.
+// thread takes four consecutive tokens at a time, in token order, so the
+// partial is fold_logit's bit for bit: a greedy row's score is its logit,
+// with no scaling, log-sum-exp or noise. The per-token work is predicated,
+// not branched (tokens past the slice's end, and the excluded token, offer
+// −inf, which changes nothing), and the candidates are taken by selects.
 __device__ __forceinline__ void fold_slice_greedy(Partial& part, const RowPlan& plan, const float* l, int begin,
                                                   int end, int32_t v0) {
-  for (int base = begin + threadIdx.x * kTokensPerThread; base < end; base += kThreads * kTokensPerThread)
+  for (int base = begin + threadIdx.x * kTokensPerThread; base < end; base += kThreads * kTokensPerThread) {
+    const int32_t token0 = v0 + base;
+    float x[kTokensPerThread];
+    const unsigned valid = load_step(l, base, end, x);
+    bool bad = false;
 #pragma unroll
-    for (int k = 0; k < kTokensPerThread; ++k)
-      if (base + k < end) fold_logit(part, plan, l[base + k], v0 + base + k, 0);
+    for (int k = 0; k < kTokensPerThread; ++k) bad |= ((valid >> k) & 1u) && !is_finite(x[k]);
+    if (bad) part.flags |= kPartialNonFinite;  // unscaled: a non-finite score is a non-finite logit
+    const uint32_t tracked_offset = uint32_t(plan.tracked - token0);
+    if (tracked_offset < uint32_t(kTokensPerThread) && ((valid >> tracked_offset) & 1u)) {
+      part.tracked = x[0];
+#pragma unroll
+      for (int k = 1; k < kTokensPerThread; ++k)
+        if (tracked_offset == uint32_t(k)) part.tracked = x[k];
+      part.flags |= kPartialTracked;
+    }
+#pragma unroll
+    for (int k = 0; k < kTokensPerThread; ++k) {
+      const bool offered = ((valid >> k) & 1u) && token0 + k != plan.excluded;
+      offer_candidate<OfferForm::kSelects>(part, offered ? x[k] : neg_inf(), x[k], token0 + k);
+    }
+  }
 }
 
 // The same for a sampled row (T > 0), with the result of fold_logit token by
@@ -75,22 +120,7 @@ __device__ __forceinline__ void fold_slice_sampled(Partial& part, const RowPlan&
     const int base = step + threadIdx.x * kTokensPerThread;
     const int32_t token0 = v0 + base;
     float x[kTokensPerThread];
-    unsigned valid = 0;
-    if (base + kTokensPerThread <= end) {  // chunks and slices are multiples of 4: 16-byte aligned
-      const float4 v = *reinterpret_cast<const float4*>(l + base);
-      x[0] = v.x;
-      x[1] = v.y;
-      x[2] = v.z;
-      x[3] = v.w;
-      valid = 0xfu;
-    } else {
-#pragma unroll
-      for (int k = 0; k < kTokensPerThread; ++k) {
-        const bool in = base + k < end;
-        x[k] = in ? l[base + k] : neg_inf();
-        valid |= in ? 1u << k : 0u;
-      }
-    }
+    const unsigned valid = load_step(l, base, end, x);
     float step_max = neg_inf();
     bool maybe = false, bad = false;
 #pragma unroll
