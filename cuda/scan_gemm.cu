@@ -60,6 +60,20 @@ __device__ __forceinline__ unsigned load_step(const float* l, int base, int end,
   return valid;
 }
 
+// Where the plan's tracked token is one of a step's tokens in the slice,
+// its (scaled) logit x[k] into the partial.
+__device__ __forceinline__ void track_step(Partial& part, const RowPlan& plan, int32_t token0, unsigned valid,
+                                           const float (&x)[kTokensPerThread]) {
+  const uint32_t tracked_offset = uint32_t(plan.tracked - token0);
+  if (tracked_offset < uint32_t(kTokensPerThread) && ((valid >> tracked_offset) & 1u)) {
+    part.tracked = x[0];
+#pragma unroll
+    for (int k = 1; k < kTokensPerThread; ++k)
+      if (tracked_offset == uint32_t(k)) part.tracked = x[k];
+    part.flags |= kPartialTracked;
+  }
+}
+
 // Folds logits [begin, end) of one greedy row (token v0 + i at l[i]); each
 // thread takes four consecutive tokens at a time, in token order, so the
 // partial is fold_logit's bit for bit: a greedy row's score is its logit,
@@ -76,14 +90,7 @@ __device__ __forceinline__ void fold_slice_greedy(Partial& part, const RowPlan& 
 #pragma unroll
     for (int k = 0; k < kTokensPerThread; ++k) bad |= ((valid >> k) & 1u) && !is_finite(x[k]);
     if (bad) part.flags |= kPartialNonFinite;  // unscaled: a non-finite score is a non-finite logit
-    const uint32_t tracked_offset = uint32_t(plan.tracked - token0);
-    if (tracked_offset < uint32_t(kTokensPerThread) && ((valid >> tracked_offset) & 1u)) {
-      part.tracked = x[0];
-#pragma unroll
-      for (int k = 1; k < kTokensPerThread; ++k)
-        if (tracked_offset == uint32_t(k)) part.tracked = x[k];
-      part.flags |= kPartialTracked;
-    }
+    track_step(part, plan, token0, valid, x);
 #pragma unroll
     for (int k = 0; k < kTokensPerThread; ++k) {
       const bool offered = ((valid >> k) & 1u) && token0 + k != plan.excluded;
@@ -136,14 +143,7 @@ __device__ __forceinline__ void fold_slice_sampled(Partial& part, const RowPlan&
         if (((valid >> k) & 1u) && !is_finite(x[k]))
           part.flags |= is_finite(l[base + k]) ? kPartialScaleOverflow : kPartialNonFinite;
     }
-    const uint32_t tracked_offset = uint32_t(plan.tracked - token0);
-    if (tracked_offset < uint32_t(kTokensPerThread) && ((valid >> tracked_offset) & 1u)) {
-      part.tracked = x[0];
-#pragma unroll
-      for (int k = 1; k < kTokensPerThread; ++k)
-        if (tracked_offset == uint32_t(k)) part.tracked = x[k];
-      part.flags |= kPartialTracked;
-    }
+    track_step(part, plan, token0, valid, x);
     if (step_max > part.m) {
       part.s *= exp_of_difference(part.m, step_max);
       part.m = step_max;
