@@ -869,6 +869,10 @@ __global__ void __launch_bounds__(wide::kThreads, 1)
   const box::Walk walk = box::walk_of<Ring>(p);
   const int early = walk.steps < Ring::kStages ? walk.steps : Ring::kStages;
   const Ring ring_of{ring, bars.full, maps, walk.first_tile, walk.tiles, walk.slices, false};
+  // Completes once every consumer warp has lowered its register budget at
+  // the end: the producer warps ask for theirs back only then (below).
+  __shared__ __align__(8) uint64_t registers_back;
+  if (tid == 0) tma::barrier_init(&registers_back, box::kConsumerWarps);  // fenced in start_ring
   box::start_ring<kHandOff>(p, ring_of, bars, early, plans, wide::kRows);
   if (tid < 256) noise_bounds[tid] = p.gumbel_bounds ? p.gumbel_bounds[tid] : pos_inf();
   __syncthreads();
@@ -880,6 +884,12 @@ __global__ void __launch_bounds__(wide::kThreads, 1)
     wgmma::lower_registers<wide::kProducerRegisters>();
     if (warp == box::kProducerWarp && lane == 0) ring_of.produce(early, walk.steps, bars.empty, p.row_base);
     __syncwarp();  // the register budget moves for whole, converged warps
+    // A request for registers spins until the CTA's pool can grant it, in
+    // no order: asked for before the consumers have raised their budgets, a
+    // producer warp could take back what they are waiting for, and every
+    // warp would then wait for ever. The consumers give the registers back
+    // only when they are done.
+    tma::barrier_wait(&registers_back, 0);
     wgmma::raise_registers<wide::kLaunchRegisters>();
   } else {
     wgmma::raise_registers<wide::kConsumerRegisters>();
@@ -998,6 +1008,7 @@ __global__ void __launch_bounds__(wide::kThreads, 1)
       if (t == 0) merged[group][row0 + 8 * h] = held[h];
     }
     wgmma::lower_registers<wide::kLaunchRegisters>();
+    if (lane == 0) tma::barrier_arrive(&registers_back);
   }
   __syncthreads();
   if (tid < p.rows) {
