@@ -351,7 +351,7 @@ __device__ __forceinline__ bool fold_token_rules(ControlPartial& part, const Row
   if (token == r.plan.tracked) part.tracked_x = x;
   on_allowed(x);
   *x_out = x;
-  if (offers && token != r.plan.excluded)
+  if (offers && is_offered(r.plan, token))
     offer_sample(part, r.greedy ? x : x + gumbel_from_bits(noise), x, lv, token);
   return true;
 }
@@ -903,7 +903,7 @@ __global__ void __launch_bounds__(kFoldThreads) band_kernel(const PassArgs a) {
                       }
                       part.mass += e;
                       part.weighted += e * x;
-                      if (token == r.plan.excluded) return;
+                      if (!is_offered(r.plan, token)) return;
                       offer_sample(part, x + gumbel_from_bits(row_word(r.plan.key, token)), x, lv, token);
                     });
   block_merge(reduce, part, merge_band_partial);
@@ -1884,7 +1884,7 @@ __device__ void summarize_row(const SummaryArgs& a, const RowSetup& r, int row, 
       const int32_t token = key_token(ranked[i]);
       const float x = ranked_x[i];
       weighted += expf(x - lse) * x;
-      if (token == r.plan.excluded) continue;
+      if (!is_offered(r.plan, token)) continue;
       merge_winner(mine, Winner{x + gumbel_from_bits(row_word(r.plan.key, token)), neg_inf(), token, i});
     }
     for (int offset = 16; offset > 0; offset >>= 1) {

@@ -93,7 +93,7 @@ __device__ __forceinline__ void fold_slice_greedy(Partial& part, const RowPlan& 
     track_step(part, plan, token0, valid, x);
 #pragma unroll
     for (int k = 0; k < kTokensPerThread; ++k) {
-      const bool offered = ((valid >> k) & 1u) && token0 + k != plan.excluded;
+      const bool offered = ((valid >> k) & 1u) && is_offered(plan, token0 + k);
       offer_candidate<OfferForm::kSelects>(part, offered ? x[k] : neg_inf(), x[k], token0 + k);
     }
   }
@@ -166,7 +166,7 @@ __device__ __forceinline__ void fold_slice_sampled(Partial& part, const RowPlan&
       for (int k = 0; k < kTokensPerThread; ++k) {
         words[k] = noise.v[k];
         const bool offer =
-            ((valid >> k) & 1u) && token0 + k != plan.excluded && !(x[k] + bounds[words[k] >> 24] < floor);
+            ((valid >> k) & 1u) && is_offered(plan, token0 + k) && !(x[k] + bounds[words[k] >> 24] < floor);
         pending |= offer ? 1u << k : 0u;
       }
     }

@@ -149,15 +149,17 @@ FS_HOST_DEVICE float fold_logit_mass(Partial& p, const RowPlan& plan, float l, i
   if (!greedy) lse_add(p.m, p.s, scaled);
   return scaled;
 }
+// Whether `token` is offered as a candidate at all: every token but the
+// plan's excluded one. A fold by selects offers the others −∞, which is above
+// neither score and so changes nothing, as skipping them does.
+FS_HOST_DEVICE bool is_offered(const RowPlan& plan, int32_t token) { return token != plan.excluded; }
 template <OfferForm kForm = OfferForm::kBranches>
 FS_HOST_DEVICE void offer_logit(Partial& p, const RowPlan& plan, float scaled, int32_t token, float gumbel) {
   if constexpr (kForm == OfferForm::kSelects) {
-    // The excluded token scores −∞, which is above neither score and so
-    // changes nothing, as skipping it does.
     const float score = plan.flags & kPlanGreedy ? scaled : scaled + gumbel;
-    offer_candidate<kForm>(p, token == plan.excluded ? neg_inf() : score, scaled, token);
+    offer_candidate<kForm>(p, is_offered(plan, token) ? score : neg_inf(), scaled, token);
   } else {
-    if (token == plan.excluded) return;
+    if (!is_offered(plan, token)) return;
     offer_candidate<kForm>(p, plan.flags & kPlanGreedy ? scaled : scaled + gumbel, scaled, token);
   }
 }

@@ -170,7 +170,7 @@ class RowAnalysis {
     Partial best = empty_partial();
     for (int64_t i = 0; i < vocab_; ++i) {
       const int32_t token = int32_t(i);
-      if (!kept(token) || token == plan.excluded) continue;
+      if (!kept(token) || !is_offered(plan, token)) continue;
       const float score = greedy_ ? x(token) : x(token) + gumbel_from_bits(row_word(plan.key, token));
       if (score > best.best) {
         best.second = best.best;

@@ -484,7 +484,7 @@ Partial fold_tile(const RowPlan& plan, const float* l, int64_t count, int32_t fi
     for (int64_t k = 0; k < count; ++k) {
       if (!is_finite(l[k])) p.flags |= kPartialNonFinite;
       const int32_t token = first_token + int32_t(k);
-      if (token != plan.excluded) offer_candidate(p, l[k], l[k], token);
+      if (is_offered(plan, token)) offer_candidate(p, l[k], l[k], token);
     }
     return p;
   }
@@ -544,7 +544,7 @@ Partial fold_tile(const RowPlan& plan, const float* l, int64_t count, int32_t fi
         const int64_t k = k0 + __builtin_ctz(candidates);
         candidates &= candidates - 1;
         const int32_t token = first_token + int32_t(c0 + k);
-        if (token == plan.excluded) continue;
+        if (!is_offered(plan, token)) continue;
         const float x = scaled[k];
         const uint32_t bits = words[k + offset];
         // A score that cannot exceed the runner-up changes nothing
