@@ -64,6 +64,16 @@ __device__ __forceinline__ unsigned load_step(const float* l, int base, int end,
   return valid;
 }
 
+// Runs step(std::true_type{}) for a thread step at `base` that lies wholly
+// in the slice (every step before the slice's last round), where the mask is
+// a constant and its tests compile away, and step(std::false_type{}) for the
+// others.
+template <class Step>
+__device__ __forceinline__ void by_extent(int base, int end, Step&& step) {
+  if (base + kTokensPerThread <= end) step(std::true_type{});
+  else step(std::false_type{});
+}
+
 // Where the plan's tracked token is one of a step's tokens in the slice,
 // its (scaled) logit x[k] into the partial.
 __device__ __forceinline__ void track_step(Partial& part, const RowPlan& plan, int32_t token0, unsigned valid,
@@ -102,10 +112,7 @@ __device__ __forceinline__ void fold_slice_greedy(Partial& part, const RowPlan& 
         offer_candidate<OfferForm::kSelects>(part, offered ? x[k] : neg_inf(), x[k], token0 + k);
       }
     };
-    // Every thread step before the slice's last round lies wholly in the
-    // slice: there the mask is a constant and its tests compile away.
-    if (base + kTokensPerThread <= end) step(std::true_type{});
-    else step(std::false_type{});
+    by_extent(base, end, step);
   }
 }
 
@@ -182,13 +189,11 @@ __device__ __forceinline__ void fold_slice_sampled(Partial& part, const RowPlan&
         }
       }
     };
-    // Every thread step before the slice's last round lies wholly in the
-    // slice: there the mask is a constant and its tests compile away (about
-    // 18 of the 94 instructions of a step whose tokens all stay below the
-    // floor). The warp reconverges before it offers its pending tokens and
-    // reduces the floor (warp-wide votes and shuffles).
-    if (base + kTokensPerThread <= end) fold_step(std::true_type{});
-    else fold_step(std::false_type{});
+    // Whole steps skip about 18 of the 94 instructions of a step whose
+    // tokens all stay below the floor. The warp reconverges after either
+    // kind, before it offers its pending tokens and reduces the floor
+    // (warp-wide votes and shuffles).
+    by_extent(base, end, fold_step);
     offer_pending(pending, [&](int k) {
       float xk = x[0];
       uint32_t wk = words[0];
