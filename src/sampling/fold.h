@@ -150,8 +150,9 @@ FS_HOST_DEVICE float fold_logit_mass(Partial& p, const RowPlan& plan, float l, i
   return scaled;
 }
 // Whether `token` is offered as a candidate at all: every token but the
-// plan's excluded one. A fold by selects offers the others −∞, which is above
-// neither score and so changes nothing, as skipping them does.
+// plan's excluded one. A fold by selects offers the excluded token the score
+// −∞ instead, which is above neither score and so changes nothing, as
+// skipping it does.
 FS_HOST_DEVICE bool is_offered(const RowPlan& plan, int32_t token) { return token != plan.excluded; }
 template <OfferForm kForm = OfferForm::kBranches>
 FS_HOST_DEVICE void offer_logit(Partial& p, const RowPlan& plan, float scaled, int32_t token, float gumbel) {
