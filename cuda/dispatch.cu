@@ -8,6 +8,7 @@
 #include "launch.cuh"
 #include "scan.h"
 #include "scan_gemm.h"
+#include "scan_tiles.h"
 #include "util/dtype.h"
 
 namespace flashspec {
@@ -17,6 +18,8 @@ namespace {
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 std::atomic<bool> stream_rings_everywhere{false};
+std::atomic<bool> many_row_chunks_only{false};
+std::atomic<bool> rows_assumed_greedy{false};
 
 // Lets `kernel` have `dynamic` bytes of dynamic shared memory; false (and
 // nothing set) where those and its static shared memory exceed max_smem.
@@ -184,6 +187,10 @@ ScanLimits configure_scans(int device) {
       const void* wide = scan::stream_wide_kernel(dtype);
       if (wide && !opt_in_smem(wide, scan::stream_wide_smem(), limits.max_smem)) limits.stream_wide = false;
     }
+    limits.tile_scan = true;
+    for (flashspec_dtype dtype : {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F16})
+      if (!opt_in_smem(tile_scan::kernel_for(dtype), tile_scan::smem_bytes(), limits.max_smem))
+        limits.tile_scan = false;
   }
 #endif
   return limits;
@@ -196,6 +203,10 @@ bool scan_reads_ring_order(const ScanLimits& limits, const CudaLmHead& head, boo
 }
 
 void set_stream_rings_everywhere(bool on) { stream_rings_everywhere.store(on); }
+
+void set_many_row_chunks_only(bool on) { many_row_chunks_only.store(on); }
+
+void set_rows_assumed_greedy(bool on) { rows_assumed_greedy.store(on); }
 
 int32_t gemm_chunk_tokens(int32_t max_rows) {
   return gemm_scan::chunk_tokens(max_rows, int64_t(tuning::kGemmWorkspaceBytes / sizeof(float)));
@@ -246,6 +257,18 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
     check_cuda(scan::launch_stream_wide(wide, p, tail, wide_maps, blocks, stream),
                "scan (weight stream, TMA, 17-64 rows)");
     return ScanOutcome{blocks, true};
+  }
+  // More rows on sm_90a, 16-bit heads, every row greedy: the GEMM whose
+  // epilogue folds (tuning.h: kTileScanMinRows).
+  const bool tiles_serve = rows >= tuning::kTileScanMinRows && (!may_sample || rows_assumed_greedy.load()) &&
+                           !many_row_chunks_only.load();
+  const void* tiles = limits.tile_scan && tc && tiles_serve ? tile_scan::kernel_for(head.dtype) : nullptr;
+  tile_scan::TileMaps tile_maps;
+  if (tiles && tile_scan::encode_maps(p, &tile_maps)) {
+    p.groups = tile_scan::groups_for(rows, p.vocab, limits.sm_count, max_groups);
+    p.row_blocks = 1;
+    check_cuda(tile_scan::launch(tiles, p, tile_maps, stream), "scan (tiles, many rows)");
+    return ScanOutcome{p.groups, false};
   }
   if (tc && ws.cublas) {
     require(!head.codes() || ws.dequantized, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, Field::kHead,

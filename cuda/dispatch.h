@@ -39,6 +39,9 @@ struct ScanLimits {
   bool stream_box_codes = false;  // the same for 8-bit codes (a larger ring)
   // The same for its 17–64-row form (scan::stream_wide_kernel).
   bool stream_wide = false;
+  // The many-row tile scan (tile_scan::kernel_for) may run: the same
+  // conditions.
+  bool tile_scan = false;
   int mma_blocks_per_sm[tuning::kMmaShapeCount] = {};
   int simt_blocks_per_sm = 1;
 };
@@ -74,6 +77,16 @@ bool scan_reads_ring_order(const ScanLimits& limits, const CudaLmHead& head, boo
 // every call they can (on) or those tuning::stream_box_serves and
 // tuning::stream_wide_serves pick (off, the default).
 void set_stream_rings_everywhere(bool on);
+// Lets only the cuBLAS chunks (scan_gemm.h) serve many-row scans (on), so
+// that tests reach them on a device where the tile scan would serve; off
+// (the default) restores the rules. Process-wide; set it between calls.
+void set_many_row_chunks_only(bool on);
+// Lets the tile scan serve many-row launches that may sample as if every
+// row were greedy (on), for tests whose calls have only greedy rows but
+// reach the backend through an API that cannot tell (per-row or device
+// temperatures); off (the default) restores the rules. Process-wide; set
+// it between calls.
+void set_rows_assumed_greedy(bool on);
 
 // Tokens per cuBLAS chunk for max_rows rows: as many as fit the logits
 // workspace, in whole fold slices.

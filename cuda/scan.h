@@ -65,6 +65,12 @@ size_t stream_wide_smem();
 // copies of ScanParams::ring_hidden present) with 16-byte-aligned rows and
 // the driver can encode tensor maps.
 bool stream_box_maps(const ScanParams& params, StreamMaps* maps);
+// A 2-D tensor map of `rows` rows of 16-bit elements or 8-bit codes
+// (`columns` of which exist, `pitch` bytes apart) read in boxes of 128
+// bytes × box_rows rows, in the 128-byte swizzle of the wgmma descriptors
+// (wgmma.cuh); false where the driver cannot encode it.
+bool encode_row_map(CUtensorMap* map, flashspec_dtype dtype, const void* base, uint64_t columns, uint64_t rows,
+                    uint64_t pitch, uint32_t box_rows);
 // launch_stream's contract for a stream_box_kernel.
 cudaError_t launch_stream_box(const void* kernel, const ScanParams& params, const StreamTail& tail,
                               const StreamMaps& maps, int blocks, cudaStream_t stream);

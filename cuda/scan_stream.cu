@@ -1085,6 +1085,12 @@ bool encode_rows(EncodeTiled encode, CUtensorMap* map, flashspec_dtype dtype, co
 
 }  // namespace
 
+bool encode_row_map(CUtensorMap* map, flashspec_dtype dtype, const void* base, uint64_t columns, uint64_t rows,
+                    uint64_t pitch, uint32_t box_rows) {
+  const EncodeTiled encode = encode_tiled();
+  return encode && encode_rows(encode, map, dtype, base, columns, rows, pitch, box_rows);
+}
+
 const void* stream_kernel(int shape, flashspec_dtype w_dtype) { return stream::kernel_for<StreamScan>(shape, w_dtype); }
 
 int stream_blocks(int32_t vocab, int max_blocks) {

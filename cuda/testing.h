@@ -37,5 +37,32 @@ struct RingScansEverywhere {
   RingScansEverywhere& operator=(const RingScansEverywhere&) = delete;
 };
 
+// Lets only the cuBLAS chunks serve scans of more than 64 rows (on), so
+// that tests reach them on sm_90a, where the tile scan serves greedy
+// launches; off (the default) restores the rules. Process-wide; set it
+// between calls.
+void serve_many_rows_by_chunks(bool on);
+// serve_many_rows_by_chunks(true) for one object's scope.
+struct ManyRowsByChunks {
+  ManyRowsByChunks() { serve_many_rows_by_chunks(true); }
+  ~ManyRowsByChunks() { serve_many_rows_by_chunks(false); }
+  ManyRowsByChunks(const ManyRowsByChunks&) = delete;
+  ManyRowsByChunks& operator=(const ManyRowsByChunks&) = delete;
+};
+
+// Lets the tile scan serve many-row calls as if the host knew every row
+// greedy (on): for calls whose temperatures are all 0 but given per row
+// (drafts) or on the device (verify), where the C API cannot tell; only
+// for such calls. Off (the default) restores the rules. Process-wide; set
+// it between calls.
+void assume_greedy_rows(bool on);
+// assume_greedy_rows(true) for one object's scope.
+struct GreedyRowsAssumed {
+  GreedyRowsAssumed() { assume_greedy_rows(true); }
+  ~GreedyRowsAssumed() { assume_greedy_rows(false); }
+  GreedyRowsAssumed(const GreedyRowsAssumed&) = delete;
+  GreedyRowsAssumed& operator=(const GreedyRowsAssumed&) = delete;
+};
+
 }  // namespace cuda
 }  // namespace flashspec

@@ -192,6 +192,19 @@ static_assert(stream_box_hands_off(128256, 132) && stream_box_hands_off(262144, 
 // units per CTA, or kStreamWideFullMinUnits for rows of
 // kStreamWideLongRowBytes at kStreamWideMaxRows rows.
 constexpr int kStreamWideMaxRows = 64;
+
+// From kTileScanMinRows rows on sm_90a, 16-bit heads, launches whose rows
+// are all greedy (greedy drafts; the engine's verify at T = 0): the tile
+// scan (scan_tiles.cu), a GEMM of 128-row by 128-token tiles whose epilogue
+// folds. H200, µs, cuBLAS chunks → tile scan, greedy drafts: 128256 × 4096
+// × 100 317 → 290, × 128 332 → 284, × 256 502–523 → 424–433, × 512 954–960
+// → 775–856; 151936 × 4096 × 128 396 → 313; 262144 × 8192 × 128 1217 →
+// 1173; 32000 × 2048 × 128 62 → 59; 151936 × 2048 × 100 225 → 184
+// (bench/RESULTS.md). Launches that may sample keep the chunks: there the
+// tile scan's sampled fold, with one warp per scheduler beside the other
+// group's products, was slower at 256–512 rows and mixed at 100–128 (e.g.
+// verify 128256 × 4096 × 100 361 → 382, 151936 × 4096 × 128 457 → 418).
+constexpr int kTileScanMinRows = kStreamWideMaxRows + 1;
 constexpr int kStreamWideStages = 5;
 constexpr int64_t kStreamWideMinRowBytes = 8192;
 constexpr int64_t kStreamWideLongRowBytes = 16384;

@@ -422,11 +422,38 @@ TEST_F(Gpu, ParityStreamWideRows) {
   run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 128256, 64, 12, 3, false, 0.3f});  // 30 rows
 }
 
-// More rows (more than 16 without sm_90a) go through cuBLAS one vocabulary
-// chunk at a time: a vocabulary of several chunks, with a ragged last slice.
+// More rows (more than 16 without sm_90a; with it more than 64 that may
+// sample, and greedy ones where the tests' switch turns the tile scan off,
+// cuda/testing.h) go through cuBLAS one vocabulary chunk at a time: a
+// vocabulary of several chunks, with a ragged last slice.
 TEST_F(Gpu, DraftParityManyRowsAcrossChunks) {
+  const flashspec::cuda::ManyRowsByChunks chunks;
   for (float t : {0.0f, 1.0f}) run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 70001, 64, 80, t, false});
   run_draft_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 70001, 72, 65, 0.7f, false});
+}
+
+// More than 64 rows on sm_90a, every row greedy: the tile scan, a GEMM of
+// 128-row by 128-token tiles whose epilogue folds. Rows past a tile's end
+// (zeros from the TMA), several tiles of rows, hidden sizes that end inside
+// a 64-column stage, vocabularies smaller than one token tile and with a
+// ragged last tile, CTAs of many tiles (a real vocabulary), bf16 and fp16;
+// verify batches of chains and trees (tracked drafted tokens). Every call
+// here is at T = 0, passed as per-row temperatures (drafts) or read on the
+// device (verify), which the C API cannot tell greedy: the tests' switch
+// (cuda/testing.h) lets the tile scan take them. Calls that may sample
+// keep the cuBLAS chunks (DraftParityManyRowsAcrossChunks,
+// VerifyParityGreedyDrafts).
+TEST_F(Gpu, ParityManyRowTiles) {
+  const flashspec::cuda::GreedyRowsAssumed greedy;
+  for (int rows : {65, 128, 129, 300})
+    run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 70001, 200, rows, 0.0f, false});
+  run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 100, 520, 256, 0.0f, false});
+  run_draft_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 9001, 72, 97, 0.0f, false});
+  run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 128256, 64, 200, 0.0f, false});
+  // About 100, 180 and 300 rows (requests of 1 + n rows, n drawn up to max_n).
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 9001, 128, 40, 3, false, 0.0f});
+  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 70001, 64, 60, 4, false, 0.0f, true});
+  run_verify_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 5003, 200, 100, 4, false, 0.0f});
 }
 
 // Up to 16 rows stream W; hidden rows too large for shared memory beside

@@ -1,0 +1,323 @@
+// The many-row scan of greedy launches on sm_90a (tile_scan, scan_tiles.h):
+// a warp-specialised GEMM whose epilogue is the fold. A CTA owns a tile of
+// hidden rows (the MMA's M) and a range of the vocabulary, walked in tiles
+// of W's tokens (N); one producer lane moves both operands through a ring
+// of TMA boxes, and two consumer warpgroups take the token tiles in turn:
+// each multiplies its tile into fp32 accumulators and then folds them
+// straight into its rows' running Partials while the other group
+// multiplies the next tile, so the fold overlaps the tensor cores (CUTLASS's
+// "ping-pong" schedule). The logits never leave the registers.
+//
+// Every row is greedy (dispatch launches it only then): a row's score is its
+// logit, with no scaling, log-sum-exp or noise, as in fold_logit. Sampled
+// rows stay with the cuBLAS chunks, whose fold runs beside the products on
+// other SMs: here a sampled fold (Philox words, bounds, Gumbel transforms)
+// has one warp per scheduler and took longer than the other group's
+// products (bench/RESULTS.md).
+//
+// Accumulator layout (wgmma.cuh): thread (warp w of its group, lane = 4g +
+// t) holds, for each 64-row block b of the CTA's rows, rows 64b + 16w + g
+// and 64b + 16w + g + 8 (h = 0, 1) at tokens 8j + 2t + q (q = 0, 1) of the
+// tile: acc[b][4j + 2h + q]. The four lanes of one g share their rows, so a
+// row's partial is the merge of four lanes' (tokens interleaved in pairs;
+// merges break ties by token id, so the order of the pieces does not
+// matter), and each lane offers its own tokens in increasing order.
+#include <algorithm>
+#include <cstring>
+
+#include "launch.cuh"
+#include "scan.h"
+#include "scan_tiles.h"
+#include "tma.cuh"
+#include "util/dtype.h"
+#include "warp_fold.cuh"
+#include "wgmma.cuh"
+
+namespace flashspec {
+namespace cuda {
+namespace tile_scan {
+namespace {
+
+constexpr int kGroups = 2;  // consumer warpgroups
+constexpr int kConsumerWarps = kGroups * 4;
+constexpr int kThreads = (kConsumerWarps + 4) * 32;  // and a producer warpgroup
+// Registers per thread after the split: the producer warpgroup gives up
+// what the consumers' accumulators take (at one CTA per SM, 65536 in all).
+constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+static_assert(4 * 32 * (kProducerRegisters + kGroups * kConsumerRegisters) <= 65536, "the register file");
+constexpr int kColumns = 64;  // 16-bit elements per row per stage: one 128-byte swizzled box row
+constexpr int kRowBytes = kColumns * 2;
+constexpr int kAlign = 1024;  // the 128-byte swizzle's period
+
+// Keeps the compiler from reading or moving the accumulators while MMAs
+// that write them may be in flight: after the wait, every register is
+// "written" here, in order.
+template <int kN>
+__device__ __forceinline__ void settle(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Folds one greedy row's logits of a tile into the thread's partial of the
+// row: l(i), i = 2j + q, is the logit of token first + 8j + q (first: the
+// global id of the thread's first token of the tile), and `count` of the
+// tile's columns from the thread's first are in the vocabulary (token i is
+// where 8j + q < count). The per-token work is predicated and the
+// candidates taken by selects (OfferForm::kSelects: the partial is in
+// registers). kPlain: every token is in the vocabulary and neither the
+// tracked nor the excluded token is in the tile, so those tests compile
+// away.
+template <bool kPlain, int kPairs, class Logit>
+__device__ __forceinline__ void fold_row(Partial& part, const RowPlan& plan, Logit&& l, int32_t first, int count) {
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j)
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const float x = l(2 * j + q);
+      const int32_t token = first + 8 * j + q;
+      const bool in = kPlain || 8 * j + q < count;
+      if (in && !is_finite(x)) part.flags |= kPartialNonFinite;
+      if (!kPlain && in && token == plan.tracked) {
+        part.tracked = x;
+        part.flags |= kPartialTracked;
+      }
+      const bool offered = in && (kPlain || is_offered(plan, token));
+      offer_candidate<OfferForm::kSelects>(part, offered ? x : neg_inf(), x, token);
+    }
+}
+
+// The consumer threads' running partials, one per row slot, in shared
+// memory between tiles (a field's words of consecutive threads adjacent),
+// so that the accumulators have the registers during the products.
+template <int kSlots>
+struct PartialSlots {
+  static constexpr int kWords = sizeof(Partial) / 4;
+  static constexpr int kThreadsHere = kGroups * 128;
+  static constexpr int kBytes = kSlots * kWords * kThreadsHere * 4;
+  uint32_t* words;  // [slot][word][consumer thread]
+  int thread;
+
+  __device__ __forceinline__ Partial load(int slot) const {
+    uint32_t w[kWords];
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) w[k] = words[(slot * kWords + k) * kThreadsHere + thread];
+    Partial part;
+    memcpy(&part, w, sizeof(part));
+    return part;
+  }
+  __device__ __forceinline__ void store(int slot, const Partial& part) const {
+    uint32_t w[kWords];
+    memcpy(w, &part, sizeof(part));
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) words[(slot * kWords + k) * kThreadsHere + thread] = w[k];
+  }
+};
+
+// A CTA's shape: kBlocks 64-row blocks (its rows: 64 · kBlocks, each
+// consumer group's too), kTokens tokens per tile, kStages ring stages.
+template <int kBlocks_, int kTokens_, int kStages_>
+struct Shape {
+  static constexpr int kBlocks = kBlocks_;
+  static constexpr int kTokens = kTokens_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kRows = 64 * kBlocks;
+  static constexpr int kAcc = kTokens / 2;    // per 64-row block
+  static constexpr int kPairs = kTokens / 8;  // token pairs per row per thread
+  static constexpr int kSlots = 2 * kBlocks;  // rows per consumer thread
+  static constexpr int kHiddenBytes = kRows * kRowBytes;
+  static constexpr int kWBytes = kTokens * kRowBytes;
+  static constexpr int kStageBytes = kHiddenBytes + kWBytes;
+  static constexpr int kBarriers = 2 * kStages + 1;
+  using Parts = PartialSlots<kSlots>;
+  static constexpr size_t kSmemBytes = size_t(kStages) * kStageBytes + kAlign + kBarriers * sizeof(uint64_t) +
+                                       kRows * sizeof(RowPlan) + Parts::kBytes;
+  static_assert(kHiddenBytes % kAlign == 0 && kWBytes % kAlign == 0, "every tile starts on the swizzle's period");
+  static_assert(kTokens == 128, "the MMA's N (wgmma::mma_k16_n128)");
+  static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM on sm_90");
+};
+// 128 rows by 128 tokens: 128 accumulators per consumer thread; five 32 KB
+// stages beside the plans and the partials.
+using TileShape = Shape<2, 128, 5>;
+
+template <class S, bool kBf16>
+__global__ void __launch_bounds__(kThreads, 1)
+    tile_scan_kernel(const ScanParams p, const __grid_constant__ TileMaps maps) {
+  constexpr int kStages = S::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* ring =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + kAlign - 1) & ~uintptr_t(kAlign - 1));
+  uint64_t* full = reinterpret_cast<uint64_t*>(ring + kStages * S::kStageBytes);
+  uint64_t* empty = full + kStages;
+  // Phase i completes when the group of the CTA's token tile i has waited
+  // for every stage of it: the other group starts tile i + 1 only then, so
+  // the groups take the ring's stages in step order and no stage's full
+  // barrier is waited on more than one phase ahead.
+  uint64_t* multiplied = empty + kStages;
+  RowPlan* plans = reinterpret_cast<RowPlan*>(multiplied + 1);
+  uint32_t* part_words = reinterpret_cast<uint32_t*>(plans + S::kRows);  // S::Parts
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int tiles = (p.vocab + S::kTokens - 1) / S::kTokens;
+  const int first_tile = int(int64_t(blockIdx.y) * tiles / gridDim.y);
+  const int cta_tiles = int(int64_t(blockIdx.y + 1) * tiles / gridDim.y) - first_tile;
+  const int row0 = blockIdx.x * S::kRows;  // of the launch
+  const int k_steps = (p.k_pad + kColumns - 1) / kColumns;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      tma::barrier_init(full + s, 1);
+      tma::barrier_init(empty + s, 4);  // the warps of the group that multiplied the stage
+    }
+    tma::barrier_init(multiplied, 4);
+    tma::barrier_init_fence();
+  }
+  pdl_wait();  // the staged rows and plans come from the kernels before
+  for (int r = threadIdx.x; r < S::kRows; r += kThreads)
+    plans[r] = plan_or_placeholder(p.plans, p.row_base, p.rows, row0 + r);
+  __syncthreads();
+
+  if (warp >= kConsumerWarps) {  // the producer warpgroup: one lane issues every load
+    wgmma::lower_registers<kProducerRegisters>();
+    if (warp == kConsumerWarps && lane == 0) {
+      const uint64_t once = tma::evict_first_policy();  // W is read once per tile of rows
+      const uint64_t kept = tma::evict_last_policy();   // every CTA reads the hidden rows
+      int stage = 0;
+      uint32_t phase = 0;  // of the stage's empty barrier awaited (from the second pass over the ring)
+      bool first_pass = true;
+      for (int tile = first_tile; tile < first_tile + cta_tiles; ++tile)
+        for (int column = 0; column < k_steps * kColumns; column += kColumns) {
+          if (!first_pass) tma::barrier_wait(empty + stage, phase);
+          tma::barrier_expect(full + stage, S::kStageBytes);
+          unsigned char* dst = ring + stage * S::kStageBytes;
+          tma::load_box_2d(dst, &maps.hidden, full + stage, column, p.row_base + row0, kept);
+          tma::load_box_2d(dst + S::kHiddenBytes, &maps.w, full + stage, column, tile * S::kTokens, once);
+          if (++stage == kStages) {
+            stage = 0;
+            phase = first_pass ? 0u : phase ^ 1u;
+            first_pass = false;
+          }
+        }
+    }
+    return;
+  }
+
+  wgmma::raise_registers<kConsumerRegisters>();
+  const int group = warp / 4, warp_in_group = warp % 4, g = lane / 4, t = lane % 4;
+  float acc[S::kBlocks][S::kAcc];
+  const typename S::Parts parts{part_words, int(threadIdx.x)};
+#pragma unroll
+  for (int slot = 0; slot < S::kSlots; ++slot) parts.store(slot, empty_partial());
+  const uint32_t ring_address = tma::smem_address(ring);
+  const auto local_row = [&](int b, int h) { return b * 64 + warp_in_group * 16 + g + 8 * h; };
+
+  for (int i = group; i < cta_tiles; i += kGroups) {
+    if (i > 0) tma::barrier_wait(multiplied, uint32_t(i - 1) & 1u);
+    // The ring's stage and phase of the tile's first step, then counted on:
+    // no division on the path from one step's MMAs to the next.
+    int stage = (i * k_steps) % kStages, last_stage = stage;
+    uint32_t phase = uint32_t((i * k_steps) / kStages) & 1u;
+    for (int k = 0; k < k_steps; ++k) {
+      tma::barrier_wait(full + stage, phase);
+      wgmma::fence();
+      const uint32_t hidden = ring_address + stage * S::kStageBytes;
+      const uint32_t w = hidden + S::kHiddenBytes;
+#pragma unroll
+      for (int kk = 0; kk < kColumns / 16; ++kk)
+#pragma unroll
+        for (int b = 0; b < S::kBlocks; ++b)
+          wgmma::mma_k16_n128<kBf16>(acc[b], wgmma::k_major_sw128(hidden + b * 64 * kRowBytes + kk * 32),
+                                     wgmma::k_major_sw128(w + kk * 32), k > 0 || kk > 0);
+      wgmma::commit();
+      wgmma::wait<1>();  // the step before this one is done with its stage
+      if (k > 0 && lane == 0) tma::barrier_arrive(empty + last_stage);
+      last_stage = stage;
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1u;
+      }
+    }
+    if (lane == 0) tma::barrier_arrive(multiplied);  // the other group may start the next tile
+    wgmma::wait_all();
+#pragma unroll
+    for (int b = 0; b < S::kBlocks; ++b) settle(acc[b]);
+    if (lane == 0) tma::barrier_arrive(empty + last_stage);
+
+    // The fold, while the other group multiplies the next tile.
+    const int32_t tile_first = (first_tile + i) * S::kTokens;  // index into W
+    const int count = p.vocab - (tile_first + 2 * t);
+    const int32_t first = p.token_base + tile_first + 2 * t;
+    const int32_t global_first = p.token_base + tile_first;
+    const bool whole = tile_first + S::kTokens <= p.vocab;
+#pragma unroll
+    for (int b = 0; b < S::kBlocks; ++b)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const RowPlan& plan = plans[local_row(b, h)];
+        const auto l = [&](int x) { return acc[b][4 * (x / 2) + 2 * h + (x % 2)]; };
+        const bool plain = whole && uint32_t(plan.tracked - global_first) >= uint32_t(S::kTokens) &&
+                           uint32_t(plan.excluded - global_first) >= uint32_t(S::kTokens);
+        Partial part = parts.load(2 * b + h);
+        if (plain) fold_row<true, S::kPairs>(part, plan, l, first, count);
+        else fold_row<false, S::kPairs>(part, plan, l, first, count);
+        parts.store(2 * b + h, part);
+      }
+  }
+
+  // The four lanes of each row merge; the first writes the group's partial
+  // (group 2·blockIdx.y + group: the combine merges a row's in any order).
+#pragma unroll
+  for (int b = 0; b < S::kBlocks; ++b)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      Partial merged = parts.load(2 * b + h);
+      merge_with_lane(merged, 1, lane);
+      merge_with_lane(merged, 2, lane);
+      const int row = row0 + local_row(b, h);
+      if (t == 0 && row < p.rows)
+        p.partials[int64_t(kGroups * blockIdx.y + group) * p.partial_stride + p.row_base + row] = merged;
+    }
+}
+
+const void* kernel_of(flashspec_dtype w_dtype) {
+  if (w_dtype == FLASHSPEC_DTYPE_BF16) return reinterpret_cast<const void*>(&tile_scan_kernel<TileShape, true>);
+  if (w_dtype == FLASHSPEC_DTYPE_F16) return reinterpret_cast<const void*>(&tile_scan_kernel<TileShape, false>);
+  return nullptr;
+}
+
+int row_tiles(int32_t rows) { return (rows + TileShape::kRows - 1) / TileShape::kRows; }
+
+}  // namespace
+
+const void* kernel_for(flashspec_dtype w_dtype) { return kernel_of(w_dtype); }
+
+size_t smem_bytes() { return TileShape::kSmemBytes; }
+
+int groups_for(int32_t rows, int32_t vocab, int sm_count, int max_groups) {
+  const int tiles = (vocab + TileShape::kTokens - 1) / TileShape::kTokens;
+  const int ctas = std::max(1, std::min({max_groups / kGroups, (tiles + 1) / 2, sm_count / row_tiles(rows)}));
+  return kGroups * ctas;
+}
+
+bool encode_maps(const ScanParams& p, TileMaps* maps) {
+  if (p.w_dtype != FLASHSPEC_DTYPE_BF16 && p.w_dtype != FLASHSPEC_DTYPE_F16) return false;
+  const uint64_t pitch = uint64_t(p.ldw) * 2, hidden_pitch = uint64_t(p.k_pad) * 2;
+  if (p.d_load <= 0 || p.vocab <= 0 || pitch % 16 != 0 || hidden_pitch % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || reinterpret_cast<uintptr_t>(p.h) % 16 != 0)
+    return false;
+  return scan::encode_row_map(&maps->w, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch,
+                              uint32_t(TileShape::kTokens)) &&
+         scan::encode_row_map(&maps->hidden, p.w_dtype, p.h, uint64_t(p.k_pad), uint64_t(p.row_base + p.rows),
+                              hidden_pitch, uint32_t(TileShape::kRows));
+}
+
+cudaError_t launch(const void* kernel, const ScanParams& params, const TileMaps& maps, cudaStream_t stream) {
+  ScanParams p = params;
+  TileMaps m = maps;
+  void* args[] = {&p, &m};
+  return launch_dependent(kernel, dim3(unsigned(row_tiles(p.rows)), unsigned(p.groups / kGroups)), dim3(kThreads),
+                          smem_bytes(), stream, args);
+}
+
+}  // namespace tile_scan
+}  // namespace cuda
+}  // namespace flashspec

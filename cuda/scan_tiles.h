@@ -1,0 +1,52 @@
+// Host side of the many-row tile scan on sm_90a, for launches whose rows
+// are all greedy: one kernel computes the logits of a tile of hidden rows
+// by a tile of W's tokens with warpgroup MMAs and folds them from the
+// accumulators into the rows' partials, tile after tile, so no logit leaves
+// the SM (the cuBLAS chunks of scan_gemm.h write each chunk's logits to L2
+// and read them back). Which calls it serves: dispatch.cu, tuning.h
+// (kTileScanMinRows).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "scan_params.h"
+
+namespace flashspec {
+namespace cuda {
+namespace tile_scan {
+
+// W in boxes of the kernel's tile of tokens, the staged hidden rows in boxes
+// of its tile of rows; both 128 bytes wide, in the 128-byte swizzle.
+struct TileMaps {
+  CUtensorMap w;
+  CUtensorMap hidden;
+};
+
+// The kernel for W and hidden both bf16 or both fp16 (NULL for other
+// dtypes): tiles of 128 rows by 128 tokens; every row of a launch must be
+// greedy (its plan's kPlanGreedy), as a row's score is taken to be its
+// logit.
+const void* kernel_for(flashspec_dtype w_dtype);
+// Its dynamic shared memory.
+size_t smem_bytes();
+// Partials (groups) per row of a launch of `rows` rows on `sm_count` SMs:
+// one CTA per SM, the vocabulary cut into token ranges of whole tiles, each
+// range the work of one CTA per tile of rows, whose two consumer groups
+// write a partial each (so an even count).
+int groups_for(int32_t rows, int32_t vocab, int sm_count, int max_groups);
+// Encodes the maps; false (another scan serves the call) unless the rows of
+// W and of the staged hidden rows are 16-byte aligned and the driver can
+// encode tensor maps.
+bool encode_maps(const ScanParams& params, TileMaps* maps);
+// Enqueues the scan: params.groups partials per row (groups_for; each a
+// consumer group's tiles, so not one token range: the combine's merge does
+// not need one), as a programmatic dependent launch.
+cudaError_t launch(const void* kernel, const ScanParams& params, const TileMaps& maps, cudaStream_t stream);
+
+}  // namespace tile_scan
+}  // namespace cuda
+}  // namespace flashspec
