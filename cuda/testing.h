@@ -29,26 +29,22 @@ bool check_gumbel_bounds(const float* bounds, uint64_t* violations, float* close
 // small enough to check against the CPU backend; off (the default) restores
 // the rules. Process-wide; set it between calls.
 void serve_ring_scans_everywhere(bool on);
-// serve_ring_scans_everywhere(true) for one object's scope.
-struct RingScansEverywhere {
-  RingScansEverywhere() { serve_ring_scans_everywhere(true); }
-  ~RingScansEverywhere() { serve_ring_scans_everywhere(false); }
-  RingScansEverywhere(const RingScansEverywhere&) = delete;
-  RingScansEverywhere& operator=(const RingScansEverywhere&) = delete;
+// One of these switches (`set`) turned on for one object's scope.
+template <void (*set)(bool)>
+struct SwitchedOn {
+  SwitchedOn() { set(true); }
+  ~SwitchedOn() { set(false); }
+  SwitchedOn(const SwitchedOn&) = delete;
+  SwitchedOn& operator=(const SwitchedOn&) = delete;
 };
+using RingScansEverywhere = SwitchedOn<serve_ring_scans_everywhere>;
 
 // Lets only the cuBLAS chunks serve scans of more than 64 rows (on), so
 // that tests reach them on sm_90a, where the tile scan serves greedy
 // launches; off (the default) restores the rules. Process-wide; set it
 // between calls.
 void serve_many_rows_by_chunks(bool on);
-// serve_many_rows_by_chunks(true) for one object's scope.
-struct ManyRowsByChunks {
-  ManyRowsByChunks() { serve_many_rows_by_chunks(true); }
-  ~ManyRowsByChunks() { serve_many_rows_by_chunks(false); }
-  ManyRowsByChunks(const ManyRowsByChunks&) = delete;
-  ManyRowsByChunks& operator=(const ManyRowsByChunks&) = delete;
-};
+using ManyRowsByChunks = SwitchedOn<serve_many_rows_by_chunks>;
 
 // Lets the tile scan serve many-row calls as if the host knew every row
 // greedy (on): for calls whose temperatures are all 0 but given per row
@@ -56,13 +52,7 @@ struct ManyRowsByChunks {
 // for such calls. Off (the default) restores the rules. Process-wide; set
 // it between calls.
 void assume_greedy_rows(bool on);
-// assume_greedy_rows(true) for one object's scope.
-struct GreedyRowsAssumed {
-  GreedyRowsAssumed() { assume_greedy_rows(true); }
-  ~GreedyRowsAssumed() { assume_greedy_rows(false); }
-  GreedyRowsAssumed(const GreedyRowsAssumed&) = delete;
-  GreedyRowsAssumed& operator=(const GreedyRowsAssumed&) = delete;
-};
+using GreedyRowsAssumed = SwitchedOn<assume_greedy_rows>;
 
 }  // namespace cuda
 }  // namespace flashspec
