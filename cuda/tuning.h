@@ -192,19 +192,6 @@ static_assert(stream_box_hands_off(128256, 132) && stream_box_hands_off(262144, 
 // units per CTA, or kStreamWideFullMinUnits for rows of
 // kStreamWideLongRowBytes at kStreamWideMaxRows rows.
 constexpr int kStreamWideMaxRows = 64;
-
-// From kTileScanMinRows rows on sm_90a, 16-bit heads, launches whose rows
-// are all greedy (greedy drafts; the engine's verify at T = 0): the tile
-// scan (scan_tiles.cu), a GEMM of 128-row by 128-token tiles whose epilogue
-// folds. H200, µs, cuBLAS chunks → tile scan, greedy drafts: 128256 × 4096
-// × 100 317 → 290, × 128 332 → 284, × 256 502–523 → 424–433, × 512 954–960
-// → 775–856; 151936 × 4096 × 128 396 → 313; 262144 × 8192 × 128 1217 →
-// 1173; 32000 × 2048 × 128 62 → 59; 151936 × 2048 × 100 225 → 184
-// (bench/RESULTS.md). Launches that may sample keep the chunks: there the
-// tile scan's sampled fold, with one warp per scheduler beside the other
-// group's products, was slower at 256–512 rows and mixed at 100–128 (e.g.
-// verify 128256 × 4096 × 100 361 → 382, 151936 × 4096 × 128 457 → 418).
-constexpr int kTileScanMinRows = kStreamWideMaxRows + 1;
 constexpr int kStreamWideStages = 5;
 constexpr int64_t kStreamWideMinRowBytes = 8192;
 constexpr int64_t kStreamWideLongRowBytes = 16384;
@@ -224,6 +211,19 @@ static_assert(stream_wide_serves(64, 128256, 16384, 132) && !stream_wide_serves(
                   stream_wide_serves(17, 262144, 8192, 132) && !stream_wide_serves(64, 151936, 8192, 132) &&
                   !stream_wide_serves(64, 262144, 4096, 132),
               "the shapes measured on either side of the rule");
+
+// From kTileScanMinRows rows on sm_90a, 16-bit heads, launches whose rows
+// are all greedy (greedy drafts; the engine's verify at T = 0): the tile
+// scan (scan_tiles.cu), a GEMM of 128-row by 128-token tiles whose epilogue
+// folds. H200, µs, cuBLAS chunks → tile scan, greedy drafts: 128256 × 4096
+// × 100 317 → 290, × 128 332 → 284, × 256 502–523 → 424–433, × 512 954–960
+// → 775–856; 151936 × 4096 × 128 396 → 313; 262144 × 8192 × 128 1217 →
+// 1173; 32000 × 2048 × 128 62 → 59; 151936 × 2048 × 100 225 → 184
+// (bench/RESULTS.md). Launches that may sample keep the chunks: there the
+// tile scan's sampled fold, with one warp per scheduler beside the other
+// group's products, was slower at 256–512 rows and mixed at 100–128 (e.g.
+// verify 128256 × 4096 × 100 361 → 382, 151936 × 4096 × 128 457 → 418).
+constexpr int kTileScanMinRows = kStreamWideMaxRows + 1;
 
 // ---- Tensor-core tiled scan (scan_mma.cu): stochastic drafts, and many ----
 // rows without cuBLAS. A CTA owns BM rows and walks its token range in
