@@ -6,10 +6,11 @@
 # With NO_SPLIT_BUILD_DIR set to a second build configured with
 #   meson setup DIR -Dcuda_args=-DFLASHSPEC_NO_REGISTER_SPLIT
 # racecheck and synccheck also run the tests that reach the 17–64-row
-# TMA-ring scan (stream_wide_kernel) from that build's binaries, and
-# memcheck that scan's parity test: the tools do not finish the kernel
-# while it moves registers between its warpgroups (setmaxnreg), and do
-# without the move (bench/RESULTS.md).
+# TMA-ring scan (stream_wide_kernel) and the many-row tile scan from that
+# build's binaries, and memcheck those scans' parity tests: the tools do
+# not finish the 17–64-row kernel while it moves registers between its
+# warpgroups (setmaxnreg), and do without the move (bench/RESULTS.md); the
+# tile scan moves registers too (memcheck does finish it either way).
 set -u
 build=$1
 out=$2
@@ -63,7 +64,7 @@ for tool in memcheck racecheck initcheck synccheck; do
 done
 if [ -n "${NO_SPLIT_BUILD_DIR:-}" ]; then
   for tool in memcheck racecheck synccheck; do
-    for run in "cuda_parity *StreamWideRows*" "cuda_shards *WeightStreamScan*"; do
+    for run in "cuda_parity *StreamWideRows*:*ManyRowTiles*" "cuda_shards *WeightStreamScan*"; do
       # The shard test already ran under memcheck from the main build.
       [ "$tool" = memcheck ] && [ "${run%% *}" = cuda_shards ] && continue
       read -r t filter <<< "$run"
