@@ -29,7 +29,6 @@
 #include "scan.h"
 #include "scan_tiles.h"
 #include "tma.cuh"
-#include "util/dtype.h"
 #include "warp_fold.cuh"
 #include "wgmma.cuh"
 
