@@ -278,7 +278,7 @@ class CudaBackend final : public Backend {
       const StochasticDrafts drafts = stochastic_drafts(args);
       const StochasticDrafts* q = stochastic ? &drafts : nullptr;
       const ScanOutcome scan =
-          run_scan(limits_, workspace(head), head, tc, args.total_rows, args.may_sample, q, tail, stream_);
+          run_scan(limits_, workspace(head), head, tc, args.total_rows, verify_may_sample(args), q, tail, stream_);
       if (!scan.combined)
         check_cuda(combine::verify_rows(sources(args.total_rows, scan.groups, q),
                                         store.batch_status.as<int32_t>(), store.rows.as<RowSummary>(), stream_),
@@ -309,7 +309,7 @@ class CudaBackend final : public Backend {
       check_cuda(prepare::verify_plans(args, int32_t(head.vocab_size), nullptr, plans_.as<RowPlan>(),
                                        shard_status_.as<int32_t>(), stream_),
                  "verify plans");
-      scan_records(head, *args.target_hidden, args.total_rows, args.may_sample, records);
+      scan_records(head, *args.target_hidden, args.total_rows, verify_may_sample(args), records);
     });
   }
 

@@ -19,7 +19,6 @@ int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 std::atomic<bool> stream_rings_everywhere{false};
 std::atomic<bool> many_row_chunks_only{false};
-std::atomic<bool> rows_assumed_greedy{false};
 
 // Lets `kernel` have `dynamic` bytes of dynamic shared memory; false (and
 // nothing set) where those and its static shared memory exceed max_smem.
@@ -206,8 +205,6 @@ void set_stream_rings_everywhere(bool on) { stream_rings_everywhere.store(on); }
 
 void set_many_row_chunks_only(bool on) { many_row_chunks_only.store(on); }
 
-void set_rows_assumed_greedy(bool on) { rows_assumed_greedy.store(on); }
-
 int32_t gemm_chunk_tokens(int32_t max_rows) {
   return gemm_scan::chunk_tokens(max_rows, int64_t(tuning::kGemmWorkspaceBytes / sizeof(float)));
 }
@@ -260,8 +257,7 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
   }
   // More rows on sm_90a, 16-bit heads, every row greedy: the GEMM whose
   // epilogue folds (tuning.h: kTileScanMinRows).
-  const bool tiles_serve = rows >= tuning::kTileScanMinRows && (!may_sample || rows_assumed_greedy.load()) &&
-                           !many_row_chunks_only.load();
+  const bool tiles_serve = rows >= tuning::kTileScanMinRows && !may_sample && !many_row_chunks_only.load();
   const void* tiles = limits.tile_scan && tc && tiles_serve ? tile_scan::kernel_for(head.dtype) : nullptr;
   tile_scan::TileMaps tile_maps;
   if (tiles && tile_scan::encode_maps(p, &tile_maps)) {

@@ -81,12 +81,6 @@ void set_stream_rings_everywhere(bool on);
 // that tests reach them on a device where the tile scan would serve; off
 // (the default) restores the rules. Process-wide; set it between calls.
 void set_many_row_chunks_only(bool on);
-// Lets the tile scan serve many-row launches that may sample as if every
-// row were greedy (on), for tests whose calls have only greedy rows but
-// reach the backend through an API that cannot tell (per-row or device
-// temperatures); off (the default) restores the rules. Process-wide; set
-// it between calls.
-void set_rows_assumed_greedy(bool on);
 
 // Tokens per cuBLAS chunk for max_rows rows: as many as fit the logits
 // workspace, in whole fold slices.

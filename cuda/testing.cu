@@ -15,8 +15,6 @@ void serve_ring_scans_everywhere(bool on) { set_stream_rings_everywhere(on); }
 
 void serve_many_rows_by_chunks(bool on) { set_many_row_chunks_only(on); }
 
-void assume_greedy_rows(bool on) { set_rows_assumed_greedy(on); }
-
 bool read_summaries(const SummaryStore& store, int32_t rows, RowSummary* out) {
   if (store.backend != FLASHSPEC_BACKEND_CUDA || rows > store.max_rows) return false;
   const auto& s = static_cast<const CudaSummaries&>(store);

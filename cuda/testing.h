@@ -46,13 +46,5 @@ using RingScansEverywhere = SwitchedOn<serve_ring_scans_everywhere>;
 void serve_many_rows_by_chunks(bool on);
 using ManyRowsByChunks = SwitchedOn<serve_many_rows_by_chunks>;
 
-// Lets the tile scan serve many-row calls as if the host knew every row
-// greedy (on): for calls whose temperatures are all 0 but given per row
-// (drafts) or on the device (verify), where the C API cannot tell; only
-// for such calls. Off (the default) restores the rules. Process-wide; set
-// it between calls.
-void assume_greedy_rows(bool on);
-using GreedyRowsAssumed = SwitchedOn<assume_greedy_rows>;
-
 }  // namespace cuda
 }  // namespace flashspec

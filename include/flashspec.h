@@ -580,7 +580,22 @@ typedef struct flashspec_verify_batch {
   const float* draft_support_probs;     /* the same length: q of each support token, finite and
                                            ≥ 0, each row summing to 1 within
                                            FLASHSPEC_DRAFT_SUPPORT_TOLERANCE */
+  /* Appended in 0.3. */
+  int32_t greedy;                       /* 1: every request's target is greedy (T = 0), as
+                                           temperatures of 0 make it; temperatures must be NULL.
+                                           0 (default): temperatures as above. See below */
 } flashspec_verify_batch;
+
+/* Greedy batches. A backend that reads device memory cannot see device
+ * temperatures without a sync, so it must assume some row samples; with
+ * greedy = 1 it knows none does and may take kernels made for greedy rows
+ * (the CUDA backend: the many-row tile scan, on sm_90a for more than 64
+ * target rows of point-mass drafts without controls or logprobs, bf16 or
+ * fp16 heads and hidden rows). The result is the one
+ * temperatures of 0 give, token for token, on either backend; finalize
+ * needs the same batch (greedy included). Errors: INVALID_ARGUMENT (greedy
+ * not 0 or 1; greedy = 1 with temperatures given, naming
+ * "batch->temperatures"). */
 
 /* Sparse draft distributions. A drafter that samples from its top-k (or
  * any truncated) distribution may pass q as that support instead of dense

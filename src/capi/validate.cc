@@ -335,6 +335,11 @@ VerifyArgs validate_batch_common(const flashspec_context& ctx, const flashspec_v
     require(batch->draft_tokens != nullptr, FLASHSPEC_ERR_NULL_POINTER, "batch->draft_tokens",
             "is NULL while target_hidden implies " + str(total_drafts) + " draft tokens");
 
+  require(batch->greedy == 0 || batch->greedy == 1, FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->greedy",
+          "must be 0 or 1, got " + str(batch->greedy));
+  require(!batch->greedy || !batch->temperatures, FLASHSPEC_ERR_INVALID_ARGUMENT, "batch->temperatures",
+          "must be NULL when batch->greedy is 1 (every request's temperature is 0)");
+
   const bool host = batch->memory == FLASHSPEC_MEMORY_HOST;
   if (host) {
     const int32_t* off = batch->draft_offsets;
@@ -438,6 +443,7 @@ VerifyArgs validate_batch_common(const flashspec_context& ctx, const flashspec_v
   args.draft_tokens = batch->draft_tokens;
   args.target_hidden = batch->target_hidden;
   args.draft_logits = empty_draft_logits ? nullptr : batch->draft_logits;
+  args.temperature = batch->greedy ? 0.0f : 1.0f;
   args.temperatures = batch->temperatures;
   args.draft_temperatures = batch->draft_temperatures;
   args.seeds = batch->seeds;

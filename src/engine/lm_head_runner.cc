@@ -107,14 +107,16 @@ bool LmHeadRunner::verify_batch(const LmHeadStorage& head, const BatchVerify& ba
   args.draft_tokens = total_drafts > 0 ? at<const int32_t>(d, layout_.tokens) : nullptr;
   args.target_hidden = batch.hidden;
   args.draft_logits = batch.draft_logits;
-  args.temperatures = at<const float>(d, layout_.temperatures);
+  // A step whose requests are all greedy says so with the one temperature,
+  // so a backend may take kernels made for greedy rows.
+  args.temperature = 0.0f;
+  args.temperatures = may_sample ? at<const float>(d, layout_.temperatures) : nullptr;
   args.draft_temperatures = at<const float>(d, layout_.draft_temperatures);
   args.seeds = at<const uint64_t>(d, layout_.seeds);
   args.request_ids = at<const uint64_t>(d, layout_.request_ids);
   args.steps = at<const uint64_t>(d, layout_.steps);
   args.default_seed = default_seed_;
   args.draft_parents = trees && total_drafts > 0 ? at<const int32_t>(d, layout_.parents) : nullptr;
-  args.may_sample = may_sample;
   ResultArgs result{};
   result.accepted_counts = staging_ ? at<int32_t>(d, layout_.accepted) : accepted;
   result.emitted_tokens = staging_ ? at<int32_t>(d, layout_.emitted) : emitted;

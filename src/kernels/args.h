@@ -114,7 +114,8 @@ struct VerifyArgs {
   const int32_t* draft_tokens;       // [total_drafts]
   const flashspec_tensor* target_hidden;  // [total_rows, d]
   const flashspec_tensor* draft_logits;   // [total_drafts, V], or NULL: point-mass drafts
-  const float* temperatures;         // [R] or NULL: 1
+  float temperature = 1.0f;          // for every request unless `temperatures` is given
+  const float* temperatures;         // [R] or NULL: `temperature`
   const float* draft_temperatures;   // [R] or NULL: 1
   const uint64_t* seeds;             // [R] or NULL: default_seed
   const uint64_t* request_ids;       // [R] or NULL: the request index
@@ -131,11 +132,13 @@ struct VerifyArgs {
   const int32_t* support_offsets = nullptr;  // [total_drafts + 1]
   const int32_t* support_tokens = nullptr;   // [support_offsets[total_drafts]]
   const float* support_probs = nullptr;      // [support_offsets[total_drafts]]
-  // False only where the caller knows every target temperature is 0 (the
-  // engine, from its host image): a backend may then take kernels tuned for
-  // greedy rows. The result is the same either way.
-  bool may_sample = true;
 };
+
+// Whether a verify batch may have a sampling row: not where the one
+// temperature is 0 for every request (the C API's greedy batches, the
+// engine's all-greedy steps). A backend may take kernels tuned for greedy
+// rows otherwise; the result is the same.
+inline bool verify_may_sample(const VerifyArgs& a) { return a.temperatures != nullptr || a.temperature != 0.0f; }
 
 // Whether the drafts carry their distribution q (dense logits or a sparse
 // support): stochastic drafts, verified against q; else point masses.
@@ -211,7 +214,7 @@ FS_HOST_DEVICE RequestView request_view(const VerifyArgs& args, int32_t r) {
   v.first_draft = args.draft_offsets[r];
   v.num_drafts = args.draft_offsets[r + 1] - v.first_draft;
   v.first_row = v.first_draft + r;
-  v.temperature = args.temperatures ? args.temperatures[r] : 1.0f;
+  v.temperature = args.temperatures ? args.temperatures[r] : args.temperature;
   v.draft_temperature = args.draft_temperatures ? args.draft_temperatures[r] : 1.0f;
   v.seed = args.seeds ? args.seeds[r] : args.default_seed;
   v.request_id = args.request_ids ? args.request_ids[r] : uint64_t(r);

@@ -36,6 +36,7 @@ struct DraftCase {
   flashspec_dtype stored = kUnquantised;
   HiddenRange range = HiddenRange::kDrawn;
   bool prequantised = false;  // with stored E4M3/I8: codes over every value and scales, handed over as they are
+  bool one_temperature = false;  // the CUDA call passes `temperature` for every row (the CPU's an array)
 };
 
 void run_draft_parity(const DraftCase& c) {
@@ -89,7 +90,8 @@ void run_draft_parity(const DraftCase& c) {
   DevMatrix hd(h);
   flashspec_draft_params dp = hp;
   dp.memory = FLASHSPEC_MEMORY_CUDA;
-  dp.temperatures = d_temps.ptr();
+  dp.temperature = c.temperature;
+  dp.temperatures = c.one_temperature ? nullptr : d_temps.ptr();
   dp.request_ids = d_ids.ptr();
   dp.steps = d_steps.ptr();
   dp.positions = d_pos.ptr();
@@ -136,6 +138,7 @@ struct VerifyCase {
   bool tree = false;  // drafts form trees (draft_parents)
   flashspec_dtype stored = kUnquantised;
   bool sparse = false;  // stochastic drafts pass q as a sparse support (top of q, with x)
+  bool greedy = false;  // temperature 0: the CUDA batch says greedy = 1 (the CPU's passes zeros)
 };
 
 // A sparse draft distribution from a dense q row: its `count` most probable
@@ -278,7 +281,8 @@ void run_verify_parity(const VerifyCase& c) {
   db.draft_tokens = d_tok.ptr();
   db.target_hidden = &hdv;
   db.draft_logits = hb.draft_logits ? &qdv : nullptr;
-  db.temperatures = d_temps.ptr();
+  db.temperatures = c.greedy ? nullptr : d_temps.ptr();
+  db.greedy = c.greedy ? 1 : 0;
   db.draft_temperatures = c.stochastic ? d_dtemps.ptr() : nullptr;
   db.seeds = d_seeds.ptr();
   db.request_ids = d_ids.ptr();
@@ -437,23 +441,33 @@ TEST_F(Gpu, DraftParityManyRowsAcrossChunks) {
 // (zeros from the TMA), several tiles of rows, hidden sizes that end inside
 // a 64-column stage, vocabularies smaller than one token tile and with a
 // ragged last tile, CTAs of many tiles (a real vocabulary), bf16 and fp16;
-// verify batches of chains and trees (tracked drafted tokens). Every call
-// here is at T = 0, passed as per-row temperatures (drafts) or read on the
-// device (verify), which the C API cannot tell greedy: the tests' switch
-// (cuda/testing.h) lets the tile scan take them. Calls that may sample
+// verify batches of chains and trees (tracked drafted tokens). The CUDA
+// calls say they are greedy as a caller would: drafts with the one
+// temperature 0, verify batches with greedy = 1 (the CPU calls pass zeros
+// per row, so the two spellings are compared too). Calls that may sample
 // keep the cuBLAS chunks (DraftParityManyRowsAcrossChunks,
 // VerifyParityGreedyDrafts).
+DraftCase greedy_draft(flashspec_dtype dtype, int vocab, int d, int rows) {
+  DraftCase c{dtype, dtype, vocab, d, rows, 0.0f, false};
+  c.one_temperature = true;
+  return c;
+}
+
+VerifyCase greedy_verify(flashspec_dtype dtype, int vocab, int d, int requests, int max_n, bool tree) {
+  VerifyCase c{dtype, dtype, vocab, d, requests, max_n, false, 0.0f, tree};
+  c.greedy = true;
+  return c;
+}
+
 TEST_F(Gpu, ParityManyRowTiles) {
-  const flashspec::cuda::GreedyRowsAssumed greedy;
-  for (int rows : {65, 128, 129, 300})
-    run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 70001, 200, rows, 0.0f, false});
-  run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 100, 520, 256, 0.0f, false});
-  run_draft_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 9001, 72, 97, 0.0f, false});
-  run_draft_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 128256, 64, 200, 0.0f, false});
+  for (int rows : {65, 128, 129, 300}) run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 70001, 200, rows));
+  run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 100, 520, 256));
+  run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_F16, 9001, 72, 97));
+  run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 128256, 64, 200));
   // About 100, 180 and 300 rows (requests of 1 + n rows, n drawn up to max_n).
-  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 9001, 128, 40, 3, false, 0.0f});
-  run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 70001, 64, 60, 4, false, 0.0f, true});
-  run_verify_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 5003, 200, 100, 4, false, 0.0f});
+  run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_BF16, 9001, 128, 40, 3, false));
+  run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_BF16, 70001, 64, 60, 4, true));
+  run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_F16, 5003, 200, 100, 4, false));
 }
 
 // Up to 16 rows stream W; hidden rows too large for shared memory beside

@@ -157,6 +157,7 @@ struct VerifyCase {
   bool tree;
   float temperature;
   std::vector<int64_t> cuts;
+  bool greedy = false;  // temperature 0, said by the batch's greedy = 1 instead of an array
 };
 
 struct Outcome {
@@ -188,6 +189,10 @@ Outcome run_sharded_verify(const VerifyCase& c) {
     if (!head) return {};
 
   DeviceBatch db(batch, c.tree);
+  if (c.greedy) {
+    db.b.temperatures = nullptr;
+    db.b.greedy = 1;
+  }
   DeviceResult unsharded(batch.requests, batch.rows), sharded(batch.requests, batch.rows);
   flashspec_summaries* sums_raw = nullptr;
   EXPECT_OK(ctx.get(), flashspec_summaries_create(ctx.get(), batch.rows, batch.requests, &sums_raw));
@@ -264,6 +269,21 @@ TEST_F(Gpu, ShardedVerifyCublasChunks) {
   for (const auto& cuts : std::vector<std::vector<int64_t>>{{0, 64000, 128256}, {0, 33333, 33335, 90001, 128256}})
     all += run_sharded_verify({FLASHSPEC_DTYPE_BF16, 128256, 256, 100, 4, false, 1.0f, cuts});
   all += run_sharded_verify({FLASHSPEC_DTYPE_BF16, 20011, 128, 60, 3, true, 0.8f, {0, 10001, 20011}});
+  expect_accepts_and_rejects(all);
+}
+
+TEST_F(Gpu, ShardedVerifyGreedyBatches) {
+  // Hundreds of rows of a greedy batch (greedy = 1): on sm_90a the tile
+  // scan, for the whole head and for each slice.
+  Outcome all;
+  for (const auto& cuts : std::vector<std::vector<int64_t>>{{0, 64000, 128256}, {0, 33333, 33335, 90001, 128256}}) {
+    VerifyCase c{FLASHSPEC_DTYPE_BF16, 128256, 256, 100, 4, false, 0.0f, cuts};
+    c.greedy = true;
+    all += run_sharded_verify(c);
+  }
+  VerifyCase tree{FLASHSPEC_DTYPE_BF16, 20011, 128, 60, 3, true, 0.0f, {0, 10001, 20011}};
+  tree.greedy = true;
+  all += run_sharded_verify(tree);
   expect_accepts_and_rejects(all);
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "support.h"
@@ -132,6 +133,55 @@ TEST(GreedyVerify, IndependentOfSeedStepAndSeparateSummaries) {
     EXPECT_EQ(std::vector<int32_t>(emitted.begin() + c.batch.first_row(r),
                                    emitted.begin() + c.batch.first_row(r) + int64_t(c.batch.drafts[r].size()) + 1),
               base.emitted[r]);
+}
+
+// greedy = 1 (no temperatures) is the batch temperatures of 0 make, token
+// for token: verify with the one, finalize with the other, and a finalize
+// of a batch at temperature 1 is refused as another batch.
+TEST(GreedyVerify, GreedyFlagIsTemperaturesOfZero) {
+  Rng rng(33);
+  Matrix w = random_matrix(FLASHSPEC_DTYPE_BF16, 900, 40, rng, 0.5);
+  auto ctx = make_context(ContextOptions().cpu_threads(2).seed(5));
+  HeadPtr head = make_head(ctx.get(), w.view());
+  Case c = make_case(w, rng, {4, 0, 2, 7, 1});
+  c.batch.seeds = {1, 2, 3, 4, 5};
+  const Outcome zeros = verify_and_finalize(ctx.get(), head.get(), c.batch);
+  expect_greedy(c, zeros);
+
+  flashspec_verify_batch flagged = c.batch.view();
+  flagged.temperatures = nullptr;
+  flagged.greedy = 1;
+  flashspec_summaries* raw = nullptr;
+  ASSERT_EQ(flashspec_summaries_create(ctx.get(), 64, 8, &raw), FLASHSPEC_OK);
+  SummariesPtr summaries(raw);
+  ASSERT_EQ(flashspec_verify(ctx.get(), head.get(), &flagged, summaries.get()), FLASHSPEC_OK)
+      << flashspec_context_last_error(ctx.get());
+  const size_t requests = c.batch.drafts.size();
+  std::vector<int32_t> accepted(requests, -9), emitted(size_t(c.batch.total_rows()), -9);
+  flashspec_verify_result res;
+  flashspec_verify_result_init(&res);
+  res.accepted_counts = accepted.data();
+  res.emitted_tokens = emitted.data();
+
+  flashspec_verify_batch at_one = flagged;
+  at_one.greedy = 0;  // temperatures NULL: 1 for every request
+  EXPECT_EQ(flashspec_finalize(ctx.get(), &at_one, summaries.get(), &res), FLASHSPEC_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashspec_context_last_error(ctx.get())).find("summaries"), std::string::npos);
+  EXPECT_EQ(accepted, std::vector<int32_t>(requests, -9));
+
+  const flashspec_verify_batch with_zeros = c.batch.view();
+  ASSERT_EQ(flashspec_finalize(ctx.get(), &with_zeros, summaries.get(), &res), FLASHSPEC_OK)
+      << flashspec_context_last_error(ctx.get());
+  EXPECT_EQ(accepted, zeros.accepted);
+  for (size_t r = 0; r < requests; ++r)
+    EXPECT_EQ(std::vector<int32_t>(emitted.begin() + c.batch.first_row(r),
+                                   emitted.begin() + c.batch.first_row(r) + int64_t(c.batch.drafts[r].size()) + 1),
+              zeros.emitted[r]);
+
+  std::fill(accepted.begin(), accepted.end(), -9);
+  ASSERT_EQ(flashspec_verify_and_finalize(ctx.get(), head.get(), &flagged, &res), FLASHSPEC_OK)
+      << flashspec_context_last_error(ctx.get());
+  EXPECT_EQ(accepted, zeros.accepted);
 }
 
 TEST(GreedyVerify, TiesResolveToTheSmallestIdAsInGreedyDecoding) {
