@@ -551,6 +551,10 @@ func rowsOf(values []float32, cols int, name string) (int, error) {
 // tokens and probabilities DraftSupportOffsets[DraftOffsets[R]] each (a short
 // one is an ErrOutOfRange error before the call). A point-mass draft is the
 // support {x} with q = 1, so greedy and stochastic requests share a batch.
+//
+// Greedy says every request's target is greedy (T = 0), as Temperatures of
+// 0 make it, without the slice (Temperatures must then be nil: an
+// ErrInvalidArgument error otherwise); see "Greedy batches" in flashspec.h.
 type VerifyBatch struct {
 	DraftOffsets      []int32
 	DraftTokens       []int32
@@ -572,6 +576,7 @@ type VerifyBatch struct {
 	DraftSupportOffsets []int32
 	DraftSupportTokens  []int32
 	DraftSupportProbs   []float32
+	Greedy              bool
 }
 
 // VerifyResult is what finalize wrote. The logprob slices are indexed as
@@ -767,6 +772,9 @@ func (b *VerifyBatch) cBatch(a *arena, head *LMHead) (capi.Flashspec_verify_batc
 		batch.SetLogprobs(1)
 	}
 	batch.SetTop_logprobs(b.TopLogprobs)
+	if b.Greedy {
+		batch.SetGreedy(1)
+	}
 	return batch, func() {
 		for i := len(cleanup) - 1; i >= 0; i-- {
 			cleanup[i]()

@@ -138,6 +138,20 @@ func TestGreedyVerifyEqualsGreedyDecoding(t *testing.T) {
 	if err != nil || !equal(split.EmittedTokens, res.EmittedTokens) {
 		t.Fatalf("split %v %v, fused %v", split, err, res.EmittedTokens)
 	}
+
+	// Greedy: the same batch without the temperatures; not with them.
+	flagged := *batch
+	flagged.Temperatures, flagged.Greedy = nil, true
+	greedy, err := ctx.VerifyAndFinalize(head, &flagged)
+	if err != nil || !equal(greedy.EmittedTokens, res.EmittedTokens) || !equal(greedy.AcceptedCounts, res.AcceptedCounts) {
+		t.Fatalf("greedy %v %v, temperatures 0 %v", greedy, err, res.EmittedTokens)
+	}
+	flagged.Temperatures = []float32{0, 0}
+	var e *Error
+	if _, err := ctx.VerifyAndFinalize(head, &flagged); !errors.As(err, &e) || e.Status != ErrInvalidArgument ||
+		!strings.Contains(e.Message, "batch->temperatures") {
+		t.Fatalf("greedy with temperatures: %v", err)
+	}
 }
 
 func equal(a, b []int32) bool {

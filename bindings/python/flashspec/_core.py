@@ -576,7 +576,11 @@ class VerifyBatch:
     each request (per-request values: R entries; mask: one row per target
     row, offsets[R] + R); ``draft_controls`` the controls a stochastic
     draft's q was sampled under (mask: one row per draft_logits row,
-    offsets[R]). ``logprobs=True`` returns the emitted tokens' logprobs
+    offsets[R]). ``greedy=True``: every request's target is greedy (T = 0),
+    as temperatures of 0 make it, without an array (temperatures must be
+    None); with device arrays it lets the CUDA backend take its kernels
+    for greedy rows (see flashspec.h, "Greedy batches"). ``logprobs=True``
+    returns the emitted tokens' logprobs
     (VerifyResult.logprobs, .raw_logprobs); ``top_logprobs=n`` (at most
     MAX_TOP_LOGPROBS) each slot's n tokens of largest raw logit
     (.top_tokens, .top_logprobs). With device index arrays (CUDA backend)
@@ -593,7 +597,7 @@ class VerifyBatch:
                  temperatures=None, draft_temperatures=None, seeds=None, request_ids=None,
                  steps=None, accept_uniforms=None, max_draft_len=0, controls=None, draft_controls=None,
                  logprobs=False, top_logprobs=0, draft_parents=None, draft_support_offsets=None,
-                 draft_support_tokens=None, draft_support_probs=None):
+                 draft_support_tokens=None, draft_support_probs=None, greedy=False):
         given = dict(draft_offsets=draft_offsets, draft_tokens=draft_tokens, temperatures=temperatures,
                      draft_temperatures=draft_temperatures, seeds=seeds, request_ids=request_ids,
                      steps=steps, accept_uniforms=accept_uniforms, draft_parents=draft_parents,
@@ -610,6 +614,7 @@ class VerifyBatch:
         self.draft_controls = draft_controls
         self.logprobs = bool(logprobs)
         self.top_logprobs = int(top_logprobs)
+        self.greedy = bool(greedy)
         self._stream = None
         self._built = None
 
@@ -653,6 +658,7 @@ class VerifyBatch:
             setattr(batch, name, c_controls)
         batch.logprobs = 1 if self.logprobs else 0
         batch.top_logprobs = self.top_logprobs
+        batch.greedy = 1 if self.greedy else 0
         self.memory = memory
         self._proto = offsets
         self.num_requests = batch.num_requests

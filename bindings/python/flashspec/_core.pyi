@@ -126,6 +126,7 @@ class VerifyBatch:
     draft_controls: SamplingControls | None
     logprobs: bool
     top_logprobs: int
+    greedy: bool
     # Set once the batch has been built for a call (c_batch):
     memory: int
     num_requests: int
@@ -138,7 +139,7 @@ class VerifyBatch:
                  controls: SamplingControls | None = None, draft_controls: SamplingControls | None = None,
                  logprobs: bool = False, top_logprobs: int = 0, draft_parents: _ArrayInput | None = None,
                  draft_support_offsets: _ArrayInput | None = None, draft_support_tokens: _ArrayInput | None = None,
-                 draft_support_probs: _ArrayInput | None = None) -> None: ...
+                 draft_support_probs: _ArrayInput | None = None, greedy: bool = False) -> None: ...
     def c_batch(self, stream: int, cuda_context: bool = True) -> Any: ...
     @property
     def draft_offsets(self) -> _ArrayInput: ...

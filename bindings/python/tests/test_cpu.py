@@ -133,6 +133,20 @@ def test_greedy_verify_equals_greedy_decoding(ctx, weights):
     np.testing.assert_array_equal(result.next_steps, [6, 7, 8, 9])
 
 
+def test_a_greedy_batch_is_temperatures_of_zero(ctx, weights):
+    rng = np.random.default_rng(7)
+    offsets, drafts, hidden, _ = greedy_batch(weights, rng, [3, 1, 4], correct=[1, 1, 4])
+    head = ctx.lm_head(weights)
+    zeros = ctx.verify_and_finalize(head, flashspec.VerifyBatch(offsets, drafts, hidden, temperatures=[0, 0, 0]))
+    flagged = ctx.verify_and_finalize(head, flashspec.VerifyBatch(offsets, drafts, hidden, greedy=True))
+    np.testing.assert_array_equal(flagged.accepted_counts, [1, 1, 4])
+    np.testing.assert_array_equal(flagged.accepted_counts, zeros.accepted_counts)
+    np.testing.assert_array_equal(flagged.emitted_tokens, zeros.emitted_tokens)
+    with pytest.raises(flashspec.InvalidArgumentError, match="temperatures"):
+        ctx.verify_and_finalize(head, flashspec.VerifyBatch(offsets, drafts, hidden, greedy=True,
+                                                            temperatures=[0, 0, 0]))
+
+
 def test_verify_then_finalize_matches_the_fused_call(ctx, weights):
     rng = np.random.default_rng(6)
     offsets, drafts, hidden, _ = greedy_batch(weights, rng, [2, 3], correct=[1, 3])

@@ -205,6 +205,7 @@ pub struct flashspec_verify_batch {
     pub draft_support_offsets: *const i32,
     pub draft_support_tokens: *const i32,
     pub draft_support_probs: *const f32,
+    pub greedy: i32,
 }
 
 #[repr(C)]

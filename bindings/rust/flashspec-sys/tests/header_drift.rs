@@ -339,7 +339,7 @@ layouts! {
         flashspec_context_params { struct_size, backend, device_ordinal, cuda_stream, seed, cpu_threads, max_rows, max_requests }
         flashspec_sampling_controls { struct_size, top_k, top_p, min_p, bias_offsets, bias_tokens, bias_values, token_mask, mask_words, typical_epsilon, typical_delta, repetition_penalty }
         flashspec_draft_params { struct_size, memory, temperature, temperatures, seeds, request_ids, steps, positions, controls }
-        flashspec_verify_batch { struct_size, memory, num_requests, draft_offsets, draft_tokens, target_hidden, draft_logits, temperatures, draft_temperatures, seeds, request_ids, steps, accept_uniforms, max_draft_len, controls, draft_controls, logprobs, top_logprobs, draft_parents, draft_support_offsets, draft_support_tokens, draft_support_probs }
+        flashspec_verify_batch { struct_size, memory, num_requests, draft_offsets, draft_tokens, target_hidden, draft_logits, temperatures, draft_temperatures, seeds, request_ids, steps, accept_uniforms, max_draft_len, controls, draft_controls, logprobs, top_logprobs, draft_parents, draft_support_offsets, draft_support_tokens, draft_support_probs, greedy }
         flashspec_verify_result { struct_size, memory, accepted_counts, emitted_tokens, next_steps, logprobs, raw_logprobs, top_tokens, top_logprobs, accepted_nodes }
         flashspec_ngram_params { struct_size, min_n, max_n, call_cost, token_cost }
         flashspec_suffix_params { struct_size, max_match_len, max_depth, min_probability, cache_max_tokens, call_cost, token_cost, propose_trees }

@@ -694,6 +694,10 @@ pub struct VerifyBatch<'a> {
     /// `None`: q is `draft_logits` (or a point mass); not with `draft_logits`
     /// or `draft_controls`.
     pub draft_support: Option<DraftSupport<'a>>,
+    /// Every request's target is greedy (T = 0), as `temperatures` of 0
+    /// make it, without the slice (`temperatures` must then be `None`);
+    /// "Greedy batches" in flashspec.h.
+    pub greedy: bool,
 }
 
 /// Sparse draft distributions, one per draft row (CPU backend): row k's q
@@ -774,6 +778,7 @@ impl VerifyBatch<'_> {
         b.steps = opt_ptr(self.steps);
         b.accept_uniforms = opt_ptr(self.accept_uniforms);
         b.max_draft_len = self.max_draft_len;
+        b.greedy = i32::from(self.greedy);
         if let Some((name, n)) = [("temperatures", self.temperatures.map(<[f32]>::len)), ("draft_temperatures", self.draft_temperatures.map(<[f32]>::len)), ("seeds", self.seeds.map(<[u64]>::len)), ("request_ids", self.request_ids.map(<[u64]>::len)), ("steps", self.steps.map(<[u64]>::len))].into_iter().find_map(|(name, n)| n.filter(|&n| n < requests).map(|n| (name, n))) {
             return Err(Error { status: sys::FLASHSPEC_ERR_OUT_OF_RANGE, message: format!("{name}: {n} entries for {requests} requests") });
         }

@@ -85,6 +85,14 @@ fn greedy_verify_equals_greedy_decoding() {
     let mut summaries = ctx.summaries(16, 4).unwrap();
     ctx.verify(&head, &batch, &mut summaries).unwrap();
     assert_eq!(ctx.finalize(&head, &batch, &summaries).unwrap(), fused);
+
+    // `greedy`: the same batch without the temperatures; not with them.
+    let flagged = VerifyBatch { temperatures: None, greedy: true, ..batch.clone() };
+    assert_eq!(ctx.verify_and_finalize(&head, &flagged).unwrap(), fused);
+    let both = VerifyBatch { greedy: true, ..batch };
+    let err = ctx.verify_and_finalize(&head, &both).unwrap_err();
+    assert_eq!(err.status, sys::FLASHSPEC_ERR_INVALID_ARGUMENT);
+    assert!(err.message.contains("batch->temperatures"), "{}", err.message);
 }
 
 #[test]
