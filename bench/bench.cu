@@ -7,6 +7,9 @@
 //              softmax (probabilities written), acceptance, recovered-token
 //              and bonus sampling as separate kernels
 //   verify     flashspec_verify_and_finalize (greedy drafts, T = 1)
+//   verify_g   the same batch at T = 0, said by greedy = 1
+//   verify_0   the same batch at T = 0, said by temperatures of 0 in device
+//              memory (which the backend cannot read without a sync)
 //   draft_g    flashspec_draft, greedy
 //   draft_s    flashspec_draft, sampled (T = 1)
 //   tree       flashspec_verify_and_finalize of one request whose rows − 1
@@ -41,6 +44,7 @@ namespace {
 struct Result {
   int vocab, d, rows, buffers;
   double floor_ms, gemm_ms, standard_ms, verify_ms, draft_g_ms, draft_s_ms;
+  double verify_g_ms, verify_0_ms;
   double tree_ms;  // 0 for one row (no tree)
 };
 
@@ -153,7 +157,10 @@ int main(int argc, char** argv) {
         CUDA_OK(cudaMemcpy(d_tree_tok, tree_tokens.data(), tree_tokens.size() * 4, cudaMemcpyHostToDevice));
         CUDA_OK(cudaMemcpy(d_parents, parents.data(), parents.size() * 4, cudaMemcpyHostToDevice));
 
-        std::vector<cudaGraphExec_t> gemm, standard, verify, draft_g, draft_s, tree;
+        float* d_zero_temps;
+        CUDA_OK(cudaMalloc(&d_zero_temps, size_t(requests) * 4));
+        CUDA_OK(cudaMemset(d_zero_temps, 0, size_t(requests) * 4));
+        std::vector<cudaGraphExec_t> gemm, standard, verify, verify_g, verify_0, draft_g, draft_s, tree;
         for (int b = 0; b < buffers; ++b) {
           auto run_gemm = [&] { device.gemm(weights[size_t(b)], hidden, logits, vocab, rows, d); };
           gemm.push_back(timer.capture(run_gemm));
@@ -171,6 +178,18 @@ int main(int argc, char** argv) {
             const flashspec_verify_batch chains = batch.batch(&hv);
             flashspec_verify_result res = batch.result();
             FS_OK(ctx, flashspec_verify_and_finalize(ctx, heads[size_t(b)], &chains, &res));
+          }));
+          verify_g.push_back(timer.capture([&] {
+            flashspec_verify_batch greedy = batch.batch(&hv);
+            greedy.greedy = 1;
+            flashspec_verify_result res = batch.result();
+            FS_OK(ctx, flashspec_verify_and_finalize(ctx, heads[size_t(b)], &greedy, &res));
+          }));
+          verify_0.push_back(timer.capture([&] {
+            flashspec_verify_batch zeros = batch.batch(&hv);
+            zeros.temperatures = d_zero_temps;
+            flashspec_verify_result res = batch.result();
+            FS_OK(ctx, flashspec_verify_and_finalize(ctx, heads[size_t(b)], &zeros, &res));
           }));
           if (nodes > 0)
             tree.push_back(timer.capture([&] {
@@ -203,20 +222,24 @@ int main(int argc, char** argv) {
         res.gemm_ms = timer.median_ms(gemm);
         res.standard_ms = timer.median_ms(standard);
         res.verify_ms = timer.median_ms(verify);
+        res.verify_g_ms = timer.median_ms(verify_g);
+        res.verify_0_ms = timer.median_ms(verify_0);
         res.draft_g_ms = timer.median_ms(draft_g);
         res.draft_s_ms = timer.median_ms(draft_s);
         res.tree_ms = nodes > 0 ? timer.median_ms(tree) : 0.0;
         results.push_back(res);
-        std::printf("V=%6d d=%5d rows=%3d | floor %.4f gemm %.4f std %.4f verify %.4f draft_g %.4f draft_s %.4f "
-                    "tree %.4f ms | verify/gemm %.3f draft_g/gemm %.3f draft_s/gemm %.3f std/verify %.2f "
-                    "tree/verify %.3f\n",
-                    vocab, d, rows, res.floor_ms, res.gemm_ms, res.standard_ms, res.verify_ms, res.draft_g_ms,
-                    res.draft_s_ms, res.tree_ms, res.verify_ms / res.gemm_ms, res.draft_g_ms / res.gemm_ms,
+        std::printf("V=%6d d=%5d rows=%3d | floor %.4f gemm %.4f std %.4f verify %.4f verify_g %.4f verify_0 %.4f "
+                    "draft_g %.4f draft_s %.4f tree %.4f ms | verify/gemm %.3f verify_g/gemm %.3f "
+                    "verify_0/gemm %.3f draft_g/gemm %.3f draft_s/gemm %.3f std/verify %.2f tree/verify %.3f\n",
+                    vocab, d, rows, res.floor_ms, res.gemm_ms, res.standard_ms, res.verify_ms, res.verify_g_ms,
+                    res.verify_0_ms, res.draft_g_ms, res.draft_s_ms, res.tree_ms, res.verify_ms / res.gemm_ms,
+                    res.verify_g_ms / res.gemm_ms, res.verify_0_ms / res.gemm_ms, res.draft_g_ms / res.gemm_ms,
                     res.draft_s_ms / res.gemm_ms, res.standard_ms / res.verify_ms, res.tree_ms / res.verify_ms);
         std::fflush(stdout);
-        for (auto* list : {&gemm, &standard, &verify, &draft_g, &draft_s, &tree})
+        for (auto* list : {&gemm, &standard, &verify, &verify_g, &verify_0, &draft_g, &draft_s, &tree})
           for (auto g : *list) cudaGraphExecDestroy(g);
-        for (void* p : {static_cast<void*>(d_out), static_cast<void*>(d_scores), static_cast<void*>(d_tree_off),
+        for (void* p : {static_cast<void*>(d_out), static_cast<void*>(d_scores), static_cast<void*>(d_zero_temps),
+                        static_cast<void*>(d_tree_off),
                         static_cast<void*>(d_tree_tok), static_cast<void*>(d_parents)})
           cudaFree(p);
       }
@@ -243,10 +266,13 @@ int main(int argc, char** argv) {
                    "\"gemm_ms\": %.5f, \"standard_ms\": %.5f, \"verify_ms\": %.5f, \"draft_greedy_ms\": %.5f, "
                    "\"draft_sampled_ms\": %.5f, \"verify_over_gemm\": %.4f, \"draft_greedy_over_gemm\": %.4f, "
                    "\"draft_sampled_over_gemm\": %.4f, \"standard_over_verify\": %.4f, \"gemm_over_floor\": %.4f, "
-                   "\"tree_ms\": %.5f, \"tree_over_verify\": %.4f}%s\n",
+                   "\"tree_ms\": %.5f, \"tree_over_verify\": %.4f, \"verify_greedy_ms\": %.5f, "
+                   "\"verify_greedy_over_gemm\": %.4f, \"verify_zero_temperatures_ms\": %.5f, "
+                   "\"verify_zero_temperatures_over_gemm\": %.4f}%s\n",
                    r.vocab, r.d, r.rows, r.buffers, r.floor_ms, r.gemm_ms, r.standard_ms, r.verify_ms, r.draft_g_ms,
                    r.draft_s_ms, r.verify_ms / r.gemm_ms, r.draft_g_ms / r.gemm_ms, r.draft_s_ms / r.gemm_ms,
                    r.standard_ms / r.verify_ms, r.gemm_ms / r.floor_ms, r.tree_ms, r.tree_ms / r.verify_ms,
+                   r.verify_g_ms, r.verify_g_ms / r.gemm_ms, r.verify_0_ms, r.verify_0_ms / r.gemm_ms,
                    i + 1 < results.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
