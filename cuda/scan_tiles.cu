@@ -170,6 +170,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma::barrier_init(multiplied, 4);
     tma::barrier_init_fence();
   }
+  // A last tile of rows that ends inside the tile loads only its rows
+  // (boxes that reach past the tensor's rows, filled with zeros by the TMA,
+  // load at a fraction of the rate: bench/RESULTS.md); each stage's rows
+  // past them are zeroed once here, as that fill made them.
+  const int rows_here = min(S::kRows, p.rows - row0);
+  if (rows_here < S::kRows) {
+    constexpr int kStageWords = S::kStageBytes / 16;
+    const int first_word = rows_here * kRowBytes / 16, words = S::kHiddenBytes / 16 - first_word;
+    uint4* stages = reinterpret_cast<uint4*>(ring);
+    for (int i = threadIdx.x; i < kStages * words; i += kThreads)
+      stages[(i / words) * kStageWords + first_word + i % words] = make_uint4(0u, 0u, 0u, 0u);
+    tma::shared_stores_to_async_proxy();
+  }
   pdl_wait();  // the staged rows and plans come from the kernels before
   for (int r = threadIdx.x; r < S::kRows; r += kThreads)
     plans[r] = plan_or_placeholder(p.plans, p.row_base, p.rows, row0 + r);
@@ -183,15 +196,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       // (bench/RESULTS.md).
       const uint64_t once = tma::evict_first_policy();
       const uint64_t kept = tma::evict_last_policy();
+      const CUtensorMap* hidden_map = rows_here < S::kRows ? &maps.hidden_last : &maps.hidden;
+      const uint32_t stage_bytes = uint32_t(rows_here * kRowBytes + S::kWBytes);
       int stage = 0;
       uint32_t phase = 0;  // of the stage's empty barrier awaited (from the second pass over the ring)
       bool first_pass = true;
       for (int tile = first_tile; tile < first_tile + cta_tiles; ++tile)
         for (int column = 0; column < k_steps * kColumns; column += kColumns) {
           if (!first_pass) tma::barrier_wait(empty + stage, phase);
-          tma::barrier_expect(full + stage, S::kStageBytes);
+          tma::barrier_expect(full + stage, stage_bytes);
           unsigned char* dst = ring + stage * S::kStageBytes;
-          tma::load_box_2d(dst, &maps.hidden, full + stage, column, p.row_base + row0, kept);
+          tma::load_box_2d(dst, hidden_map, full + stage, column, p.row_base + row0, kept);
           tma::load_box_2d(dst + S::kHiddenBytes, &maps.w, full + stage, column, tile * S::kTokens, once);
           if (++stage == kStages) {
             stage = 0;
@@ -306,10 +321,13 @@ bool encode_maps(const ScanParams& p, TileMaps* maps) {
   if (p.d_load <= 0 || p.vocab <= 0 || pitch % 16 != 0 || hidden_pitch % 16 != 0 ||
       reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || reinterpret_cast<uintptr_t>(p.h) % 16 != 0)
     return false;
+  const int32_t last_rows = p.rows % TileShape::kRows;
   return scan::encode_row_map(&maps->w, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch,
                               uint32_t(TileShape::kTokens)) &&
          scan::encode_row_map(&maps->hidden, p.w_dtype, p.h, uint64_t(p.k_pad), uint64_t(p.row_base + p.rows),
-                              hidden_pitch, uint32_t(TileShape::kRows));
+                              hidden_pitch, uint32_t(TileShape::kRows)) &&
+         scan::encode_row_map(&maps->hidden_last, p.w_dtype, p.h, uint64_t(p.k_pad), uint64_t(p.row_base + p.rows),
+                              hidden_pitch, uint32_t(last_rows > 0 ? last_rows : TileShape::kRows));
 }
 
 cudaError_t launch(const void* kernel, const ScanParams& params, const TileMaps& maps, cudaStream_t stream) {

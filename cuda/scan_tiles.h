@@ -20,10 +20,13 @@ namespace cuda {
 namespace tile_scan {
 
 // W in boxes of the kernel's tile of tokens, the staged hidden rows in boxes
-// of its tile of rows; both 128 bytes wide, in the 128-byte swizzle.
+// of its tile of rows, and the last tile of rows, where the launch's rows
+// end inside it, in a box of just those rows; all 128 bytes wide, in the
+// 128-byte swizzle.
 struct TileMaps {
   CUtensorMap w;
   CUtensorMap hidden;
+  CUtensorMap hidden_last;
 };
 
 // The kernel for W and hidden both bf16 or both fp16 (NULL for other

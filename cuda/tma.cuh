@@ -52,6 +52,14 @@ __device__ __forceinline__ void barrier_init_fence() {
 #endif
 }
 
+// Makes this thread's stores to shared memory visible to the async proxy
+// (the copy engine, warpgroup MMAs) after a barrier.
+__device__ __forceinline__ void shared_stores_to_async_proxy() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 // Arrives on `bar` and tells it `bytes` more will land in this phase.
 __device__ __forceinline__ void barrier_expect(uint64_t* bar, uint32_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
