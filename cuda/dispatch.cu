@@ -242,6 +242,19 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
                "scan (weight stream)");
     return ScanOutcome{blocks, true};
   }
+  // More rows on sm_90a, 16-bit heads, every row greedy: the GEMM whose
+  // epilogue folds (tuning.h: kTileScanMinRows), before the 17–64-row scan
+  // unless the tests' switch asks for the ring scans.
+  const bool tiles_serve = rows >= tuning::kTileScanMinRows && !may_sample && !many_row_chunks_only.load() &&
+                           !stream_rings_everywhere.load();
+  const void* tiles = limits.tile_scan && tc && tiles_serve ? tile_scan::kernel_for(head.dtype) : nullptr;
+  tile_scan::TileMaps tile_maps;
+  if (tiles && tile_scan::encode_maps(p, &tile_maps)) {
+    p.groups = tile_scan::groups_for(rows, p.vocab, limits.sm_count, max_groups);
+    p.row_blocks = 1;
+    check_cuda(tile_scan::launch(tiles, p, tile_maps, stream), "scan (tiles, many rows)");
+    return ScanOutcome{p.groups, false};
+  }
   const void* wide = limits.stream_wide && tc && rows <= tuning::kStreamWideMaxRows
                          ? scan::stream_wide_kernel(head.dtype)
                          : nullptr;
@@ -254,17 +267,6 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
     check_cuda(scan::launch_stream_wide(wide, p, tail, wide_maps, blocks, stream),
                "scan (weight stream, TMA, 17-64 rows)");
     return ScanOutcome{blocks, true};
-  }
-  // More rows on sm_90a, 16-bit heads, every row greedy: the GEMM whose
-  // epilogue folds (tuning.h: kTileScanMinRows).
-  const bool tiles_serve = rows >= tuning::kTileScanMinRows && !may_sample && !many_row_chunks_only.load();
-  const void* tiles = limits.tile_scan && tc && tiles_serve ? tile_scan::kernel_for(head.dtype) : nullptr;
-  tile_scan::TileMaps tile_maps;
-  if (tiles && tile_scan::encode_maps(p, &tile_maps)) {
-    p.groups = tile_scan::groups_for(rows, p.vocab, limits.sm_count, max_groups);
-    p.row_blocks = 1;
-    check_cuda(tile_scan::launch(tiles, p, tile_maps, stream), "scan (tiles, many rows)");
-    return ScanOutcome{p.groups, false};
   }
   if (tc && ws.cublas) {
     require(!head.codes() || ws.dequantized, FLASHSPEC_ERR_WORKSPACE_EXCEEDED, Field::kHead,

@@ -213,17 +213,26 @@ static_assert(stream_wide_serves(64, 128256, 16384, 132) && !stream_wide_serves(
               "the shapes measured on either side of the rule");
 
 // From kTileScanMinRows rows on sm_90a, 16-bit heads, launches whose rows
-// are all greedy (greedy drafts; the engine's verify at T = 0): the tile
-// scan (scan_tiles.cu), a GEMM of 128-row by 128-token tiles whose epilogue
-// folds. H200, µs, cuBLAS chunks → tile scan, greedy drafts: 128256 × 4096
-// × 100 317 → 290, × 128 332 → 284, × 256 502–523 → 424–433, × 512 954–960
-// → 775–856; 151936 × 4096 × 128 396 → 313; 262144 × 8192 × 128 1217 →
-// 1173; 32000 × 2048 × 128 62 → 59; 151936 × 2048 × 100 225 → 184
-// (bench/RESULTS.md). Launches that may sample keep the chunks: there the
-// tile scan's sampled fold, with one warp per scheduler beside the other
-// group's products, was slower at 256–512 rows and mixed at 100–128 (e.g.
-// verify 128256 × 4096 × 100 361 → 382, 151936 × 4096 × 128 457 → 418).
-constexpr int kTileScanMinRows = kStreamWideMaxRows + 1;
+// are all greedy (drafts at the one temperature 0, verify batches with
+// greedy = 1, the engine's all-greedy steps): the tile scan
+// (scan_tiles.cu), a GEMM of 128-row by 128-token tiles whose epilogue
+// folds, before the 17–64-row scan and the cuBLAS chunks. H200, µs, greedy
+// drafts, cuBLAS chunks → tile scan: 128256 × 4096 × 100 317 → 290, × 128
+// 332 → 284, × 256 502–523 → 424–433, × 512 954–960 → 775–856; 151936 ×
+// 4096 × 128 396 → 313; 262144 × 8192 × 128 1217 → 1173; 32000 × 2048 ×
+// 128 62 → 59; 151936 × 2048 × 100 225 → 184. At 17–64 rows (a last tile
+// of rows loaded in a box of just its rows), the rules before → tile scan:
+// 128256 × 4096 × 64 306 → 272, × 32 298 → 272; 262144 × 4096 × 64 553 →
+// 518; 151936 × 8192 × 64 675 → 608; 32000 × 4096 × 64 86 → 81; 128256 ×
+// 2048 × 64 179 → 139. Rows past a multiple of 128 cost a whole tile of
+// rows (W read once more): 128256 × 4096 × 129 took 376–423 against the
+// chunks' 365–387, 262144 × 8192 × 300 2559–2587 against 2376–2405, while
+// 200 and 300 rows at d = 4096 gained (bench/RESULTS.md). Launches that may
+// sample keep the chunks: there the tile scan's sampled fold, with one warp
+// per scheduler beside the other group's products, was slower at 256–512
+// rows and mixed at 100–128 (e.g. verify 128256 × 4096 × 100 361 → 382,
+// 151936 × 4096 × 128 457 → 418).
+constexpr int kTileScanMinRows = kStreamMaxRows + 1;
 
 // ---- Tensor-core tiled scan (scan_mma.cu): stochastic drafts, and many ----
 // rows without cuBLAS. A CTA owns BM rows and walks its token range in

@@ -589,9 +589,9 @@ typedef struct flashspec_verify_batch {
 /* Greedy batches. A backend that reads device memory cannot see device
  * temperatures without a sync, so it must assume some row samples; with
  * greedy = 1 it knows none does and may take kernels made for greedy rows
- * (the CUDA backend: the many-row tile scan, on sm_90a for more than 64
- * target rows of point-mass drafts without controls or logprobs, bf16 or
- * fp16 heads and hidden rows). The result is the one
+ * (the CUDA backend: the tile scan, on sm_90a for more than 16 target rows
+ * of point-mass drafts without controls or logprobs, bf16 or fp16 heads
+ * and hidden rows). The result is the one
  * temperatures of 0 give, token for token, on either backend; finalize
  * needs the same batch (greedy included). A draft call says the same with
  * its one `temperature` 0 and no `temperatures`. Errors: INVALID_ARGUMENT

@@ -436,9 +436,10 @@ TEST_F(Gpu, DraftParityManyRowsAcrossChunks) {
   run_draft_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 70001, 72, 65, 0.7f, false});
 }
 
-// More than 64 rows on sm_90a, every row greedy: the tile scan, a GEMM of
-// 128-row by 128-token tiles whose epilogue folds. Rows past a tile's end
-// (zeros from the TMA), several tiles of rows, hidden sizes that end inside
+// More than 16 rows on sm_90a, every row greedy: the tile scan, a GEMM of
+// 128-row by 128-token tiles whose epilogue folds. Launches of fewer rows
+// than a tile and rows past a tile's end (the last tile of rows loaded in a
+// box of just its rows), several tiles of rows, hidden sizes that end inside
 // a 64-column stage, vocabularies smaller than one token tile and with a
 // ragged last tile, CTAs of many tiles (a real vocabulary), bf16 and fp16;
 // verify batches of chains and trees (tracked drafted tokens). The CUDA
@@ -460,11 +461,13 @@ VerifyCase greedy_verify(flashspec_dtype dtype, int vocab, int d, int requests, 
 }
 
 TEST_F(Gpu, ParityManyRowTiles) {
-  for (int rows : {65, 128, 129, 300}) run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 70001, 200, rows));
+  for (int rows : {17, 64, 65, 128, 129, 300}) run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 70001, 200, rows));
+  run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_F16, 5003, 1000, 40));
   run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 100, 520, 256));
   run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_F16, 9001, 72, 97));
   run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 128256, 64, 200));
-  // About 100, 180 and 300 rows (requests of 1 + n rows, n drawn up to max_n).
+  // About 30, 100, 180 and 300 rows (requests of 1 + n rows, n drawn up to max_n).
+  run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_BF16, 20011, 256, 12, 3, false));
   run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_BF16, 9001, 128, 40, 3, false));
   run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_BF16, 70001, 64, 60, 4, true));
   run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_F16, 5003, 200, 100, 4, false));
