@@ -244,7 +244,7 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
   }
   // More rows on sm_90a, 16-bit heads, every row greedy: the GEMM whose
   // epilogue folds (tuning.h: kTileScanMinRows), before the 17–64-row scan
-  // unless the tests' switch asks for the ring scans.
+  // unless the tests' switch gives the ring scans every call they serve.
   const bool tiles_serve = rows >= tuning::kTileScanMinRows && !may_sample && !many_row_chunks_only.load() &&
                            !stream_rings_everywhere.load();
   const void* tiles = limits.tile_scan && tc && tiles_serve ? tile_scan::kernel_for(head.dtype) : nullptr;
@@ -252,7 +252,7 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
   if (tiles && tile_scan::encode_maps(p, &tile_maps)) {
     p.groups = tile_scan::groups_for(rows, p.vocab, limits.sm_count, max_groups);
     p.row_blocks = 1;
-    check_cuda(tile_scan::launch(tiles, p, tile_maps, stream), "scan (tiles, many rows)");
+    check_cuda(tile_scan::launch(tiles, p, tile_maps, stream), "scan (tiles)");
     return ScanOutcome{p.groups, false};
   }
   const void* wide = limits.stream_wide && tc && rows <= tuning::kStreamWideMaxRows

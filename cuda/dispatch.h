@@ -39,8 +39,7 @@ struct ScanLimits {
   bool stream_box_codes = false;  // the same for 8-bit codes (a larger ring)
   // The same for its 17–64-row form (scan::stream_wide_kernel).
   bool stream_wide = false;
-  // The many-row tile scan (tile_scan::kernel_for) may run: the same
-  // conditions.
+  // The tile scan (tile_scan::kernel_for) may run: the same conditions.
   bool tile_scan = false;
   int mma_blocks_per_sm[tuning::kMmaShapeCount] = {};
   int simt_blocks_per_sm = 1;

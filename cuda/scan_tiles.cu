@@ -1,10 +1,10 @@
-// The many-row scan of greedy launches on sm_90a (tile_scan, scan_tiles.h):
-// a warp-specialised GEMM whose epilogue is the fold. A CTA owns a tile of
-// hidden rows (the MMA's M) and a range of the vocabulary, walked in tiles
-// of W's tokens (N); one producer lane moves both operands through a ring
-// of TMA boxes, and two consumer warpgroups take the token tiles in turn:
-// each multiplies its tile into fp32 accumulators and then folds them
-// straight into its rows' running Partials while the other group
+// The scan of greedy launches of more than 16 rows on sm_90a (tile_scan,
+// scan_tiles.h): a warp-specialised GEMM whose epilogue is the fold. A CTA
+// owns a tile of hidden rows (the MMA's M) and a range of the vocabulary,
+// walked in tiles of W's tokens (N); one producer lane moves both operands
+// through a ring of TMA boxes, and two consumer warpgroups take the token
+// tiles in turn: each multiplies its tile into fp32 accumulators and then
+// folds them straight into its rows' running Partials while the other group
 // multiplies the next tile, so the fold overlaps the tensor cores (CUTLASS's
 // "ping-pong" schedule). The logits never leave the registers.
 //
@@ -170,10 +170,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma::barrier_init(multiplied, 4);
     tma::barrier_init_fence();
   }
-  // A last tile of rows that ends inside the tile loads only its rows
-  // (boxes that reach past the tensor's rows, filled with zeros by the TMA,
-  // load at a fraction of the rate: bench/RESULTS.md); each stage's rows
-  // past them are zeroed once here, as that fill made them.
+  // Where the launch's rows end inside this CTA's tile of rows, it loads
+  // only those (boxes that reach past the tensor's rows, filled with zeros
+  // by the TMA, arrive at a fraction of the rate: bench/RESULTS.md); each
+  // stage's rows past them are zeroed once here, as that fill made them.
   const int rows_here = min(S::kRows, p.rows - row0);
   if (rows_here < S::kRows) {
     constexpr int kStageWords = S::kStageBytes / 16;

@@ -591,9 +591,9 @@ typedef struct flashspec_verify_batch {
  * greedy = 1 it knows none does and may take kernels made for greedy rows
  * (the CUDA backend: the tile scan, on sm_90a for more than 16 target rows
  * of point-mass drafts without controls or logprobs, bf16 or fp16 heads
- * and hidden rows). The result is the one
- * temperatures of 0 give, token for token, on either backend; finalize
- * needs the same batch (greedy included). A draft call says the same with
+ * and hidden rows). The result is the one temperatures of 0 give, token
+ * for token, on either backend; finalize needs the same batch (greedy
+ * included). A draft call says the same with
  * its one `temperature` 0 and no `temperatures`. Errors: INVALID_ARGUMENT
  * (greedy not 0 or 1; greedy = 1 with temperatures given, naming
  * "batch->temperatures"). */
