@@ -174,34 +174,26 @@ int main(int argc, char** argv) {
             sample_kernel<<<requests, kRowThreads, 0, stream>>>(probs, batch.tokens, n, vocab, 1,
                                                                 d_out + requests * n);
           }));
-          verify.push_back(timer.capture([&] {
-            const flashspec_verify_batch chains = batch.batch(&hv);
-            flashspec_verify_result res = batch.result();
-            FS_OK(ctx, flashspec_verify_and_finalize(ctx, heads[size_t(b)], &chains, &res));
-          }));
-          verify_g.push_back(timer.capture([&] {
-            flashspec_verify_batch greedy = batch.batch(&hv);
-            greedy.greedy = 1;
-            flashspec_verify_result res = batch.result();
-            FS_OK(ctx, flashspec_verify_and_finalize(ctx, heads[size_t(b)], &greedy, &res));
-          }));
-          verify_0.push_back(timer.capture([&] {
-            flashspec_verify_batch zeros = batch.batch(&hv);
-            zeros.temperatures = d_zero_temps;
-            flashspec_verify_result res = batch.result();
-            FS_OK(ctx, flashspec_verify_and_finalize(ctx, heads[size_t(b)], &zeros, &res));
-          }));
-          if (nodes > 0)
-            tree.push_back(timer.capture([&] {
-              flashspec_verify_batch one_tree = batch.batch(&hv);
-              one_tree.num_requests = 1;
-              one_tree.draft_offsets = d_tree_off;
-              one_tree.draft_tokens = d_tree_tok;
-              one_tree.draft_parents = d_parents;
-              one_tree.max_draft_len = nodes;
+          // The verify batches, each one call of flashspec_verify_and_finalize.
+          auto capture_verify = [&](const flashspec_verify_batch& vb) {
+            return timer.capture([&] {
               flashspec_verify_result res = batch.result();
-              FS_OK(ctx, flashspec_verify_and_finalize(ctx, heads[size_t(b)], &one_tree, &res));
-            }));
+              FS_OK(ctx, flashspec_verify_and_finalize(ctx, heads[size_t(b)], &vb, &res));
+            });
+          };
+          const flashspec_verify_batch chains = batch.batch(&hv);
+          flashspec_verify_batch greedy = chains, zeros = chains, one_tree = chains;
+          greedy.greedy = 1;
+          zeros.temperatures = d_zero_temps;
+          one_tree.num_requests = 1;
+          one_tree.draft_offsets = d_tree_off;
+          one_tree.draft_tokens = d_tree_tok;
+          one_tree.draft_parents = d_parents;
+          one_tree.max_draft_len = nodes;
+          verify.push_back(capture_verify(chains));
+          verify_g.push_back(capture_verify(greedy));
+          verify_0.push_back(capture_verify(zeros));
+          if (nodes > 0) tree.push_back(capture_verify(one_tree));
           for (int sampled = 0; sampled < 2; ++sampled) {
             auto& list = sampled ? draft_s : draft_g;
             list.push_back(timer.capture([&] {
