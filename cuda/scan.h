@@ -44,9 +44,10 @@ const void* stream_box_kernel(int shape, flashspec_dtype w_dtype, bool hand_off)
 size_t stream_box_smem(flashspec_dtype w_dtype);
 // The tensor maps a stream_box_kernel or stream_wide_kernel reads: W in
 // boxes of tuning::kStreamBoxMapTokens tokens and of 16 tokens, and the
-// launch's staged hidden rows (boxes of its rows padded to the kernel's
-// MMA; for 8-bit codes the bf16 copy of ScanParams::ring_hidden, and its
-// f16 copy in hidden_f16); all 128 bytes wide.
+// launch's staged hidden rows (boxes of just its rows, which the kernel
+// pads to its MMA's with zeros; for 8-bit codes the bf16 copy of
+// ScanParams::ring_hidden, and its f16 copy in hidden_f16); all 128 bytes
+// wide.
 struct StreamMaps {
   CUtensorMap w;
   CUtensorMap w_tile;

@@ -299,6 +299,10 @@ __global__ void __launch_bounds__(kThreads, tuning::stream_shape(is_codes(kW), k
 
 // ---- W by the tensor-memory accelerator into warpgroup MMAs (sm_90a) -------
 namespace box {
+// The rows of a ring's hidden box for a launch of `rows` rows: its own,
+// at most the ring's (the MMA's side), on the host (the map) and in the
+// kernel (the bytes a stage expects).
+__host__ __device__ constexpr int ring_box_rows(int ring_rows, int rows) { return rows < ring_rows ? rows : ring_rows; }
 constexpr int kGroups = tuning::kStreamBoxGroups;        // consumer warpgroups, taking units in turn
 constexpr int kStages = tuning::kStreamBoxStages;
 constexpr int kTileTokens = 64;                           // a wgmma's 64-token side
@@ -327,9 +331,10 @@ static_assert(kStageTokens % tuning::kStreamBoxMapTokens == 0, "a full stage is 
 // warps that are done with it. kCodes: W is 8-bit codes, whose 128-byte
 // panel holds twice the columns of a 16-bit one, and the hidden rows' (bf16)
 // take two panels for each of W's.
-template <int kStages_, int kHiddenRows, bool kCodes = false>
+template <int kStages_, int kHiddenRows_, bool kCodes = false>
 struct Ring {
   static constexpr int kStages = kStages_;
+  static constexpr int kHiddenRows = kHiddenRows_;  // the MMA's side
   static constexpr int kPanelColumns = kCodes ? kRowBytes : kBoxColumns;  // W's elements per panel row
   static constexpr int kColumns = kPanels * kPanelColumns;                // elements of each row a stage holds
   static constexpr int kHiddenPanels = kColumns / kBoxColumns;
@@ -344,6 +349,7 @@ struct Ring {
   const StreamMaps& maps;
   int first_tile, tiles, slices;
   bool f16_hidden;  // 8-bit codes: the hidden rows' f16 copy (maps.hidden_f16) rather than maps.hidden
+  int hidden_rows;  // rows of a hidden box: ring_box_rows(kHiddenRows, the launch's rows)
 
   __device__ __forceinline__ static int stage_of(int s) { return s % kStages; }
   __device__ __forceinline__ unsigned char* stage(int s) const { return ring + size_t(stage_of(s)) * kStageBytes; }
@@ -354,7 +360,7 @@ struct Ring {
     const int unit = s / slices, column = (s - unit * slices) * kColumns;
     const int unit_tiles = min(kStageTiles, tiles - unit * kStageTiles);
     uint64_t* bar = full + stage_of(s);
-    tma::barrier_expect(bar, uint32_t(kPanels * unit_tiles * 16 * kRowBytes + kHiddenPanels * kHiddenPanelBytes));
+    tma::barrier_expect(bar, uint32_t(kPanels * unit_tiles * 16 * kRowBytes + kHiddenPanels * hidden_rows * kRowBytes));
     const int token = (first_tile + unit * kStageTiles) * 16;
     const uint64_t once = tma::evict_first_policy();  // W is read once
     constexpr int kMapTiles = tuning::kStreamBoxMapTokens / 16;
@@ -367,6 +373,23 @@ struct Ring {
       for (; tile < unit_tiles; ++tile)
         tma::load_box_2d(dst + tile * 16 * kRowBytes, &maps.w_tile, bar, x, token + tile * 16, once);
     }
+  }
+
+  // Every stage's hidden rows past the boxes' (the MMA's rows past the
+  // launch's), zeroed once at the start by the CTA's threads: the boxes
+  // bring only the launch's rows, since boxes reaching past the tensor's
+  // rows, which the TMA fills with zeros, arrive at a fraction of the rate
+  // (bench/RESULTS.md, the tile scan's last tile of rows).
+  __device__ __forceinline__ void zero_rows_past_boxes() const {
+    if (hidden_rows >= kHiddenRows) return;
+    constexpr int kPanelWords = kHiddenPanelBytes / 16;
+    const int first_word = hidden_rows * kRowBytes / 16, words = kPanelWords - first_word;
+    for (int i = threadIdx.x; i < kStages * kHiddenPanels * words; i += blockDim.x) {
+      const int panel = i / words;  // of all stages' hidden panels
+      unsigned char* base = stage(panel / kHiddenPanels) + kWBytes + (panel % kHiddenPanels) * kHiddenPanelBytes;
+      reinterpret_cast<uint4*>(base)[first_word + i % words] = make_uint4(0u, 0u, 0u, 0u);
+    }
+    tma::shared_stores_to_async_proxy();
   }
 
   // Step s's box of the hidden rows, separately: the first stages' go out
@@ -463,6 +486,7 @@ __device__ __forceinline__ void start_ring(const ScanParams& p, const RingT& rin
   __syncthreads();
   if (tid == kProducerWarp * 32)
     for (int s = 0; s < early; ++s) ring.load_w(s);
+  ring.zero_rows_past_boxes();  // the caller's barrier orders it before the hidden loads and the MMAs
 
   pdl_wait();     // plans and staged hidden rows come from the kernels before
   pdl_trigger();  // what follows may launch now; it waits for this grid to finish
@@ -703,7 +727,8 @@ __global__ void __launch_bounds__(box::kThreads, 1)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const box::Walk walk = box::walk_of<Ring>(p);
   const int early = walk.steps < Ring::kStages ? walk.steps : Ring::kStages;
-  Ring ring_of{ring, bars.full, maps, walk.first_tile, walk.tiles, walk.slices, false};
+  Ring ring_of{ring, bars.full, maps, walk.first_tile, walk.tiles, walk.slices, false,
+                    box::ring_box_rows(Ring::kHiddenRows, p.rows)};
   box::start_ring<kHandOff>(p, ring_of, bars, early, plans, kMaxRows);
   // 8-bit codes: the products in f16 where every row's f16 copy is exact
   // (RingHidden's factors, which the staging wrote before the grid's wait).
@@ -868,7 +893,8 @@ __global__ void __launch_bounds__(wide::kThreads, 1)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const box::Walk walk = box::walk_of<Ring>(p);
   const int early = walk.steps < Ring::kStages ? walk.steps : Ring::kStages;
-  const Ring ring_of{ring, bars.full, maps, walk.first_tile, walk.tiles, walk.slices, false};
+  const Ring ring_of{ring, bars.full, maps, walk.first_tile, walk.tiles, walk.slices, false,
+                    box::ring_box_rows(Ring::kHiddenRows, p.rows)};
   // Completes once every consumer warp has lowered its register budget at
   // the end: the producer warps ask for theirs back only then (below).
   __shared__ __align__(8) uint64_t registers_back;
@@ -1145,9 +1171,10 @@ bool stream_box_maps(const ScanParams& p, StreamMaps* maps) {
     return false;
   const EncodeTiled encode = encode_tiled();
   if (!encode) return false;
-  const uint32_t n = p.rows <= tuning::kStreamMaxRows
-                         ? uint32_t(tuning::stream_shape(false, tuning::stream_shape_for(p.rows)).row_groups * 8)
-                         : uint32_t(tuning::kStreamWideMaxRows);
+  const int ring_rows = p.rows <= tuning::kStreamMaxRows
+                            ? tuning::stream_shape(false, tuning::stream_shape_for(p.rows)).row_groups * 8
+                            : tuning::kStreamWideMaxRows;
+  const uint32_t n = uint32_t(box::ring_box_rows(ring_rows, p.rows));
   return encode_rows(encode, &maps->w, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch,
                      tuning::kStreamBoxMapTokens) &&
          encode_rows(encode, &maps->w_tile, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch, 16) &&

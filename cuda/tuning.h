@@ -190,7 +190,12 @@ static_assert(stream_box_hands_off(128256, 132) && stream_box_hands_off(262144, 
 // rows pay too (262144 × 8192 × 24 1110 → 1074, × 17 1095 → 1078). Hence:
 // rows of at least kStreamWideMinRowBytes over at least kStreamWideMinUnits
 // units per CTA, or kStreamWideFullMinUnits for rows of
-// kStreamWideLongRowBytes at kStreamWideMaxRows rows.
+// kStreamWideLongRowBytes at kStreamWideMaxRows rows. Since its hidden
+// boxes hold just the launch's rows (no zero-filled rows past them), 17–48
+// rows verify 1–3 % faster at 262144 × 4096/8192; given every sampled call
+// of 24–48 rows it gained 1–3.5 % on the verify at 128256–151936 × 4096/
+// 8192 but lost up to 7 % elsewhere and on sampled drafts, so the rule
+// stands (H200, bench/RESULTS.md).
 constexpr int kStreamWideMaxRows = 64;
 constexpr int kStreamWideStages = 5;
 constexpr int64_t kStreamWideMinRowBytes = 8192;
