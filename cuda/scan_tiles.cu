@@ -6,7 +6,10 @@
 // tiles in turn: each multiplies its tile into fp32 accumulators and then
 // folds them straight into its rows' running Partials while the other group
 // multiplies the next tile, so the fold overlaps the tensor cores (CUTLASS's
-// "ping-pong" schedule). The logits never leave the registers.
+// "ping-pong" schedule). The logits never leave the registers. Where the
+// launch's tiles of rows pair up, CTAs of two tiles of rows over one token
+// range run as a cluster and each loads half of every W box into both
+// (kPaired).
 //
 // Every row is greedy (dispatch launches it only then): a row's score is its
 // logit, with no scaling, log-sum-exp or noise, as in fold_logit. Sampled
@@ -138,7 +141,12 @@ struct Shape {
 // stages beside the plans and the partials.
 using TileShape = Shape<2, 128, 5>;
 
-template <class S, bool kBf16>
+// kPaired: launched in clusters of two CTAs, the two tiles of rows 2c and
+// 2c + 1 over the same token range, whose producers each load half of every
+// W box into both CTAs (TMA multicast): W leaves L2 once per pair of row
+// tiles. A stage is then refilled only once both CTAs' groups are done
+// with it (the empty barriers count the warps of both).
+template <class S, bool kBf16, bool kPaired>
 __global__ void __launch_bounds__(kThreads, 1)
     tile_scan_kernel(const ScanParams p, const __grid_constant__ TileMaps maps) {
   constexpr int kStages = S::kStages;
@@ -165,7 +173,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       tma::barrier_init(full + s, 1);
-      tma::barrier_init(empty + s, 4);  // the warps of the group that multiplied the stage
+      tma::barrier_init(empty + s, kPaired ? 8 : 4);  // the warps of the group(s) that multiplied the stage
     }
     tma::barrier_init(multiplied, 4);
     tma::barrier_init_fence();
@@ -187,6 +195,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int r = threadIdx.x; r < S::kRows; r += kThreads)
     plans[r] = plan_or_placeholder(p.plans, p.row_base, p.rows, row0 + r);
   __syncthreads();
+  // Both CTAs' barriers are set up before either's loads reach the other.
+  if constexpr (kPaired) tma::cluster_sync();
+  const uint32_t rank = kPaired ? tma::cluster_rank() : 0u;
 
   if (warp >= kConsumerWarps) {  // the producer warpgroup: one lane issues every load
     wgmma::lower_registers<kProducerRegisters>();
@@ -204,10 +215,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int tile = first_tile; tile < first_tile + cta_tiles; ++tile)
         for (int column = 0; column < k_steps * kColumns; column += kColumns) {
           if (!first_pass) tma::barrier_wait(empty + stage, phase);
-          tma::barrier_expect(full + stage, stage_bytes);
+          tma::barrier_expect(full + stage, stage_bytes);  // W's whole box, the other CTA's half included
           unsigned char* dst = ring + stage * S::kStageBytes;
           tma::load_box_2d(dst, hidden_map, full + stage, column, p.row_base + row0, kept);
-          tma::load_box_2d(dst + S::kHiddenBytes, &maps.w, full + stage, column, tile * S::kTokens, once);
+          if constexpr (kPaired)
+            tma::load_box_2d_multicast(dst + S::kHiddenBytes + rank * (S::kWBytes / 2), &maps.w_half, full + stage,
+                                       column, tile * S::kTokens + int(rank) * (S::kTokens / 2), 0x3, once);
+          else
+            tma::load_box_2d(dst + S::kHiddenBytes, &maps.w, full + stage, column, tile * S::kTokens, once);
           if (++stage == kStages) {
             stage = 0;
             phase = first_pass ? 0u : phase ^ 1u;
@@ -226,6 +241,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int slot = 0; slot < S::kSlots; ++slot) parts.store(slot, empty_partial());
   const uint32_t ring_address = tma::smem_address(ring);
   const auto local_row = [&](int b, int h) { return b * 64 + warp_in_group * 16 + g + 8 * h; };
+  // A warp is done with a stage: its lane 0 tells this CTA's producer and,
+  // paired, the other CTA's, whose multicast writes here too.
+  const auto release = [&](int stage) {
+    if (lane != 0) return;
+    tma::barrier_arrive(empty + stage);
+    if constexpr (kPaired) tma::barrier_arrive_in(empty + stage, rank ^ 1u);
+  };
 
   for (int i = group; i < cta_tiles; i += kGroups) {
     if (i > 0) tma::barrier_wait(multiplied, uint32_t(i - 1) & 1u);
@@ -246,7 +268,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                      wgmma::k_major_sw128(w + kk * 32), k > 0 || kk > 0);
       wgmma::commit();
       wgmma::wait<1>();  // the step before this one is done with its stage
-      if (k > 0 && lane == 0) tma::barrier_arrive(empty + last_stage);
+      if (k > 0) release(last_stage);
       last_stage = stage;
       if (++stage == kStages) {
         stage = 0;
@@ -257,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma::wait_all();
 #pragma unroll
     for (int b = 0; b < S::kBlocks; ++b) settle(acc[b]);
-    if (lane == 0) tma::barrier_arrive(empty + last_stage);
+    release(last_stage);
 
     // The fold, while the other group multiplies the next tile.
     const int32_t tile_first = (first_tile + i) * S::kTokens;  // index into W
@@ -293,11 +315,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (t == 0 && row < p.rows)
         p.partials[int64_t(kGroups * blockIdx.y + group) * p.partial_stride + p.row_base + row] = merged;
     }
+  // Paired: neither CTA leaves while the other may still arrive on its
+  // barriers (its last releases).
+  if constexpr (kPaired) tma::cluster_sync();
 }
 
+template <bool kPaired>
 const void* kernel_of(flashspec_dtype w_dtype) {
-  if (w_dtype == FLASHSPEC_DTYPE_BF16) return reinterpret_cast<const void*>(&tile_scan_kernel<TileShape, true>);
-  if (w_dtype == FLASHSPEC_DTYPE_F16) return reinterpret_cast<const void*>(&tile_scan_kernel<TileShape, false>);
+  if (w_dtype == FLASHSPEC_DTYPE_BF16)
+    return reinterpret_cast<const void*>(&tile_scan_kernel<TileShape, true, kPaired>);
+  if (w_dtype == FLASHSPEC_DTYPE_F16)
+    return reinterpret_cast<const void*>(&tile_scan_kernel<TileShape, false, kPaired>);
   return nullptr;
 }
 
@@ -305,14 +333,38 @@ int row_tiles(int32_t rows) { return (rows + TileShape::kRows - 1) / TileShape::
 
 }  // namespace
 
-const void* kernel_for(flashspec_dtype w_dtype) { return kernel_of(w_dtype); }
+const void* kernel_for(flashspec_dtype w_dtype, bool paired) {
+  return paired ? kernel_of<true>(w_dtype) : kernel_of<false>(w_dtype);
+}
 
 size_t smem_bytes() { return TileShape::kSmemBytes; }
 
-int groups_for(int32_t rows, int32_t vocab, int sm_count, int max_groups) {
+bool pairs_rows(int32_t rows) { return row_tiles(rows) % 2 == 0; }
+
+int groups_for(int32_t rows, int32_t vocab, int sm_count, int max_groups, int max_pairs) {
   const int tiles = (vocab + TileShape::kTokens - 1) / TileShape::kTokens;
-  const int ctas = std::max(1, std::min({max_groups / kGroups, (tiles + 1) / 2, sm_count / row_tiles(rows)}));
+  const int slots = max_pairs > 0 ? 2 * max_pairs : sm_count;  // CTAs that run at once
+  const int ctas = std::max(1, std::min({max_groups / kGroups, (tiles + 1) / 2, slots / row_tiles(rows)}));
   return kGroups * ctas;
+}
+
+int max_pairs(const void* paired_kernel) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(2, 1);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem_bytes();
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 2;
+  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, paired_kernel, &config) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return clusters;
 }
 
 bool encode_maps(const ScanParams& p, TileMaps* maps) {
@@ -324,18 +376,35 @@ bool encode_maps(const ScanParams& p, TileMaps* maps) {
   const int32_t last_rows = p.rows % TileShape::kRows;
   return scan::encode_row_map(&maps->w, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch,
                               uint32_t(TileShape::kTokens)) &&
+         scan::encode_row_map(&maps->w_half, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch,
+                              uint32_t(TileShape::kTokens / 2)) &&
          scan::encode_row_map(&maps->hidden, p.w_dtype, p.h, uint64_t(p.k_pad), uint64_t(p.row_base + p.rows),
                               hidden_pitch, uint32_t(TileShape::kRows)) &&
          scan::encode_row_map(&maps->hidden_last, p.w_dtype, p.h, uint64_t(p.k_pad), uint64_t(p.row_base + p.rows),
                               hidden_pitch, uint32_t(last_rows > 0 ? last_rows : TileShape::kRows));
 }
 
-cudaError_t launch(const void* kernel, const ScanParams& params, const TileMaps& maps, cudaStream_t stream) {
+cudaError_t launch(const void* kernel, bool paired, const ScanParams& params, const TileMaps& maps,
+                   cudaStream_t stream) {
   ScanParams p = params;
   TileMaps m = maps;
   void* args[] = {&p, &m};
-  return launch_dependent(kernel, dim3(unsigned(row_tiles(p.rows)), unsigned(p.groups / kGroups)), dim3(kThreads),
-                          smem_bytes(), stream, args);
+  const dim3 grid(unsigned(row_tiles(p.rows)), unsigned(p.groups / kGroups));
+  if (!paired) return launch_dependent(kernel, grid, dim3(kThreads), smem_bytes(), stream, args);
+  cudaLaunchAttribute attributes[2];
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim.x = 2;
+  attributes[1].val.clusterDim.y = attributes[1].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem_bytes();
+  config.stream = stream;
+  config.attrs = attributes;
+  config.numAttrs = 2;
+  return cudaLaunchKernelExC(&config, kernel, args);
 }
 
 }  // namespace tile_scan

@@ -119,6 +119,54 @@ __device__ __forceinline__ void load_box_2d(void* dst, const CUtensorMap* map, u
 #endif
 }
 
+// The same box copied into the shared memory of each CTA of the cluster
+// in cta_mask (bit r: the CTA of rank r), at dst's offset in each; its bytes
+// complete a phase of the barrier at bar's offset in each.
+__device__ __forceinline__ void load_box_2d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int x, int y,
+                                                      uint16_t cta_mask, uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      ".L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5, %6;\n" ::"r"(smem_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_address(bar)), "r"(x), "r"(y), "h"(cta_mask), "l"(policy)
+      : "memory");
+#endif
+}
+
+// This CTA's rank in its cluster.
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t rank = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+#endif
+  return rank;
+}
+
+// One arrival on the barrier at bar's offset in the shared memory of the
+// cluster's CTA of rank cta_rank (release at the CTA's scope, as
+// barrier_arrive: what it orders is the arriving warp's finished MMAs'
+// reads of a stage, not memory another CTA reads).
+__device__ __forceinline__ void barrier_arrive_in(uint64_t* bar, uint32_t cta_rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(smem_address(bar)),
+      "r"(cta_rank)
+      : "memory");
+#endif
+}
+
+// Waits until every thread of the cluster that has not exited has arrived
+// here; what each did before is visible to all after.
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+#endif
+}
+
 }  // namespace tma
 }  // namespace cuda
 }  // namespace flashspec

@@ -238,6 +238,16 @@ static_assert(stream_wide_serves(64, 128256, 16384, 132) && !stream_wide_serves(
 // rows and mixed at 100–128 (e.g. verify 128256 × 4096 × 100 361 → 382,
 // 151936 × 4096 × 128 457 → 418).
 constexpr int kTileScanMinRows = kStreamMaxRows + 1;
+// Launches whose tiles of rows pair up (an even number of them: 129–256
+// and 385–512 rows) run the tile scan in clusters of two CTAs that share
+// each box of W by TMA multicast, so W leaves L2 once per two tiles of rows
+// (a CTA's share of L2's traffic per stage 32 → 24 KB). H200, greedy µs,
+// unpaired → paired (two rounds): 128256 × 8192 × 256 891–908 → 838–858,
+// 151936 × 8192 × 512 2010–2076 → 1901–1943, 262144 × 8192 × 256 1880–1934
+// → 1732–1756, 128256 × 4096 × 512 789–838 → 775–788; at d ≤ 4096 and 256
+// rows within ±5 % (a median 0.99 of the time), 129 rows level
+// (bench/RESULTS.md).
+constexpr bool kTileScanPairs = true;
 
 // ---- Tensor-core tiled scan (scan_mma.cu): stochastic drafts, and many ----
 // rows without cuBLAS. A CTA owns BM rows and walks its token range in

@@ -442,6 +442,8 @@ TEST_F(Gpu, DraftParityManyRowsAcrossChunks) {
 // box of just its rows), several tiles of rows, hidden sizes that end inside
 // a 64-column stage, vocabularies smaller than one token tile and with a
 // ragged last tile, CTAs of many tiles (a real vocabulary), bf16 and fp16;
+// two tiles of rows (129–256 rows: CTAs in clusters of two sharing W's
+// boxes, tuning::kTileScanPairs) and three (300 rows: unpaired);
 // verify batches of chains and trees (tracked drafted tokens). The CUDA
 // calls say they are greedy as a caller would: drafts with the one
 // temperature 0, verify batches with greedy = 1 (the CPU calls pass zeros
