@@ -377,19 +377,12 @@ struct Ring {
 
   // Every stage's hidden rows past the boxes' (the MMA's rows past the
   // launch's), zeroed once at the start by the CTA's threads: the boxes
-  // bring only the launch's rows, since boxes reaching past the tensor's
-  // rows, which the TMA fills with zeros, arrive at a fraction of the rate
-  // (bench/RESULTS.md, the tile scan's last tile of rows).
+  // bring only the launch's rows (tma::zero_panel_tails).
   __device__ __forceinline__ void zero_rows_past_boxes() const {
     if (hidden_rows >= kHiddenRows) return;
-    constexpr int kPanelWords = kHiddenPanelBytes / 16;
-    const int first_word = hidden_rows * kRowBytes / 16, words = kPanelWords - first_word;
-    for (int i = threadIdx.x; i < kStages * kHiddenPanels * words; i += blockDim.x) {
-      const int panel = i / words;  // of all stages' hidden panels
-      unsigned char* base = stage(panel / kHiddenPanels) + kWBytes + (panel % kHiddenPanels) * kHiddenPanelBytes;
-      reinterpret_cast<uint4*>(base)[first_word + i % words] = make_uint4(0u, 0u, 0u, 0u);
-    }
-    tma::shared_stores_to_async_proxy();
+    tma::zero_panel_tails(kStages * kHiddenPanels, kHiddenPanelBytes, hidden_rows * kRowBytes, [&](int panel) {
+      return stage(panel / kHiddenPanels) + kWBytes + (panel % kHiddenPanels) * kHiddenPanelBytes;
+    });
   }
 
   // Step s's box of the hidden rows, separately: the first stages' go out

@@ -60,6 +60,21 @@ __device__ __forceinline__ void shared_stores_to_async_proxy() {
 #endif
 }
 
+// Zeroes bytes [first_byte, panel_bytes) of each of `panels` panels of
+// shared memory (panel i at panel(i), 16-byte aligned) with all the block's
+// threads, and orders the zeros before the async proxy's later accesses
+// (behind the caller's barrier). The scans' MMAs read rows past a launch's
+// that their TMA boxes of just the launch's rows leave unwritten: boxes
+// reaching past a tensor's rows, filled with zeros by the copy engine,
+// arrive at a fraction of the rate (bench/RESULTS.md).
+template <class Panel>
+__device__ __forceinline__ void zero_panel_tails(int panels, int panel_bytes, int first_byte, Panel&& panel) {
+  const int first_word = first_byte / 16, words = panel_bytes / 16 - first_word;
+  for (int i = threadIdx.x; i < panels * words; i += blockDim.x)
+    reinterpret_cast<uint4*>(panel(i / words))[first_word + i % words] = make_uint4(0u, 0u, 0u, 0u);
+  shared_stores_to_async_proxy();
+}
+
 // Arrives on `bar` and tells it `bytes` more will land in this phase.
 __device__ __forceinline__ void barrier_expect(uint64_t* bar, uint32_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
