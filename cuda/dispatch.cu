@@ -188,10 +188,12 @@ ScanLimits configure_scans(int device) {
     }
     limits.tile_scan = true;
     for (flashspec_dtype dtype : {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F16})
-      for (bool paired : {false, true})
-        if (!opt_in_smem(tile_scan::kernel_for(dtype, paired), tile_scan::smem_bytes(), limits.max_smem))
+      for (tile_scan::Form form : tile_scan::kForms)
+        if (!opt_in_smem(tile_scan::kernel_for(dtype, form), tile_scan::smem_bytes(form), limits.max_smem))
           limits.tile_scan = false;
-    if (limits.tile_scan) limits.tile_pairs = tile_scan::max_pairs(tile_scan::kernel_for(FLASHSPEC_DTYPE_BF16, true));
+    if (limits.tile_scan)
+      limits.tile_pairs =
+          tile_scan::max_pairs(tile_scan::kernel_for(FLASHSPEC_DTYPE_BF16, tile_scan::Form::kTile128x128Paired));
   }
 #endif
   return limits;
@@ -250,13 +252,14 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
   const bool tiles_serve = rows >= tuning::kTileScanMinRows && !may_sample && !many_row_chunks_only.load() &&
                            !stream_rings_everywhere.load();
   // Tiles of rows in pairs share W's boxes (tuning.h: kTileScanPairs).
-  const bool paired = tuning::kTileScanPairs && limits.tile_pairs > 0 && tile_scan::pairs_rows(rows);
-  const void* tiles = limits.tile_scan && tc && tiles_serve ? tile_scan::kernel_for(head.dtype, paired) : nullptr;
+  const int tile_pairs = tuning::kTileScanPairs ? limits.tile_pairs : 0;
+  const tile_scan::Form form = tile_scan::form_for(rows, p.vocab, limits.sm_count, max_groups, tile_pairs);
+  const void* tiles = limits.tile_scan && tc && tiles_serve ? tile_scan::kernel_for(head.dtype, form) : nullptr;
   tile_scan::TileMaps tile_maps;
-  if (tiles && tile_scan::encode_maps(p, &tile_maps)) {
-    p.groups = tile_scan::groups_for(rows, p.vocab, limits.sm_count, max_groups, paired ? limits.tile_pairs : 0);
+  if (tiles && tile_scan::encode_maps(p, form, &tile_maps)) {
+    p.groups = tile_scan::groups_for(form, rows, p.vocab, limits.sm_count, max_groups, tile_pairs);
     p.row_blocks = 1;
-    check_cuda(tile_scan::launch(tiles, paired, p, tile_maps, stream), "scan (tiles)");
+    check_cuda(tile_scan::launch(tiles, form, p, tile_maps, stream), "scan (tiles)");
     return ScanOutcome{p.groups, false};
   }
   const void* wide = limits.stream_wide && tc && rows <= tuning::kStreamWideMaxRows

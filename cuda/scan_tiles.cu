@@ -134,12 +134,24 @@ struct Shape {
   static constexpr size_t kSmemBytes = size_t(kStages) * kStageBytes + kAlign + kBarriers * sizeof(uint64_t) +
                                        kRows * sizeof(RowPlan) + Parts::kBytes;
   static_assert(kHiddenBytes % kAlign == 0 && kWBytes % kAlign == 0, "every tile starts on the swizzle's period");
-  static_assert(kTokens == 128, "the MMA's N (wgmma::mma_k16_n128)");
+  static_assert(kTokens == 128 || kTokens == 256, "the MMA's N (wgmma::mma_k16_n128, mma_k16_n256)");
   static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM on sm_90");
 };
-// 128 rows by 128 tokens: 128 accumulators per consumer thread; five 32 KB
-// stages beside the plans and the partials.
-using TileShape = Shape<2, 128, 5>;
+// The forms' shapes (scan_tiles.h), each with five stages beside the plans
+// and the partials. 128 rows by 128 tokens: 128 accumulators per consumer
+// thread, 32 KB stages. 64 rows: 24 KB stages of 128 tokens, or 40 KB of
+// 256 (the same 128 accumulators), whose 8 KB box of hidden rows serves
+// twice the tokens of W.
+using Shape128x128 = Shape<2, 128, 5>;
+using Shape64x128 = Shape<1, 128, 5>;
+using Shape64x256 = Shape<1, 256, 5>;
+
+// One k16 step of a 64-row block's products into its accumulators.
+template <class S, bool kBf16>
+__device__ __forceinline__ void mma_step(float (&acc)[S::kAcc], uint64_t hidden, uint64_t w, bool accumulate) {
+  if constexpr (S::kTokens == 128) wgmma::mma_k16_n128<kBf16>(acc, hidden, w, accumulate);
+  else wgmma::mma_k16_n256<kBf16>(acc, hidden, w, accumulate);
+}
 
 // kPaired: launched in clusters of two CTAs, the two tiles of rows 2c and
 // 2c + 1 over the same token range, whose producers each load half of every
@@ -179,18 +191,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma::barrier_init_fence();
   }
   // Where the launch's rows end inside this CTA's tile of rows, it loads
-  // only those (boxes that reach past the tensor's rows, filled with zeros
-  // by the TMA, arrive at a fraction of the rate: bench/RESULTS.md); each
-  // stage's rows past them are zeroed once here, as that fill made them.
+  // only those; each stage's rows past them are zeroed once here.
   const int rows_here = min(S::kRows, p.rows - row0);
-  if (rows_here < S::kRows) {
-    constexpr int kStageWords = S::kStageBytes / 16;
-    const int first_word = rows_here * kRowBytes / 16, words = S::kHiddenBytes / 16 - first_word;
-    uint4* stages = reinterpret_cast<uint4*>(ring);
-    for (int i = threadIdx.x; i < kStages * words; i += kThreads)
-      stages[(i / words) * kStageWords + first_word + i % words] = make_uint4(0u, 0u, 0u, 0u);
-    tma::shared_stores_to_async_proxy();
-  }
+  if (rows_here < S::kRows)
+    tma::zero_panel_tails(kStages, S::kHiddenBytes, rows_here * kRowBytes,
+                          [&](int stage) { return ring + stage * S::kStageBytes; });
   pdl_wait();  // the staged rows and plans come from the kernels before
   for (int r = threadIdx.x; r < S::kRows; r += kThreads)
     plans[r] = plan_or_placeholder(p.plans, p.row_base, p.rows, row0 + r);
@@ -219,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           unsigned char* dst = ring + stage * S::kStageBytes;
           tma::load_box_2d(dst, hidden_map, full + stage, column, p.row_base + row0, kept);
           if constexpr (kPaired)
-            tma::load_box_2d_multicast(dst + S::kHiddenBytes + rank * (S::kWBytes / 2), &maps.w_half, full + stage,
+            tma::load_box_2d_multicast(dst + S::kHiddenBytes + rank * (S::kWBytes / 2), &maps.w, full + stage,
                                        column, tile * S::kTokens + int(rank) * (S::kTokens / 2), 0x3, once);
           else
             tma::load_box_2d(dst + S::kHiddenBytes, &maps.w, full + stage, column, tile * S::kTokens, once);
@@ -264,8 +269,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = 0; kk < kColumns / 16; ++kk)
 #pragma unroll
         for (int b = 0; b < S::kBlocks; ++b)
-          wgmma::mma_k16_n128<kBf16>(acc[b], wgmma::k_major_sw128(hidden + b * 64 * kRowBytes + kk * 32),
-                                     wgmma::k_major_sw128(w + kk * 32), k > 0 || kk > 0);
+          mma_step<S, kBf16>(acc[b], wgmma::k_major_sw128(hidden + b * 64 * kRowBytes + kk * 32),
+                             wgmma::k_major_sw128(w + kk * 32), k > 0 || kk > 0);
       wgmma::commit();
       wgmma::wait<1>();  // the step before this one is done with its stage
       if (k > 0) release(last_stage);
@@ -320,31 +325,76 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kPaired) tma::cluster_sync();
 }
 
-template <bool kPaired>
+template <class S, bool kPaired>
 const void* kernel_of(flashspec_dtype w_dtype) {
-  if (w_dtype == FLASHSPEC_DTYPE_BF16)
-    return reinterpret_cast<const void*>(&tile_scan_kernel<TileShape, true, kPaired>);
-  if (w_dtype == FLASHSPEC_DTYPE_F16)
-    return reinterpret_cast<const void*>(&tile_scan_kernel<TileShape, false, kPaired>);
+  if (w_dtype == FLASHSPEC_DTYPE_BF16) return reinterpret_cast<const void*>(&tile_scan_kernel<S, true, kPaired>);
+  if (w_dtype == FLASHSPEC_DTYPE_F16) return reinterpret_cast<const void*>(&tile_scan_kernel<S, false, kPaired>);
   return nullptr;
 }
 
-int row_tiles(int32_t rows) { return (rows + TileShape::kRows - 1) / TileShape::kRows; }
+// A form's shape as numbers, for the host.
+struct FormShape {
+  int rows, tokens;
+  size_t smem_bytes;
+};
+template <class S>
+constexpr FormShape form_shape_of() {
+  return FormShape{S::kRows, S::kTokens, S::kSmemBytes};
+}
+FormShape shape_of(Form form) {
+  switch (form) {
+    case Form::kTile64x128: return form_shape_of<Shape64x128>();
+    case Form::kTile64x256: return form_shape_of<Shape64x256>();
+    default: return form_shape_of<Shape128x128>();
+  }
+}
+
+int row_tiles(Form form, int32_t rows) {
+  const int tile_rows = shape_of(form).rows;
+  return (rows + tile_rows - 1) / tile_rows;
+}
+
+// The most token tiles a CTA of the form takes.
+int cta_tiles_at_most(Form form, int32_t rows, int32_t vocab, int sm_count, int max_groups, int max_pairs) {
+  const int tokens = shape_of(form).tokens;
+  const int tiles = (vocab + tokens - 1) / tokens;
+  const int ctas = groups_for(form, rows, vocab, sm_count, max_groups, max_pairs) / kGroups;
+  return (tiles + ctas - 1) / ctas;
+}
 
 }  // namespace
 
-const void* kernel_for(flashspec_dtype w_dtype, bool paired) {
-  return paired ? kernel_of<true>(w_dtype) : kernel_of<false>(w_dtype);
+Form form_for(int32_t rows, int32_t vocab, int sm_count, int max_groups, int max_pairs) {
+  if (rows > Shape64x128::kRows)
+    return max_pairs > 0 && row_tiles(Form::kTile128x128, rows) % 2 == 0 ? Form::kTile128x128Paired
+                                                                         : Form::kTile128x128;
+  const int long_tiles = cta_tiles_at_most(Form::kTile64x256, rows, vocab, sm_count, max_groups, max_pairs);
+  const int short_tiles = cta_tiles_at_most(Form::kTile64x128, rows, vocab, sm_count, max_groups, max_pairs);
+  return long_tiles >= kGroups && long_tiles * Shape64x256::kTokens <= short_tiles * Shape64x128::kTokens
+             ? Form::kTile64x256
+             : Form::kTile64x128;
 }
 
-size_t smem_bytes() { return TileShape::kSmemBytes; }
+const void* kernel_for(flashspec_dtype w_dtype, Form form) {
+  switch (form) {
+    case Form::kTile64x128: return kernel_of<Shape64x128, false>(w_dtype);
+    case Form::kTile64x256: return kernel_of<Shape64x256, false>(w_dtype);
+    case Form::kTile128x128: return kernel_of<Shape128x128, false>(w_dtype);
+    case Form::kTile128x128Paired: return kernel_of<Shape128x128, true>(w_dtype);
+  }
+  return nullptr;
+}
 
-bool pairs_rows(int32_t rows) { return row_tiles(rows) % 2 == 0; }
+size_t smem_bytes(Form form) { return shape_of(form).smem_bytes; }
 
-int groups_for(int32_t rows, int32_t vocab, int sm_count, int max_groups, int max_pairs) {
-  const int tiles = (vocab + TileShape::kTokens - 1) / TileShape::kTokens;
-  const int slots = max_pairs > 0 ? 2 * max_pairs : sm_count;  // CTAs that run at once
-  const int ctas = std::max(1, std::min({max_groups / kGroups, (tiles + 1) / 2, slots / row_tiles(rows)}));
+int groups_for(Form form, int32_t rows, int32_t vocab, int sm_count, int max_groups, int max_pairs) {
+  constexpr int kMinCtaTokens = 256;  // each consumer group a 128-token tile at least
+  const int tokens = shape_of(form).tokens;
+  const int tiles = (vocab + tokens - 1) / tokens;
+  const int tiles_per_cta = std::max(1, kMinCtaTokens / tokens);
+  const int slots = form == Form::kTile128x128Paired && max_pairs > 0 ? 2 * max_pairs : sm_count;  // CTAs that run at once
+  const int ctas = std::max(
+      1, std::min({max_groups / kGroups, (tiles + tiles_per_cta - 1) / tiles_per_cta, slots / row_tiles(form, rows)}));
   return kGroups * ctas;
 }
 
@@ -352,7 +402,7 @@ int max_pairs(const void* paired_kernel) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(2, 1);
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem_bytes();
+  config.dynamicSmemBytes = smem_bytes(Form::kTile128x128Paired);
   cudaLaunchAttribute cluster;
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = 2;
@@ -367,30 +417,31 @@ int max_pairs(const void* paired_kernel) {
   return clusters;
 }
 
-bool encode_maps(const ScanParams& p, TileMaps* maps) {
+bool encode_maps(const ScanParams& p, Form form, TileMaps* maps) {
   if (p.w_dtype != FLASHSPEC_DTYPE_BF16 && p.w_dtype != FLASHSPEC_DTYPE_F16) return false;
   const uint64_t pitch = uint64_t(p.ldw) * 2, hidden_pitch = uint64_t(p.k_pad) * 2;
   if (p.d_load <= 0 || p.vocab <= 0 || pitch % 16 != 0 || hidden_pitch % 16 != 0 ||
       reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || reinterpret_cast<uintptr_t>(p.h) % 16 != 0)
     return false;
-  const int32_t last_rows = p.rows % TileShape::kRows;
+  const FormShape shape = shape_of(form);
+  const int32_t last_rows = p.rows % shape.rows;
+  const uint32_t w_box_tokens = uint32_t(form == Form::kTile128x128Paired ? shape.tokens / 2 : shape.tokens);
   return scan::encode_row_map(&maps->w, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch,
-                              uint32_t(TileShape::kTokens)) &&
-         scan::encode_row_map(&maps->w_half, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch,
-                              uint32_t(TileShape::kTokens / 2)) &&
+                              w_box_tokens) &&
          scan::encode_row_map(&maps->hidden, p.w_dtype, p.h, uint64_t(p.k_pad), uint64_t(p.row_base + p.rows),
-                              hidden_pitch, uint32_t(TileShape::kRows)) &&
+                              hidden_pitch, uint32_t(shape.rows)) &&
          scan::encode_row_map(&maps->hidden_last, p.w_dtype, p.h, uint64_t(p.k_pad), uint64_t(p.row_base + p.rows),
-                              hidden_pitch, uint32_t(last_rows > 0 ? last_rows : TileShape::kRows));
+                              hidden_pitch, uint32_t(last_rows > 0 ? last_rows : shape.rows));
 }
 
-cudaError_t launch(const void* kernel, bool paired, const ScanParams& params, const TileMaps& maps,
+cudaError_t launch(const void* kernel, Form form, const ScanParams& params, const TileMaps& maps,
                    cudaStream_t stream) {
   ScanParams p = params;
   TileMaps m = maps;
   void* args[] = {&p, &m};
-  const dim3 grid(unsigned(row_tiles(p.rows)), unsigned(p.groups / kGroups));
-  if (!paired) return launch_dependent(kernel, grid, dim3(kThreads), smem_bytes(), stream, args);
+  const dim3 grid(unsigned(row_tiles(form, p.rows)), unsigned(p.groups / kGroups));
+  const size_t smem = smem_bytes(form);
+  if (form != Form::kTile128x128Paired) return launch_dependent(kernel, grid, dim3(kThreads), smem, stream, args);
   cudaLaunchAttribute attributes[2];
   attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attributes[0].val.programmaticStreamSerializationAllowed = 1;
@@ -400,7 +451,7 @@ cudaError_t launch(const void* kernel, bool paired, const ScanParams& params, co
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem_bytes();
+  config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = attributes;
   config.numAttrs = 2;

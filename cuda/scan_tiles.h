@@ -19,45 +19,58 @@ namespace flashspec {
 namespace cuda {
 namespace tile_scan {
 
-// W in boxes of the kernel's tile of tokens, the staged hidden rows in boxes
-// of its tile of rows, and the last tile of rows, where the launch's rows
-// end inside it, in a box of just those rows; all 128 bytes wide, in the
+// The kernel's forms, by tile of rows by tile of tokens. Launches of at
+// most 64 rows take 64-row tiles, more rows 128-row tiles; kTile128x128Paired
+// runs in clusters of two CTAs, the tiles of rows 2c and 2c + 1 over one
+// token range, which share each box of W (TMA multicast), for launches with
+// an even number of tiles of rows.
+enum class Form { kTile64x128, kTile64x256, kTile128x128, kTile128x128Paired };
+constexpr Form kForms[] = {Form::kTile64x128, Form::kTile64x256, Form::kTile128x128, Form::kTile128x128Paired};
+
+// The form of a launch (the arguments as groups_for's; max_pairs 0 where
+// the paired form may not serve). At most 64 rows: 256-token tiles, whose
+// box of hidden rows per stage serves twice the tokens of W, unless
+// 128-token tiles cut the vocabulary into CTAs' ranges more evenly (fewer
+// tokens in the largest) or a CTA would have fewer 256-token tiles than
+// consumer groups. H200, greedy drafts at 64 rows, µs, 128-row tiles →
+// 64 × 256: 128256 × 4096 272 → 259, 262144 × 8192 1047 → 1003; 64 × 128:
+// 32000 × 2048 48.6 → 45.0, 151936 × 4096 304 → 298 (bench/RESULTS.md).
+Form form_for(int32_t rows, int32_t vocab, int sm_count, int max_groups, int max_pairs);
+
+// W in boxes of the form's tile of tokens (kTile128x128Paired: half of it, which
+// each CTA of a pair multicasts to both), the staged hidden rows in boxes of
+// its tile of rows, and the last tile of rows, where the launch's rows end
+// inside it, in a box of just those rows; all 128 bytes wide, in the
 // 128-byte swizzle.
 struct TileMaps {
   CUtensorMap w;
-  CUtensorMap w_half;  // half of W's box, which each CTA of a pair multicasts to both
   CUtensorMap hidden;
   CUtensorMap hidden_last;
 };
 
-// The kernel for W and hidden both bf16 or both fp16 (NULL for other
-// dtypes): tiles of 128 rows by 128 tokens; every row of a launch must be
-// greedy (its plan's kPlanGreedy), as a row's score is taken to be its
-// logit. paired: the instance launched in clusters of two CTAs, the tiles
-// of rows 2c and 2c + 1, which share each box of W (TMA multicast), for
-// launches whose tiles of rows pair up (pairs_rows).
-const void* kernel_for(flashspec_dtype w_dtype, bool paired);
+// The kernel of a form for W and hidden both bf16 or both fp16 (NULL for
+// other dtypes). Every row of a launch must be greedy (its plan's
+// kPlanGreedy), as a row's score is taken to be its logit.
+const void* kernel_for(flashspec_dtype w_dtype, Form form);
 // Their dynamic shared memory.
-size_t smem_bytes();
-// Whether a launch of `rows` rows has an even number of tiles of rows.
-bool pairs_rows(int32_t rows);
-// How many clusters of the paired kernel run at once on the current
+size_t smem_bytes(Form form);
+// How many clusters of the paired form's kernel run at once on the current
 // device (0 where none can).
 int max_pairs(const void* paired_kernel);
 // Partials (groups) per row of a launch of `rows` rows on `sm_count` SMs:
-// one CTA per SM (paired, max_pairs > 0: two per cluster that runs at once),
-// the vocabulary cut into token ranges of whole tiles, each range the work
-// of one CTA per tile of rows, whose two consumer groups write a partial
-// each (so an even count).
-int groups_for(int32_t rows, int32_t vocab, int sm_count, int max_groups, int max_pairs);
+// one CTA per SM (kTile128x128Paired: two per cluster of the max_pairs that run
+// at once), the vocabulary cut into token ranges of whole tiles, at least
+// 256 tokens each, each range the work of one CTA per tile of rows, whose
+// two consumer groups write a partial each (so an even count).
+int groups_for(Form form, int32_t rows, int32_t vocab, int sm_count, int max_groups, int max_pairs);
 // Encodes the maps; false (another scan serves the call) unless the rows of
 // W and of the staged hidden rows are 16-byte aligned and the driver can
 // encode tensor maps.
-bool encode_maps(const ScanParams& params, TileMaps* maps);
+bool encode_maps(const ScanParams& params, Form form, TileMaps* maps);
 // Enqueues the scan: params.groups partials per row (groups_for; each a
 // consumer group's tiles, so not one token range: the combine's merge does
 // not need one), as a programmatic dependent launch.
-cudaError_t launch(const void* kernel, bool paired, const ScanParams& params, const TileMaps& maps,
+cudaError_t launch(const void* kernel, Form form, const ScanParams& params, const TileMaps& maps,
                    cudaStream_t stream);
 
 }  // namespace tile_scan

@@ -220,8 +220,10 @@ static_assert(stream_wide_serves(64, 128256, 16384, 132) && !stream_wide_serves(
 // From kTileScanMinRows rows on sm_90a, 16-bit heads, launches whose rows
 // are all greedy (drafts at the one temperature 0, verify batches with
 // greedy = 1, the engine's all-greedy steps): the tile scan
-// (scan_tiles.cu), a GEMM of 128-row by 128-token tiles whose epilogue
-// folds, before the 17–64-row scan and the cuBLAS chunks. H200, µs, greedy
+// (scan_tiles.cu), a GEMM whose epilogue folds (tiles of 128 rows by 128
+// tokens; up to 64 rows, of 64 rows by 256 or 128 tokens:
+// tile_scan::form_for), before the 17–64-row scan and the cuBLAS chunks.
+// Measured with 128-row tiles throughout; H200, µs, greedy
 // drafts, cuBLAS chunks → tile scan: 128256 × 4096 × 100 317 → 290, × 128
 // 332 → 284, × 256 502–523 → 424–433, × 512 954–960 → 775–856; 151936 ×
 // 4096 × 128 396 → 313; 262144 × 8192 × 128 1217 → 1173; 32000 × 2048 ×

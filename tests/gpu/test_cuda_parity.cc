@@ -436,12 +436,13 @@ TEST_F(Gpu, DraftParityManyRowsAcrossChunks) {
   run_draft_parity({FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_F16, 70001, 72, 65, 0.7f, false});
 }
 
-// More than 16 rows on sm_90a, every row greedy: the tile scan, a GEMM of
-// 128-row by 128-token tiles whose epilogue folds. Launches of fewer rows
-// than a tile and rows past a tile's end (the last tile of rows loaded in a
-// box of just its rows), several tiles of rows, hidden sizes that end inside
-// a 64-column stage, vocabularies smaller than one token tile and with a
-// ragged last tile, CTAs of many tiles (a real vocabulary), bf16 and fp16;
+// More than 16 rows on sm_90a, every row greedy: the tile scan, a GEMM
+// whose epilogue folds, in tiles of 64 rows by 256 tokens up to 64 rows and
+// of 128 rows by 128 tokens beyond. Launches of fewer rows than a tile and
+// rows past a tile's end (the last tile of rows loaded in a box of just its
+// rows), several tiles of rows, hidden sizes that end inside a 64-column
+// stage, vocabularies smaller than one token tile and with a ragged last
+// tile, CTAs of many tiles (a real vocabulary), bf16 and fp16;
 // two tiles of rows (129–256 rows: CTAs in clusters of two sharing W's
 // boxes, tuning::kTileScanPairs) and three (300 rows: unpaired);
 // verify batches of chains and trees (tracked drafted tokens). The CUDA
@@ -468,6 +469,12 @@ TEST_F(Gpu, ParityManyRowTiles) {
   run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 100, 520, 256));
   run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_F16, 9001, 72, 97));
   run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 128256, 64, 200));
+  run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 128256, 64, 64));
+  run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 200, 136, 33));
+  // 64-row tiles of 256 tokens (tile_scan::form_for: on 132 SMs two a CTA,
+  // the last ragged), as drafts and as a verify batch with tracked tokens.
+  run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 67484, 200, 48));
+  run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_F16, 67484, 136, 12, 4, false));
   // About 30, 100, 180 and 300 rows (requests of 1 + n rows, n drawn up to max_n).
   run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_BF16, 20011, 256, 12, 3, false));
   run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_BF16, 9001, 128, 40, 3, false));
