@@ -192,8 +192,8 @@ ScanLimits configure_scans(int device) {
         if (!opt_in_smem(tile_scan::kernel_for(dtype, form), tile_scan::smem_bytes(form), limits.max_smem))
           limits.tile_scan = false;
     if (limits.tile_scan)
-      limits.tile_pairs =
-          tile_scan::max_pairs(tile_scan::kernel_for(FLASHSPEC_DTYPE_BF16, tile_scan::Form::kTile128x128Paired));
+      limits.tile_pairs = std::min(tile_scan::max_pairs(tile_scan::Form::kTile64x256Paired),
+                                   tile_scan::max_pairs(tile_scan::Form::kTile128x128Paired));
   }
 #endif
   return limits;

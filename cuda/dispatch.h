@@ -41,7 +41,7 @@ struct ScanLimits {
   bool stream_wide = false;
   // The tile scan (tile_scan::kernel_for) may run: the same conditions.
   bool tile_scan = false;
-  int tile_pairs = 0;  // clusters of its paired instance that run at once (tile_scan::max_pairs)
+  int tile_pairs = 0;  // clusters of its paired forms that run at once (tile_scan::max_pairs; the fewer)
   int mma_blocks_per_sm[tuning::kMmaShapeCount] = {};
   int simt_blocks_per_sm = 1;
 };

@@ -344,7 +344,8 @@ constexpr FormShape form_shape_of() {
 FormShape shape_of(Form form) {
   switch (form) {
     case Form::kTile64x128: return form_shape_of<Shape64x128>();
-    case Form::kTile64x256: return form_shape_of<Shape64x256>();
+    case Form::kTile64x256:
+    case Form::kTile64x256Paired: return form_shape_of<Shape64x256>();
     default: return form_shape_of<Shape128x128>();
   }
 }
@@ -362,23 +363,39 @@ int cta_tiles_at_most(Form form, int32_t rows, int32_t vocab, int sm_count, int 
   return (tiles + ctas - 1) / ctas;
 }
 
+// Whether `form`, of 256-token tiles, gives every consumer group of a CTA a
+// tile and its largest CTA no more of the products (rows by tokens) than
+// `other`'s.
+bool long_tiles_serve(Form form, Form other, int32_t rows, int32_t vocab, int sm_count, int max_groups,
+                      int max_pairs) {
+  const int tiles = cta_tiles_at_most(form, rows, vocab, sm_count, max_groups, max_pairs);
+  const int other_tiles = cta_tiles_at_most(other, rows, vocab, sm_count, max_groups, max_pairs);
+  const FormShape shape = shape_of(form), other_shape = shape_of(other);
+  return tiles >= kGroups && int64_t(tiles) * shape.tokens * shape.rows <=
+                                 int64_t(other_tiles) * other_shape.tokens * other_shape.rows;
+}
+
 }  // namespace
 
+bool paired(Form form) { return form == Form::kTile64x256Paired || form == Form::kTile128x128Paired; }
+
 Form form_for(int32_t rows, int32_t vocab, int sm_count, int max_groups, int max_pairs) {
-  if (rows > Shape64x128::kRows)
-    return max_pairs > 0 && row_tiles(Form::kTile128x128, rows) % 2 == 0 ? Form::kTile128x128Paired
-                                                                         : Form::kTile128x128;
-  const int long_tiles = cta_tiles_at_most(Form::kTile64x256, rows, vocab, sm_count, max_groups, max_pairs);
-  const int short_tiles = cta_tiles_at_most(Form::kTile64x128, rows, vocab, sm_count, max_groups, max_pairs);
-  return long_tiles >= kGroups && long_tiles * Shape64x256::kTokens <= short_tiles * Shape64x128::kTokens
-             ? Form::kTile64x256
-             : Form::kTile64x128;
+  const auto serve = [&](Form form, Form other) {
+    return long_tiles_serve(form, other, rows, vocab, sm_count, max_groups, max_pairs);
+  };
+  if (rows <= Shape64x256::kRows)
+    return serve(Form::kTile64x256, Form::kTile64x128) ? Form::kTile64x256 : Form::kTile64x128;
+  if (max_pairs > 0 && rows <= 2 * Shape64x256::kRows && serve(Form::kTile64x256Paired, Form::kTile128x128))
+    return Form::kTile64x256Paired;
+  return max_pairs > 0 && row_tiles(Form::kTile128x128, rows) % 2 == 0 ? Form::kTile128x128Paired
+                                                                       : Form::kTile128x128;
 }
 
 const void* kernel_for(flashspec_dtype w_dtype, Form form) {
   switch (form) {
     case Form::kTile64x128: return kernel_of<Shape64x128, false>(w_dtype);
     case Form::kTile64x256: return kernel_of<Shape64x256, false>(w_dtype);
+    case Form::kTile64x256Paired: return kernel_of<Shape64x256, true>(w_dtype);
     case Form::kTile128x128: return kernel_of<Shape128x128, false>(w_dtype);
     case Form::kTile128x128Paired: return kernel_of<Shape128x128, true>(w_dtype);
   }
@@ -392,17 +409,17 @@ int groups_for(Form form, int32_t rows, int32_t vocab, int sm_count, int max_gro
   const int tokens = shape_of(form).tokens;
   const int tiles = (vocab + tokens - 1) / tokens;
   const int tiles_per_cta = std::max(1, kMinCtaTokens / tokens);
-  const int slots = form == Form::kTile128x128Paired && max_pairs > 0 ? 2 * max_pairs : sm_count;  // CTAs that run at once
+  const int slots = paired(form) && max_pairs > 0 ? 2 * max_pairs : sm_count;  // CTAs that run at once
   const int ctas = std::max(
       1, std::min({max_groups / kGroups, (tiles + tiles_per_cta - 1) / tiles_per_cta, slots / row_tiles(form, rows)}));
   return kGroups * ctas;
 }
 
-int max_pairs(const void* paired_kernel) {
+int max_pairs(Form form) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(2, 1);
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem_bytes(Form::kTile128x128Paired);
+  config.dynamicSmemBytes = smem_bytes(form);
   cudaLaunchAttribute cluster;
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = 2;
@@ -410,7 +427,7 @@ int max_pairs(const void* paired_kernel) {
   config.attrs = &cluster;
   config.numAttrs = 1;
   int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, paired_kernel, &config) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel_for(FLASHSPEC_DTYPE_BF16, form), &config) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
@@ -425,7 +442,7 @@ bool encode_maps(const ScanParams& p, Form form, TileMaps* maps) {
     return false;
   const FormShape shape = shape_of(form);
   const int32_t last_rows = p.rows % shape.rows;
-  const uint32_t w_box_tokens = uint32_t(form == Form::kTile128x128Paired ? shape.tokens / 2 : shape.tokens);
+  const uint32_t w_box_tokens = uint32_t(paired(form) ? shape.tokens / 2 : shape.tokens);
   return scan::encode_row_map(&maps->w, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch,
                               w_box_tokens) &&
          scan::encode_row_map(&maps->hidden, p.w_dtype, p.h, uint64_t(p.k_pad), uint64_t(p.row_base + p.rows),
@@ -441,7 +458,7 @@ cudaError_t launch(const void* kernel, Form form, const ScanParams& params, cons
   void* args[] = {&p, &m};
   const dim3 grid(unsigned(row_tiles(form, p.rows)), unsigned(p.groups / kGroups));
   const size_t smem = smem_bytes(form);
-  if (form != Form::kTile128x128Paired) return launch_dependent(kernel, grid, dim3(kThreads), smem, stream, args);
+  if (!paired(form)) return launch_dependent(kernel, grid, dim3(kThreads), smem, stream, args);
   cudaLaunchAttribute attributes[2];
   attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attributes[0].val.programmaticStreamSerializationAllowed = 1;

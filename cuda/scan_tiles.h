@@ -19,25 +19,29 @@ namespace flashspec {
 namespace cuda {
 namespace tile_scan {
 
-// The kernel's forms, by tile of rows by tile of tokens. Launches of at
-// most 64 rows take 64-row tiles, more rows 128-row tiles; kTile128x128Paired
-// runs in clusters of two CTAs, the tiles of rows 2c and 2c + 1 over one
+// The kernel's forms, by tile of rows by tile of tokens. The paired forms
+// run in clusters of two CTAs, the tiles of rows 2c and 2c + 1 over one
 // token range, which share each box of W (TMA multicast), for launches with
 // an even number of tiles of rows.
-enum class Form { kTile64x128, kTile64x256, kTile128x128, kTile128x128Paired };
-constexpr Form kForms[] = {Form::kTile64x128, Form::kTile64x256, Form::kTile128x128, Form::kTile128x128Paired};
+enum class Form { kTile64x128, kTile64x256, kTile64x256Paired, kTile128x128, kTile128x128Paired };
+constexpr Form kForms[] = {Form::kTile64x128, Form::kTile64x256, Form::kTile64x256Paired, Form::kTile128x128,
+                           Form::kTile128x128Paired};
+bool paired(Form form);
 
 // The form of a launch (the arguments as groups_for's; max_pairs 0 where
-// the paired form may not serve). At most 64 rows: 256-token tiles, whose
+// the paired forms may not serve). At most 64 rows: 256-token tiles, whose
 // box of hidden rows per stage serves twice the tokens of W, unless
 // 128-token tiles cut the vocabulary into CTAs' ranges more evenly (fewer
 // tokens in the largest) or a CTA would have fewer 256-token tiles than
 // consumer groups. H200, greedy drafts at 64 rows, µs, 128-row tiles →
 // 64 × 256: 128256 × 4096 272 → 259, 262144 × 8192 1047 → 1003; 64 × 128:
 // 32000 × 2048 48.6 → 45.0, 151936 × 4096 304 → 298 (bench/RESULTS.md).
+// 65–128 rows: two 64-row tiles of 256 tokens sharing W, on the same terms
+// against one 128-row tile of 128 tokens; more rows: 128-row tiles, paired
+// where they pair up.
 Form form_for(int32_t rows, int32_t vocab, int sm_count, int max_groups, int max_pairs);
 
-// W in boxes of the form's tile of tokens (kTile128x128Paired: half of it, which
+// W in boxes of the form's tile of tokens (paired forms: half of it, which
 // each CTA of a pair multicasts to both), the staged hidden rows in boxes of
 // its tile of rows, and the last tile of rows, where the launch's rows end
 // inside it, in a box of just those rows; all 128 bytes wide, in the
@@ -54,11 +58,11 @@ struct TileMaps {
 const void* kernel_for(flashspec_dtype w_dtype, Form form);
 // Their dynamic shared memory.
 size_t smem_bytes(Form form);
-// How many clusters of the paired form's kernel run at once on the current
+// How many clusters of a paired form's kernel run at once on the current
 // device (0 where none can).
-int max_pairs(const void* paired_kernel);
+int max_pairs(Form form);
 // Partials (groups) per row of a launch of `rows` rows on `sm_count` SMs:
-// one CTA per SM (kTile128x128Paired: two per cluster of the max_pairs that run
+// one CTA per SM (paired forms: two per cluster of the max_pairs that run
 // at once), the vocabulary cut into token ranges of whole tiles, at least
 // 256 tokens each, each range the work of one CTA per tile of rows, whose
 // two consumer groups write a partial each (so an even count).

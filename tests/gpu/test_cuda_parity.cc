@@ -472,9 +472,12 @@ TEST_F(Gpu, ParityManyRowTiles) {
   run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 128256, 64, 64));
   run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 200, 136, 33));
   // 64-row tiles of 256 tokens (tile_scan::form_for: on 132 SMs two a CTA,
-  // the last ragged), as drafts and as a verify batch with tracked tokens.
+  // the last ragged; 65–128 rows, four, in pairs of tiles of rows), as
+  // drafts and as verify batches with tracked tokens.
   run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 67484, 200, 48));
   run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_F16, 67484, 136, 12, 4, false));
+  run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 67484, 200, 100));
+  run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_BF16, 67484, 72, 24, 4, true));
   // About 30, 100, 180 and 300 rows (requests of 1 + n rows, n drawn up to max_n).
   run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_BF16, 20011, 256, 12, 3, false));
   run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_BF16, 9001, 128, 40, 3, false));
