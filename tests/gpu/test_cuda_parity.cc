@@ -437,13 +437,14 @@ TEST_F(Gpu, DraftParityManyRowsAcrossChunks) {
 }
 
 // More than 16 rows on sm_90a, every row greedy: the tile scan, a GEMM
-// whose epilogue folds, in tiles of 64 rows by 256 tokens up to 64 rows and
-// of 128 rows by 128 tokens beyond. Launches of fewer rows than a tile and
-// rows past a tile's end (the last tile of rows loaded in a box of just its
-// rows), several tiles of rows, hidden sizes that end inside a 64-column
-// stage, vocabularies smaller than one token tile and with a ragged last
-// tile, CTAs of many tiles (a real vocabulary), bf16 and fp16;
-// two tiles of rows (129–256 rows: CTAs in clusters of two sharing W's
+// whose epilogue folds, in tiles of 64 rows by 256 or 128 tokens up to 128
+// rows and of 128 rows by 128 tokens beyond (tile_scan::form_for).
+// Launches of fewer rows than a tile and rows past a tile's end (the last
+// tile of rows loaded in a box of just its rows), several tiles of rows,
+// hidden sizes that end inside a 64-column stage, vocabularies smaller than
+// one token tile and with a ragged last tile, CTAs of many tiles (a real
+// vocabulary), bf16 and fp16; two tiles of rows (65–128 rows of 64-row
+// tiles and 129–256 of 128-row tiles: CTAs in clusters of two sharing W's
 // boxes, tuning::kTileScanPairs) and three (300 rows: unpaired);
 // verify batches of chains and trees (tracked drafted tokens). The CUDA
 // calls say they are greedy as a caller would: drafts with the one
@@ -478,6 +479,9 @@ TEST_F(Gpu, ParityManyRowTiles) {
   run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_F16, 67484, 136, 12, 4, false));
   run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 67484, 200, 100));
   run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_BF16, 67484, 72, 24, 4, true));
+  // 193–256 rows: 128-row tiles in pairs, the last token tile ragged.
+  run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 67484, 200, 256));
+  run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_F16, 67484, 72, 64, 4, false));
   // About 30, 100, 180 and 300 rows (requests of 1 + n rows, n drawn up to max_n).
   run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_BF16, 20011, 256, 12, 3, false));
   run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_BF16, 9001, 128, 40, 3, false));
