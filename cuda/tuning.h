@@ -248,7 +248,10 @@ constexpr int kTileScanMinRows = kStreamMaxRows + 1;
 // 151936 × 8192 × 512 2010–2076 → 1901–1943, 262144 × 8192 × 256 1880–1934
 // → 1732–1756, 128256 × 4096 × 512 789–838 → 775–788; at d ≤ 4096 and 256
 // rows within ±5 % (a median 0.99 of the time), 129 rows level
-// (bench/RESULTS.md).
+// (bench/RESULTS.md). Launches of 65–128 rows likewise pair two 64-row
+// tiles of 256 tokens where tile_scan::form_for takes them: 128-row tile →
+// pair, 128256 × 4096 × 128 283–285 → 273–275, 262144 × 8192 × 128 1184 →
+// 1137–1169; 65–96 rows level.
 constexpr bool kTileScanPairs = true;
 
 // ---- Tensor-core tiled scan (scan_mma.cu): stochastic drafts, and many ----
