@@ -405,7 +405,7 @@ const void* kernel_for(flashspec_dtype w_dtype, Form form) {
 size_t smem_bytes(Form form) { return shape_of(form).smem_bytes; }
 
 int groups_for(Form form, int32_t rows, int32_t vocab, int sm_count, int max_groups, int max_pairs) {
-  constexpr int kMinCtaTokens = 256;  // each consumer group a 128-token tile at least
+  constexpr int kMinCtaTokens = 256;  // two 128-token tiles, one per consumer group, or one of 256
   const int tokens = shape_of(form).tokens;
   const int tiles = (vocab + tokens - 1) / tokens;
   const int tiles_per_cta = std::max(1, kMinCtaTokens / tokens);
