@@ -221,7 +221,7 @@ static_assert(stream_wide_serves(64, 128256, 16384, 132) && !stream_wide_serves(
 // are all greedy (drafts at the one temperature 0, verify batches with
 // greedy = 1, the engine's all-greedy steps): the tile scan
 // (scan_tiles.cu), a GEMM whose epilogue folds (tiles of 128 rows by 128
-// tokens; up to 64 rows, of 64 rows by 256 or 128 tokens:
+// tokens; up to 128 rows, of 64 rows by 256 or 128 tokens:
 // tile_scan::form_for), before the 17–64-row scan and the cuBLAS chunks.
 // Measured with 128-row tiles throughout; H200, µs, greedy
 // drafts, cuBLAS chunks → tile scan: 128256 × 4096 × 100 317 → 290, × 128
