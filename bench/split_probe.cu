@@ -124,9 +124,9 @@ __global__ void dynamic_read(const uint4* p, size_t n, size_t chunk, unsigned* c
 
 int main(int argc, char** argv) {
   int reps = 30, threads = 1024;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
+  for (int i = 1; i < argc; i += 2) {
+    if (i + 1 < argc && !std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
+    else if (i + 1 < argc && !std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "usage: %s [--reps N] [--threads N]\n", argv[0]);
       return 2;
@@ -135,6 +135,11 @@ int main(int argc, char** argv) {
   if (reps < 1 || threads < 32 || threads > 1024 || threads % 32) {
     std::fprintf(stderr, "--reps must be ≥ 1 and --threads a multiple of 32 in [32, 1024]\n");
     return 2;
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "no CUDA device: nothing to measure\n");
+    return 1;
   }
   const BenchDevice device;
   const int sms = device.prop.multiProcessorCount;
