@@ -196,38 +196,67 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (rows_here < S::kRows)
     tma::zero_panel_tails(kStages, S::kHiddenBytes, rows_here * kRowBytes,
                           [&](int stage) { return ring + stage * S::kStageBytes; });
+  // The barriers set up before any load uses them; paired, both CTAs'
+  // before either's loads reach the other.
+  if constexpr (kPaired)
+    tma::cluster_sync();
+  else
+    __syncthreads();
+  const uint32_t rank = kPaired ? tma::cluster_rank() : 0u;
+  const bool producer = warp == kConsumerWarps && lane == 0;  // one lane issues every load
+
+  // Step s of the CTA's walk: token tile first_tile + s / k_steps, columns
+  // (s % k_steps) · kColumns, in stage s mod kStages. Its W box: the whole
+  // box, or this CTA's half of it into both CTAs (paired).
+  const uint32_t stage_bytes = uint32_t(rows_here * kRowBytes + S::kWBytes);  // the other CTA's half included
+  const int steps = cta_tiles * k_steps;
+  const auto load_w = [&](int tile, int column, int stage, uint64_t policy) {
+    unsigned char* dst = ring + stage * S::kStageBytes + S::kHiddenBytes;
+    if constexpr (kPaired)
+      tma::load_box_2d_multicast(dst + rank * (S::kWBytes / 2), &maps.w, full + stage, column,
+                                 tile * S::kTokens + int(rank) * (S::kTokens / 2), 0x3, policy);
+    else
+      tma::load_box_2d(dst, &maps.w, full + stage, column, tile * S::kTokens, policy);
+  };
+  // W depends on no kernel before this one: its first kStages boxes go out
+  // before the grid waits for the staged rows and plans, while those
+  // kernels run (as the ring scans' do, box::start_ring). H200: 0–2 % off
+  // (V = 32000 × 2048 × 256 greedy draft 63.8 → 62.7 µs, 64-row calls
+  // level); asking L2 for the next 4 or 8 steps' boxes as well was up to
+  // 4 % slower (bench/RESULTS.md).
+  const int early = min(kStages, steps);
+  if (producer) {
+    const uint64_t once = tma::evict_first_policy();
+    for (int s = 0; s < early; ++s) {
+      tma::barrier_expect(full + s, stage_bytes);
+      load_w(first_tile + s / k_steps, (s % k_steps) * kColumns, s, once);
+    }
+  }
   pdl_wait();  // the staged rows and plans come from the kernels before
   for (int r = threadIdx.x; r < S::kRows; r += kThreads)
     plans[r] = plan_or_placeholder(p.plans, p.row_base, p.rows, row0 + r);
   __syncthreads();
-  // Both CTAs' barriers are set up before either's loads reach the other.
-  if constexpr (kPaired) tma::cluster_sync();
-  const uint32_t rank = kPaired ? tma::cluster_rank() : 0u;
 
-  if (warp >= kConsumerWarps) {  // the producer warpgroup: one lane issues every load
+  if (warp >= kConsumerWarps) {  // the producer warpgroup
     wgmma::lower_registers<kProducerRegisters>();
-    if (warp == kConsumerWarps && lane == 0) {
+    if (producer) {
       // W evict-first, the hidden rows evict-last: with evict-normal for W
       // greedy drafts took 7–14 % longer at 256–512 rows, for both 20–28 %
       // (bench/RESULTS.md).
       const uint64_t once = tma::evict_first_policy();
       const uint64_t kept = tma::evict_last_policy();
       const CUtensorMap* hidden_map = rows_here < S::kRows ? &maps.hidden_last : &maps.hidden;
-      const uint32_t stage_bytes = uint32_t(rows_here * kRowBytes + S::kWBytes);
-      int stage = 0;
+      int s = 0, stage = 0;
       uint32_t phase = 0;  // of the stage's empty barrier awaited (from the second pass over the ring)
       bool first_pass = true;
       for (int tile = first_tile; tile < first_tile + cta_tiles; ++tile)
-        for (int column = 0; column < k_steps * kColumns; column += kColumns) {
-          if (!first_pass) tma::barrier_wait(empty + stage, phase);
-          tma::barrier_expect(full + stage, stage_bytes);  // W's whole box, the other CTA's half included
-          unsigned char* dst = ring + stage * S::kStageBytes;
-          tma::load_box_2d(dst, hidden_map, full + stage, column, p.row_base + row0, kept);
-          if constexpr (kPaired)
-            tma::load_box_2d_multicast(dst + S::kHiddenBytes + rank * (S::kWBytes / 2), &maps.w, full + stage,
-                                       column, tile * S::kTokens + int(rank) * (S::kTokens / 2), 0x3, once);
-          else
-            tma::load_box_2d(dst + S::kHiddenBytes, &maps.w, full + stage, column, tile * S::kTokens, once);
+        for (int column = 0; column < k_steps * kColumns; column += kColumns, ++s) {
+          if (s >= early) {
+            if (!first_pass) tma::barrier_wait(empty + stage, phase);
+            tma::barrier_expect(full + stage, stage_bytes);
+            load_w(tile, column, stage, once);
+          }
+          tma::load_box_2d(ring + stage * S::kStageBytes, hidden_map, full + stage, column, p.row_base + row0, kept);
           if (++stage == kStages) {
             stage = 0;
             phase = first_pass ? 0u : phase ^ 1u;
