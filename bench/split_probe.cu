@@ -13,9 +13,10 @@
 //                            finished first in the static split (measured here)
 //   dynamic, 1 MB            1 MB chunks claimed with an atomic counter
 //
-// Also per SM: the mean time of its CTA in the aligned static split, and the
-// SMs more than 4 % faster than the median. Usage: flashspec_split_probe
-// [--reps N] [--threads N].
+// Also, from each SM's mean CTA time over `reps` calls of the aligned static
+// split: the least, median and largest, and the SMs more than 4 % faster
+// than the median (those the weighted layout favours). Usage:
+// flashspec_split_probe [--reps N] [--threads N].
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -203,7 +204,6 @@ int main(int argc, char** argv) {
       }
     std::printf("\n");
 
-    set_weights(std::vector<int64_t>(size_t(sms), 8));
     const double aligned = time_static(n, kStaticAligned);
     auto report = [&](const char* name, double ms) {
       std::printf("  %-28s %8.1f us %6.0f GB/s  ÷ aligned static %.3f\n", name, ms * 1e3, double(bytes) / (ms * 1e-3) / 1e9,
