@@ -61,10 +61,9 @@ __device__ __forceinline__ void combine_in_last_cta(const ScanParams& p, const S
   if (!last) return;
   __threadfence();
   for (int row = warp; row < p.rows; row += kWarpsInCta) {
-    Partial all = empty_partial();
-    for (int k = lane; k < int(gridDim.x); k += 32)
-      merge_partial(all, load_partial_l2(p.partials + int64_t(k) * p.partial_stride + p.row_base + row));
-    for (int mask = 1; mask < 32; mask <<= 1) merge_with_lane(all, mask, lane);
+    const Partial all = warp_combine<4>(int(gridDim.x), lane, [&](int k) {
+      return load_partial_l2(p.partials + int64_t(k) * p.partial_stride + p.row_base + row);
+    });
     if (lane == 0) {
       const int global_row = p.row_base + row;
       const RowPlan& plan = plans[row];

@@ -63,25 +63,62 @@ __device__ __forceinline__ Partial shfl_xor_partial(const Partial& p, int mask) 
   return q;
 }
 
-// Merge in a fixed pattern: the lower lane of each pair absorbs the upper
-// one, so both end with the same (lower ∪ upper) in token order.
-__device__ __forceinline__ void merge_with_lane(Partial& p, int mask, int lane) {
-  Partial q = shfl_xor_partial(p, mask);
-  if ((lane & mask) == 0) merge_partial(p, q);
-  else {
-    merge_partial(q, p);
-    p = q;
-  }
+// A Partial of x's fields where `first` holds, else of y's: field by field,
+// since a select of whole structs is a select of their addresses, which
+// puts both in local memory.
+__device__ __forceinline__ Partial select_partial(bool first, const Partial& x, const Partial& y) {
+  Partial r;
+  r.m = first ? x.m : y.m;
+  r.s = first ? x.s : y.s;
+  r.best = first ? x.best : y.best;
+  r.best_scaled = first ? x.best_scaled : y.best_scaled;
+  r.token = first ? x.token : y.token;
+  r.second = first ? x.second : y.second;
+  r.tracked = first ? x.tracked : y.tracked;
+  r.flags = first ? x.flags : y.flags;
+  return r;
 }
 
-// One warp combines the `count` partials partials[k * stride] in a fixed
-// order; every lane returns the same result. Used by the combine kernel and
-// by the residual phase, so both see the same log-sum-exp bit for bit.
-__device__ __forceinline__ Partial warp_combine(const Partial* partials, int count, int64_t stride, int lane) {
+// Merge in a fixed pattern: the lower lane of each pair absorbs the upper
+// one, so both end with the same (lower ∪ upper) in token order. One
+// merge_partial of selected operands rather than a branch on the lane's
+// side of the pair, which a warp whose lanes go both ways (every butterfly)
+// ran twice: H200, ≤ 16-row sampled calls 0.5–3 µs faster, greedy ones at
+// V = 151936 × 9–16 rows 1–4 µs slower (bench/RESULTS.md).
+__device__ __forceinline__ void merge_with_lane(Partial& p, int mask, int lane) {
+  const Partial q = shfl_xor_partial(p, mask);
+  const bool lower = (lane & mask) == 0;
+  Partial merged = select_partial(lower, p, q);
+  merge_partial(merged, select_partial(lower, q, p));
+  p = merged;
+}
+
+// One warp combines the `count` partials load(k), k = 0 … count − 1, in a
+// fixed order; every lane returns the same result. Lane i merges partials
+// i, i + 32, … in that order, loading kBatch of them before merging any
+// (each merge would otherwise wait on its own round trip to L2), then the
+// lanes merge in a butterfly, the lower lane's value always the left
+// operand. Used by the combine kernel and by the residual phase, so both see
+// the same log-sum-exp bit for bit, and by the ≤ 16-row scans' last CTA.
+template <int kBatch, class Load>
+__device__ __forceinline__ Partial warp_combine(int count, int lane, Load&& load) {
   Partial acc = empty_partial();
-  for (int k = lane; k < count; k += 32) merge_partial(acc, partials[int64_t(k) * stride]);
+  for (int first = lane; first < count; first += 32 * kBatch) {
+    Partial batch[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+      if (first + 32 * i < count) batch[i] = load(first + 32 * i);
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+      if (first + 32 * i < count) merge_partial(acc, batch[i]);
+  }
   for (int mask = 1; mask < 32; mask <<= 1) merge_with_lane(acc, mask, lane);
-  return shfl_xor_partial(acc, 0);
+  return acc;
+}
+
+// The same over partials[k * stride], written by an earlier kernel.
+__device__ __forceinline__ Partial warp_combine(const Partial* partials, int count, int64_t stride, int lane) {
+  return warp_combine<8>(count, lane, [&](int k) { return partials[int64_t(k) * stride]; });
 }
 
 __device__ __forceinline__ void warp_reduce_residual(Residual& r, int lane) {
