@@ -137,13 +137,16 @@ struct Shape {
   static_assert(kTokens == 128 || kTokens == 256, "the MMA's N (wgmma::mma_k16_n128, mma_k16_n256)");
   static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM on sm_90");
 };
-// The forms' shapes (scan_tiles.h), each with five stages beside the plans
-// and the partials. 128 rows by 128 tokens: 128 accumulators per consumer
-// thread, 32 KB stages. 64 rows: 24 KB stages of 128 tokens, or 40 KB of
-// 256 (the same 128 accumulators), whose 8 KB box of hidden rows serves
-// twice the tokens of W.
+// The forms' shapes (scan_tiles.h), with as many stages as fit beside the
+// plans and the partials. 128 rows by 128 tokens: 128 accumulators per
+// consumer thread, five 32 KB stages. 64 rows: 24 KB stages of 128 tokens,
+// or five of 40 KB of 256 (the same 128 accumulators), whose 8 KB box of
+// hidden rows serves twice the tokens of W. The 24 KB stages were five
+// too; eight measured level at V = 32000 and 0.5–1.1 % faster at 151936 ×
+// 4096 and 8192 × 64 rows (H200, greedy drafts 297.6 → 295.8 and 598.4 →
+// 594.0 µs; seven in between; bench/RESULTS.md).
 using Shape128x128 = Shape<2, 128, 5>;
-using Shape64x128 = Shape<1, 128, 5>;
+using Shape64x128 = Shape<1, 128, 8>;
 using Shape64x256 = Shape<1, 256, 5>;
 
 // One k16 step of a 64-row block's products into its accumulators.
@@ -246,21 +249,23 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint64_t once = tma::evict_first_policy();
       const uint64_t kept = tma::evict_last_policy();
       const CUtensorMap* hidden_map = rows_here < S::kRows ? &maps.hidden_last : &maps.hidden;
+      // Steps from `early` on are on a later pass over the ring (early is
+      // kStages wherever there are more steps), so each first waits for
+      // the stage's empty barrier: phase 0 on the second pass, 1 on the
+      // third, and so on (the phase flips as the stage index wraps).
       int s = 0, stage = 0;
-      uint32_t phase = 0;  // of the stage's empty barrier awaited (from the second pass over the ring)
-      bool first_pass = true;
+      uint32_t phase = 1;
       for (int tile = first_tile; tile < first_tile + cta_tiles; ++tile)
         for (int column = 0; column < k_steps * kColumns; column += kColumns, ++s) {
           if (s >= early) {
-            if (!first_pass) tma::barrier_wait(empty + stage, phase);
+            tma::barrier_wait(empty + stage, phase);
             tma::barrier_expect(full + stage, stage_bytes);
             load_w(tile, column, stage, once);
           }
           tma::load_box_2d(ring + stage * S::kStageBytes, hidden_map, full + stage, column, p.row_base + row0, kept);
           if (++stage == kStages) {
             stage = 0;
-            phase = first_pass ? 0u : phase ^ 1u;
-            first_pass = false;
+            phase ^= 1u;
           }
         }
     }
