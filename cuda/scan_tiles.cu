@@ -50,6 +50,7 @@ static_assert(4 * 32 * (kProducerRegisters + kGroups * kConsumerRegisters) <= 65
 constexpr int kColumns = 64;  // 16-bit elements per row per stage: one 128-byte swizzled box row
 constexpr int kRowBytes = kColumns * 2;
 constexpr int kAlign = 1024;  // the 128-byte swizzle's period
+constexpr size_t kMaxSmemBytes = 227 * 1024;  // one CTA's shared memory on sm_90, opted in
 
 // Keeps the compiler from reading or moving the accumulators while MMAs
 // that write them may be in flight: after the wait, every register is
@@ -116,12 +117,12 @@ struct PartialSlots {
 };
 
 // A CTA's shape: kBlocks 64-row blocks (its rows: 64 · kBlocks, each
-// consumer group's too), kTokens tokens per tile, kStages ring stages.
-template <int kBlocks_, int kTokens_, int kStages_>
+// consumer group's too), kTokens tokens per tile, and as many ring stages
+// as fit in one CTA's shared memory beside the plans and the partials.
+template <int kBlocks_, int kTokens_>
 struct Shape {
   static constexpr int kBlocks = kBlocks_;
   static constexpr int kTokens = kTokens_;
-  static constexpr int kStages = kStages_;
   static constexpr int kRows = 64 * kBlocks;
   static constexpr int kAcc = kTokens / 2;    // per 64-row block
   static constexpr int kPairs = kTokens / 8;  // token pairs per row per thread
@@ -129,25 +130,31 @@ struct Shape {
   static constexpr int kHiddenBytes = kRows * kRowBytes;
   static constexpr int kWBytes = kTokens * kRowBytes;
   static constexpr int kStageBytes = kHiddenBytes + kWBytes;
-  static constexpr int kBarriers = 2 * kStages + 1;
   using Parts = PartialSlots<kSlots>;
+  // Besides the stages (each with its full and empty barriers): the ring's
+  // alignment, the `multiplied` barrier, the plans and the partials.
+  static constexpr size_t kFixedBytes = kAlign + sizeof(uint64_t) + kRows * sizeof(RowPlan) + Parts::kBytes;
+  static constexpr int kStages = int((kMaxSmemBytes - kFixedBytes) / (kStageBytes + 2 * sizeof(uint64_t)));
+  static constexpr int kBarriers = 2 * kStages + 1;
   static constexpr size_t kSmemBytes = size_t(kStages) * kStageBytes + kAlign + kBarriers * sizeof(uint64_t) +
                                        kRows * sizeof(RowPlan) + Parts::kBytes;
   static_assert(kHiddenBytes % kAlign == 0 && kWBytes % kAlign == 0, "every tile starts on the swizzle's period");
   static_assert(kTokens == 128 || kTokens == 256, "the MMA's N (wgmma::mma_k16_n128, mma_k16_n256)");
-  static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM on sm_90");
+  static_assert(kSmemBytes <= kMaxSmemBytes, "one CTA per SM on sm_90");
 };
-// The forms' shapes (scan_tiles.h), with as many stages as fit beside the
-// plans and the partials. 128 rows by 128 tokens: 128 accumulators per
-// consumer thread, five 32 KB stages. 64 rows: 24 KB stages of 128 tokens,
-// or five of 40 KB of 256 (the same 128 accumulators), whose 8 KB box of
-// hidden rows serves twice the tokens of W. The 24 KB stages were five
-// too; eight measured level at V = 32000 and 0.5–1.1 % faster at 151936 ×
-// 4096 and 8192 × 64 rows (H200, greedy drafts 297.6 → 295.8 and 598.4 →
-// 594.0 µs; seven in between; bench/RESULTS.md).
-using Shape128x128 = Shape<2, 128, 5>;
-using Shape64x128 = Shape<1, 128, 8>;
-using Shape64x256 = Shape<1, 256, 5>;
+// The forms' shapes (scan_tiles.h). 128 rows by 128 tokens: 128
+// accumulators per consumer thread, five 32 KB stages. 64 rows: eight 24 KB
+// stages of 128 tokens, or five 40 KB stages of 256 (the same 128
+// accumulators), whose 8 KB box of hidden rows serves twice the tokens of
+// W. The 24 KB stages were five as well until measured: eight were level at
+// V = 32000 and 0.5–1.1 % faster at 151936 × 4096 and 8192 × 64 rows (H200,
+// greedy drafts 297.6 → 295.8 and 598.4 → 594.0 µs; seven in between;
+// bench/RESULTS.md).
+using Shape128x128 = Shape<2, 128>;
+using Shape64x128 = Shape<1, 128>;
+using Shape64x256 = Shape<1, 256>;
+static_assert(Shape128x128::kStages == 5 && Shape64x128::kStages == 8 && Shape64x256::kStages == 5,
+              "the stage counts measured (bench/RESULTS.md)");
 
 // One k16 step of a 64-row block's products into its accumulators.
 template <class S, bool kBf16>
