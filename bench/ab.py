@@ -2,8 +2,9 @@
 """Summarises an A/B log of builds measured in one run: the lines that
 flashspec_bench and flashspec_quantized_bench print for `--only V d rows`,
 each prefixed with its build's name and, where the run had several rounds,
-a round token (r1, r2, ...), in either order, as in the
-bench/results-*-ab-*.txt files:
+a round token (r1, r2, ...), in either order (a `q` token, which some logs
+put before 8-bit lines, is ignored), as in the bench/results-*-ab-*.txt
+files:
 
     r1 base V=128256 d= 4096 rows= 16 | floor 0.2254 gemm 0.2476 ... ms | ...
     old r2 V=128256 d= 4096 rows= 16 | gemm 0.2473 verify 0.2851 ... ms | ...
@@ -15,9 +16,9 @@ the base (min · median · max over the shapes). Lines of the 8-bit-head bench
 
 Usage: ab.py LOG [--base NAME] [--ops verify,draft_g,...]"""
 import argparse
-import signal
 import collections
 import re
+import signal
 import statistics
 import sys
 
@@ -84,14 +85,14 @@ def main():
             old = statistics.median(runs[shape][base][op]) * 1e3
             if old == 0.0:  # an op the bench did not run at this shape (a tree at one row)
                 continue
-            parts = [f"{old:.1f}"]
+            parts = [f"{base} {old:.1f}"]
             for b in others:
                 if op not in runs[shape].get(b, {}):
                     continue
                 new = statistics.median(runs[shape][b][op]) * 1e3
                 parts.append(f"{b} {new:.1f} ({new - old:+.1f})")
                 ratios[(bench, rows, b, op)].append(new / old)
-            cells.append(f"{op} {' → '.join(parts)}")
+            cells.append(f"{op}: {', '.join(parts)}")
         label = f"{'8-bit ' if bench == '8-bit' else ''}{V} × {d} × {rows}"
         print(f"{label}: " + " | ".join(cells))
     if unnamed:
