@@ -124,6 +124,25 @@ int scan_stochastic(const ScanLimits& limits, const CudaLmHead& head, bool tc, i
   return groups;
 }
 
+// The tile scan (scan_tiles.h) over `rows` rows, every one greedy, where
+// this device and `head` allow it: sm_90a, a 16-bit head, rows of W and of
+// the staged hidden rows that tensor maps can describe. False, and nothing
+// launched, where they do not: another scan serves the call.
+bool launch_tile_scan(const ScanLimits& limits, const CudaLmHead& head, bool tc, int rows, int max_groups,
+                      ScanParams& p, cudaStream_t stream) {
+  if (!limits.tile_scan || !tc) return false;
+  // Tiles of rows in pairs share W's boxes (tuning.h: kTileScanPairs).
+  const int tile_pairs = tuning::kTileScanPairs ? limits.tile_pairs : 0;
+  const tile_scan::Form form = tile_scan::form_for(rows, p.vocab, limits.sm_count, max_groups, tile_pairs);
+  const void* kernel = tile_scan::kernel_for(head.dtype, form);
+  tile_scan::TileMaps maps;
+  if (!kernel || !tile_scan::encode_maps(p, form, &maps)) return false;
+  p.groups = tile_scan::groups_for(form, rows, p.vocab, limits.sm_count, max_groups, tile_pairs);
+  p.row_blocks = 1;
+  check_cuda(tile_scan::launch(kernel, form, p, maps, stream), "scan (tiles)");
+  return true;
+}
+
 }  // namespace
 
 ScanLimits configure_scans(int device) {
@@ -224,6 +243,12 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
   }
   const int ring_ctas = ring_ctas_for(limits, head);
   const int64_t row_bytes = row_bytes_of(head);
+  // Greedy launches of 9–16 rows take the tile scan before the 9–16-row
+  // scans (tuning.h: kTileScanMinGreedyRows), unless the tests' switch
+  // gives the ring scans every call they serve.
+  if (!may_sample && rows >= tuning::kTileScanMinGreedyRows && rows <= tuning::kStreamMaxRows &&
+      !stream_rings_everywhere.load() && launch_tile_scan(limits, head, tc, rows, max_groups, p, stream))
+    return ScanOutcome{p.groups, false};
   if (tc && rows <= tuning::kStreamMaxRows) {
     const int shape = tuning::stream_shape_for(rows);
     scan::StreamMaps maps;
@@ -251,17 +276,8 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
   // unless the tests' switch gives the ring scans every call they serve.
   const bool tiles_serve = rows >= tuning::kTileScanMinRows && !may_sample && !many_row_chunks_only.load() &&
                            !stream_rings_everywhere.load();
-  // Tiles of rows in pairs share W's boxes (tuning.h: kTileScanPairs).
-  const int tile_pairs = tuning::kTileScanPairs ? limits.tile_pairs : 0;
-  const tile_scan::Form form = tile_scan::form_for(rows, p.vocab, limits.sm_count, max_groups, tile_pairs);
-  const void* tiles = limits.tile_scan && tc && tiles_serve ? tile_scan::kernel_for(head.dtype, form) : nullptr;
-  tile_scan::TileMaps tile_maps;
-  if (tiles && tile_scan::encode_maps(p, form, &tile_maps)) {
-    p.groups = tile_scan::groups_for(form, rows, p.vocab, limits.sm_count, max_groups, tile_pairs);
-    p.row_blocks = 1;
-    check_cuda(tile_scan::launch(tiles, form, p, tile_maps, stream), "scan (tiles)");
+  if (tiles_serve && launch_tile_scan(limits, head, tc, rows, max_groups, p, stream))
     return ScanOutcome{p.groups, false};
-  }
   const void* wide = limits.stream_wide && tc && rows <= tuning::kStreamWideMaxRows
                          ? scan::stream_wide_kernel(head.dtype)
                          : nullptr;

@@ -1,4 +1,4 @@
-// The scan of greedy launches of more than 16 rows on sm_90a (tile_scan,
+// The scan of greedy launches of 9 rows or more on sm_90a (tile_scan,
 // scan_tiles.h): a warp-specialised GEMM whose epilogue is the fold. A CTA
 // owns a tile of hidden rows (the MMA's M) and a range of the vocabulary,
 // walked in tiles of W's tokens (N); one producer lane moves both operands

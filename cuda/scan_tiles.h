@@ -1,10 +1,10 @@
-// Host side of the tile scan on sm_90a, for launches of more than 16 rows
+// Host side of the tile scan on sm_90a, for launches of 9 rows or more
 // that are all greedy: one kernel computes the logits of a tile of hidden rows
 // by a tile of W's tokens with warpgroup MMAs and folds them from the
 // accumulators into the rows' partials, tile after tile, so no logit leaves
 // the SM (the cuBLAS chunks of scan_gemm.h write each chunk's logits to L2
 // and read them back). Which calls it serves: dispatch.cu, tuning.h
-// (kTileScanMinRows).
+// (kTileScanMinGreedyRows, kTileScanMinRows).
 #pragma once
 
 #include <cuda.h>

@@ -240,6 +240,20 @@ static_assert(stream_wide_serves(64, 128256, 16384, 132) && !stream_wide_serves(
 // rows and mixed at 100–128 (e.g. verify 128256 × 4096 × 100 361 → 382,
 // 151936 × 4096 × 128 457 → 418).
 constexpr int kTileScanMinRows = kStreamMaxRows + 1;
+// Greedy launches of the 9–16-row shape take the tile scan as well: a
+// 64-row tile of which the launch fills 9–16 rows costs it about what 64
+// rows do (128256 × 4096 greedy drafts: 257–259 µs at 1, 5, 9 and 16 rows),
+// which from 9 rows is below the weight-streaming scans' time. H200, µs,
+// greedy draft / greedy verify batch, TMA ring → tile scan (two rounds):
+// 16 rows 32000 × 2048 51.0 → 45.0 / 55.6 → 51.5, 128256 × 4096 263.3 →
+// 258.6 / 269.6 → 263.9, 151936 × 4096 316.4 → 294.2 / 322.8 → 299.2,
+// 262144 × 8192 1005.4 → 993.1 / 1010.4 → 998.0; 9 rows 128256 × 4096
+// 260.3 → 257.8 / 266.4 → 263.9, 151936 × 8192 616.5 → 585.8 / 622.7 →
+// 590.8; every one of 14 such shapes faster (0.88–1.00 of the time), but 1
+// and 5 rows 2–4 % slower (262144 × 8192 × 1 974.4 → 997.1), where the
+// ≤ 8-row scans' one row group costs less (bench/RESULTS.md).
+constexpr int kTileScanMinGreedyRows = kStreamShapes[0].max_rows + 1;
+static_assert(kTileScanMinGreedyRows == 9, "the row counts measured on either side of the rule");
 // Launches whose tiles of rows pair up (an even number of them: 129–256
 // and 385–512 rows) run the tile scan in clusters of two CTAs that share
 // each box of W by TMA multicast, so W leaves L2 once per two tiles of rows

@@ -489,6 +489,19 @@ TEST_F(Gpu, ParityManyRowTiles) {
   run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_F16, 5003, 200, 100, 4, false));
 }
 
+// Greedy launches of 9–16 rows take the tile scan as well (tuning.h:
+// kTileScanMinGreedyRows): drafts, chains and a tree, bf16 and fp16, the
+// launch's rows ending inside the 64-row tile and tokens inside a tile.
+TEST_F(Gpu, ParityGreedyTilesNineToSixteenRows) {
+  for (int rows : {9, 12, 16}) run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 70001, 200, rows));
+  run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_F16, 5003, 1000, 13));
+  run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 200, 136, 16));
+  run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_BF16, 3001, 200, 5, 2, false));  // 9 rows
+  run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_F16, 2503, 128, 6, 2, false));   // 14 rows
+  run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_BF16, 9001, 64, 4, 3, true));    // 13 rows, a tree
+  run_verify_parity(greedy_verify(FLASHSPEC_DTYPE_BF16, 1001, 520, 4, 3, false));  // 12 rows
+}
+
 // Up to 16 rows stream W; hidden rows too large for shared memory beside
 // the copy rings take the direct-load variant of that scan.
 TEST_F(Gpu, DraftParityWideHiddenRows) {
