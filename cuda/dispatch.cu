@@ -243,11 +243,13 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
   }
   const int ring_ctas = ring_ctas_for(limits, head);
   const int64_t row_bytes = row_bytes_of(head);
-  // Greedy launches of 9–16 rows take the tile scan before the 9–16-row
-  // scans (tuning.h: kTileScanMinGreedyRows), unless the tests' switch
-  // gives the ring scans every call they serve.
-  if (!may_sample && rows >= tuning::kTileScanMinGreedyRows && rows <= tuning::kStreamMaxRows &&
-      !stream_rings_everywhere.load() && launch_tile_scan(limits, head, tc, rows, max_groups, p, stream))
+  // From 9 rows on sm_90a, 16-bit heads, every row greedy: the GEMM whose
+  // epilogue folds (tuning.h: kTileScanMinRows), before the 9–16-row and
+  // 17–64-row scans, unless the tests' switches give the ring scans every
+  // call they serve or the cuBLAS chunks the calls of more rows.
+  const bool tiles_serve = !may_sample && rows >= tuning::kTileScanMinRows && !stream_rings_everywhere.load() &&
+                           (rows <= tuning::kStreamMaxRows || !many_row_chunks_only.load());
+  if (tiles_serve && launch_tile_scan(limits, head, tc, rows, max_groups, p, stream))
     return ScanOutcome{p.groups, false};
   if (tc && rows <= tuning::kStreamMaxRows) {
     const int shape = tuning::stream_shape_for(rows);
@@ -271,13 +273,6 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
                "scan (weight stream)");
     return ScanOutcome{blocks, true};
   }
-  // More rows on sm_90a, 16-bit heads, every row greedy: the GEMM whose
-  // epilogue folds (tuning.h: kTileScanMinRows), before the 17–64-row scan
-  // unless the tests' switch gives the ring scans every call they serve.
-  const bool tiles_serve = rows >= tuning::kTileScanMinRows && !may_sample && !many_row_chunks_only.load() &&
-                           !stream_rings_everywhere.load();
-  if (tiles_serve && launch_tile_scan(limits, head, tc, rows, max_groups, p, stream))
-    return ScanOutcome{p.groups, false};
   const void* wide = limits.stream_wide && tc && rows <= tuning::kStreamWideMaxRows
                          ? scan::stream_wide_kernel(head.dtype)
                          : nullptr;

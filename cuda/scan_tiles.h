@@ -4,7 +4,7 @@
 // accumulators into the rows' partials, tile after tile, so no logit leaves
 // the SM (the cuBLAS chunks of scan_gemm.h write each chunk's logits to L2
 // and read them back). Which calls it serves: dispatch.cu, tuning.h
-// (kTileScanMinGreedyRows, kTileScanMinRows).
+// (kTileScanMinRows).
 #pragma once
 
 #include <cuda.h>

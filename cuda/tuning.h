@@ -222,10 +222,10 @@ static_assert(stream_wide_serves(64, 128256, 16384, 132) && !stream_wide_serves(
 // greedy = 1, the engine's all-greedy steps): the tile scan
 // (scan_tiles.cu), a GEMM whose epilogue folds (tiles of 128 rows by 128
 // tokens; up to 128 rows, of 64 rows by 256 or 128 tokens:
-// tile_scan::form_for), before the 17–64-row scan and the cuBLAS chunks.
-// Measured with 128-row tiles throughout; H200, µs, greedy
-// drafts, cuBLAS chunks → tile scan: 128256 × 4096 × 100 317 → 290, × 128
-// 332 → 284, × 256 502–523 → 424–433, × 512 954–960 → 775–856; 151936 ×
+// tile_scan::form_for), before the 9–16-row and 17–64-row scans and the
+// cuBLAS chunks. From 17 rows, measured with 128-row tiles throughout;
+// H200, µs, greedy drafts, cuBLAS chunks → tile scan: 128256 × 4096 ×
+// 100 317 → 290, × 128 332 → 284, × 256 502–523 → 424–433, × 512 954–960 → 775–856; 151936 ×
 // 4096 × 128 396 → 313; 262144 × 8192 × 128 1217 → 1173; 32000 × 2048 ×
 // 128 62 → 59; 151936 × 2048 × 100 225 → 184. At 17–64 rows (a last tile
 // of rows loaded in a box of just its rows), the rules before → tile scan:
@@ -238,9 +238,7 @@ static_assert(stream_wide_serves(64, 128256, 16384, 132) && !stream_wide_serves(
 // sample keep the chunks: there the tile scan's sampled fold, with one warp
 // per scheduler beside the other group's products, was slower at 256–512
 // rows and mixed at 100–128 (e.g. verify 128256 × 4096 × 100 361 → 382,
-// 151936 × 4096 × 128 457 → 418).
-constexpr int kTileScanMinRows = kStreamMaxRows + 1;
-// Greedy launches of the 9–16-row shape take the tile scan as well: a
+// 151936 × 4096 × 128 457 → 418). Greedy launches of the 9–16-row shape: a
 // 64-row tile of which the launch fills 9–16 rows costs it about what 64
 // rows do (128256 × 4096 greedy drafts: 257–259 µs at 1, 5, 9 and 16 rows),
 // which from 9 rows is below the weight-streaming scans' time. H200, µs,
@@ -252,8 +250,8 @@ constexpr int kTileScanMinRows = kStreamMaxRows + 1;
 // 590.8; every one of 14 such shapes faster (0.88–1.00 of the time), but 1
 // and 5 rows 2–4 % slower (262144 × 8192 × 1 974.4 → 997.1), where the
 // ≤ 8-row scans' one row group costs less (bench/RESULTS.md).
-constexpr int kTileScanMinGreedyRows = kStreamShapes[0].max_rows + 1;
-static_assert(kTileScanMinGreedyRows == 9, "the row counts measured on either side of the rule");
+constexpr int kTileScanMinRows = kStreamShapes[0].max_rows + 1;
+static_assert(kTileScanMinRows == 9, "the row counts measured on either side of the rule");
 // Launches whose tiles of rows pair up (an even number of them: 129–256
 // and 385–512 rows) run the tile scan in clusters of two CTAs that share
 // each box of W by TMA multicast, so W leaves L2 once per two tiles of rows

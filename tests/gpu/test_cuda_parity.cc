@@ -490,7 +490,7 @@ TEST_F(Gpu, ParityManyRowTiles) {
 }
 
 // Greedy launches of 9–16 rows take the tile scan as well (tuning.h:
-// kTileScanMinGreedyRows): drafts, chains and a tree, bf16 and fp16, the
+// kTileScanMinRows): drafts, chains and a tree, bf16 and fp16, the
 // launch's rows ending inside the 64-row tile and tokens inside a tile.
 TEST_F(Gpu, ParityGreedyTilesNineToSixteenRows) {
   for (int rows : {9, 12, 16}) run_draft_parity(greedy_draft(FLASHSPEC_DTYPE_BF16, 70001, 200, rows));
