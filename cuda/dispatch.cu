@@ -125,15 +125,16 @@ int scan_stochastic(const ScanLimits& limits, const CudaLmHead& head, bool tc, i
 }
 
 // The tile scan (scan_tiles.h) over `rows` rows, every one greedy, where
-// this device and `head` allow it: sm_90a, a 16-bit head, rows of W and of
-// the staged hidden rows that tensor maps can describe. False, and nothing
+// this device and `head` allow it: sm_90a, a 16-bit or 8-bit head, rows of
+// W and of the staged hidden rows that tensor maps can describe. False, and nothing
 // launched, where they do not: another scan serves the call.
 bool launch_tile_scan(const ScanLimits& limits, const CudaLmHead& head, bool tc, int rows, int max_groups,
                       ScanParams& p, cudaStream_t stream) {
   if (!limits.tile_scan || !tc) return false;
   // Tiles of rows in pairs share W's boxes (tuning.h: kTileScanPairs).
-  const int tile_pairs = tuning::kTileScanPairs ? limits.tile_pairs : 0;
-  const tile_scan::Form form = tile_scan::form_for(rows, p.vocab, limits.sm_count, max_groups, tile_pairs);
+  const int tile_pairs = tuning::kTileScanPairs && !head.codes() ? limits.tile_pairs : 0;
+  const tile_scan::Form form =
+      tile_scan::form_for(head.dtype, rows, p.vocab, limits.sm_count, max_groups, tile_pairs);
   const void* kernel = tile_scan::kernel_for(head.dtype, form);
   tile_scan::TileMaps maps;
   if (!kernel || !tile_scan::encode_maps(p, form, &maps)) return false;
@@ -206,10 +207,12 @@ ScanLimits configure_scans(int device) {
       if (wide && !opt_in_smem(wide, scan::stream_wide_smem(), limits.max_smem)) limits.stream_wide = false;
     }
     limits.tile_scan = true;
-    for (flashspec_dtype dtype : {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F16})
-      for (tile_scan::Form form : tile_scan::kForms)
-        if (!opt_in_smem(tile_scan::kernel_for(dtype, form), tile_scan::smem_bytes(form), limits.max_smem))
+    for (flashspec_dtype dtype : {FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_F16, FLASHSPEC_DTYPE_E4M3, FLASHSPEC_DTYPE_I8})
+      for (tile_scan::Form form : tile_scan::kForms) {
+        const void* kernel = tile_scan::kernel_for(dtype, form);
+        if (kernel && !opt_in_smem(kernel, tile_scan::smem_bytes(dtype, form), limits.max_smem))
           limits.tile_scan = false;
+      }
     if (limits.tile_scan)
       limits.tile_pairs = std::min(tile_scan::max_pairs(tile_scan::Form::kTile64x256Paired),
                                    tile_scan::max_pairs(tile_scan::Form::kTile128x128Paired));
@@ -243,11 +246,13 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
   }
   const int ring_ctas = ring_ctas_for(limits, head);
   const int64_t row_bytes = row_bytes_of(head);
-  // From 9 rows on sm_90a, 16-bit heads, every row greedy: the GEMM whose
-  // epilogue folds (tuning.h: kTileScanMinRows), before the 9–16-row and
-  // 17–64-row scans, unless the tests' switches give the ring scans every
-  // call they serve or the cuBLAS chunks the calls of more rows.
-  const bool tiles_serve = !may_sample && rows >= tuning::kTileScanMinRows && !stream_rings_everywhere.load() &&
+  // From 9 rows on sm_90a (8-bit heads: from 17), every row greedy: the
+  // GEMM whose epilogue folds (tuning.h: kTileScanMinRows,
+  // kTileScanMinCodeRows), before the 9–16-row and 17–64-row scans, unless
+  // the tests' switches give the ring scans every call they serve or the
+  // cuBLAS chunks the calls of more rows.
+  const int tiles_min_rows = head.codes() ? tuning::kTileScanMinCodeRows : tuning::kTileScanMinRows;
+  const bool tiles_serve = !may_sample && rows >= tiles_min_rows && !stream_rings_everywhere.load() &&
                            (rows <= tuning::kStreamMaxRows || !many_row_chunks_only.load());
   if (tiles_serve && launch_tile_scan(limits, head, tc, rows, max_groups, p, stream))
     return ScanOutcome{p.groups, false};

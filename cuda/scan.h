@@ -72,6 +72,12 @@ bool stream_box_maps(const ScanParams& params, StreamMaps* maps);
 // (wgmma.cuh); false where the driver cannot encode it.
 bool encode_row_map(CUtensorMap* map, flashspec_dtype dtype, const void* base, uint64_t columns, uint64_t rows,
                     uint64_t pitch, uint32_t box_rows);
+// A 2-D tensor map of `rows` rows of 8-bit codes (`columns` of which
+// exist, `pitch` bytes apart) read in boxes of box_columns codes ×
+// box_rows rows, unswizzled (the tile scan converts them in shared
+// memory); false where the driver cannot encode it.
+bool encode_code_map(CUtensorMap* map, const void* base, uint64_t columns, uint64_t rows, uint64_t pitch,
+                     uint32_t box_columns, uint32_t box_rows);
 // launch_stream's contract for a stream_box_kernel.
 cudaError_t launch_stream_box(const void* kernel, const ScanParams& params, const StreamTail& tail,
                               const StreamMaps& maps, int blocks, cudaStream_t stream);

@@ -1109,6 +1109,19 @@ bool encode_row_map(CUtensorMap* map, flashspec_dtype dtype, const void* base, u
   return encode && encode_rows(encode, map, dtype, base, columns, rows, pitch, box_rows);
 }
 
+bool encode_code_map(CUtensorMap* map, const void* base, uint64_t columns, uint64_t rows, uint64_t pitch,
+                     uint32_t box_columns, uint32_t box_rows) {
+  const EncodeTiled encode = encode_tiled();
+  if (!encode) return false;
+  const cuuint64_t dims[2] = {columns, rows};
+  const cuuint64_t strides[1] = {pitch};
+  const cuuint32_t box[2] = {box_columns, box_rows};
+  const cuuint32_t element_strides[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 const void* stream_kernel(int shape, flashspec_dtype w_dtype) { return stream::kernel_for<StreamScan>(shape, w_dtype); }
 
 int stream_blocks(int32_t vocab, int max_blocks) {

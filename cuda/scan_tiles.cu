@@ -9,7 +9,11 @@
 // "ping-pong" schedule). The logits never leave the registers. Where the
 // launch's tiles of rows pair up, CTAs of two tiles of rows over one token
 // range run as a cluster and each loads half of every W box into both
-// (kPaired).
+// (kPaired). For 8-bit codes (e4m3, int8) the producer lane loads each
+// stage's codes beside it, three more producer warps convert them into the
+// stage's bf16 W panel in the layout a TMA box of bf16 would have, and the
+// fold scales each logit by its row's scale (codes.cuh's conversions are
+// exact, so the logits are those of the dequantised head).
 //
 // Every row is greedy (dispatch launches it only then): a row's score is its
 // logit, with no scaling, log-sum-exp or noise, as in fold_logit. Sampled
@@ -28,6 +32,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "codes.cuh"
 #include "launch.cuh"
 #include "scan.h"
 #include "scan_tiles.h"
@@ -45,8 +50,14 @@ constexpr int kConsumerWarps = kGroups * 4;
 constexpr int kThreads = (kConsumerWarps + 4) * 32;  // and a producer warpgroup
 // Registers per thread after the split: the producer warpgroup gives up
 // what the consumers' accumulators take (at one CTA per SM, 65536 in all).
+// With 8-bit codes three of its warps convert them and keep more.
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+constexpr int kCodeProducerRegisters = 56, kCodeConsumerRegisters = 224;
 static_assert(4 * 32 * (kProducerRegisters + kGroups * kConsumerRegisters) <= 65536, "the register file");
+static_assert(4 * 32 * (kCodeProducerRegisters + kGroups * kCodeConsumerRegisters) <= 65536, "the register file");
+// 8-bit codes: the producer warpgroup's first warp issues the loads, the
+// other three convert each stage's codes into its W panel.
+constexpr int kConverterWarps = 3;
 constexpr int kColumns = 64;  // 16-bit elements per row per stage: one 128-byte swizzled box row
 constexpr int kRowBytes = kColumns * 2;
 constexpr int kAlign = 1024;  // the 128-byte swizzle's period
@@ -119,26 +130,35 @@ struct PartialSlots {
 // A CTA's shape: kBlocks 64-row blocks (its rows: 64 · kBlocks, each
 // consumer group's too), kTokens tokens per tile, and as many ring stages
 // as fit in one CTA's shared memory beside the plans and the partials.
-template <int kBlocks_, int kTokens_>
+// kCodes: W is 8-bit codes, which each stage also holds as loaded (64
+// bytes per token, unswizzled) until they are converted into its bf16 W
+// panel, and which a third barrier per stage (`loaded`) counts.
+template <int kBlocks_, int kTokens_, bool kCodes_ = false>
 struct Shape {
   static constexpr int kBlocks = kBlocks_;
   static constexpr int kTokens = kTokens_;
+  static constexpr bool kCodes = kCodes_;
   static constexpr int kRows = 64 * kBlocks;
   static constexpr int kAcc = kTokens / 2;    // per 64-row block
   static constexpr int kPairs = kTokens / 8;  // token pairs per row per thread
   static constexpr int kSlots = 2 * kBlocks;  // rows per consumer thread
   static constexpr int kHiddenBytes = kRows * kRowBytes;
   static constexpr int kWBytes = kTokens * kRowBytes;
-  static constexpr int kStageBytes = kHiddenBytes + kWBytes;
+  static constexpr int kCodeBytes = kCodes ? kTokens * kColumns : 0;
+  static constexpr int kStageBytes = kHiddenBytes + kWBytes + kCodeBytes;
+  static constexpr int kStageBarriers = kCodes ? 3 : 2;
   using Parts = PartialSlots<kSlots>;
-  // Besides the stages (each with its full and empty barriers): the ring's
-  // alignment, the `multiplied` barrier, the plans and the partials.
+  // Besides the stages (each with its full and empty barriers, and loaded
+  // for codes): the ring's alignment, the `multiplied` barrier, the plans
+  // and the partials.
   static constexpr size_t kFixedBytes = kAlign + sizeof(uint64_t) + kRows * sizeof(RowPlan) + Parts::kBytes;
-  static constexpr int kStages = int((kMaxSmemBytes - kFixedBytes) / (kStageBytes + 2 * sizeof(uint64_t)));
-  static constexpr int kBarriers = 2 * kStages + 1;
+  static constexpr int kStages =
+      int((kMaxSmemBytes - kFixedBytes) / (kStageBytes + kStageBarriers * sizeof(uint64_t)));
+  static constexpr int kBarriers = kStageBarriers * kStages + 1;
   static constexpr size_t kSmemBytes = size_t(kStages) * kStageBytes + kAlign + kBarriers * sizeof(uint64_t) +
                                        kRows * sizeof(RowPlan) + Parts::kBytes;
-  static_assert(kHiddenBytes % kAlign == 0 && kWBytes % kAlign == 0, "every tile starts on the swizzle's period");
+  static_assert(kHiddenBytes % kAlign == 0 && kWBytes % kAlign == 0 && kCodeBytes % kAlign == 0,
+                "every tile starts on the swizzle's period");
   static_assert(kTokens == 128 || kTokens == 256, "the MMA's N (wgmma::mma_k16_n128, mma_k16_n256)");
   static_assert(kSmemBytes <= kMaxSmemBytes, "one CTA per SM on sm_90");
 };
@@ -155,6 +175,11 @@ using Shape64x128 = Shape<1, 128>;
 using Shape64x256 = Shape<1, 256>;
 static_assert(Shape128x128::kStages == 5 && Shape64x128::kStages == 8 && Shape64x256::kStages == 5,
               "the stage counts measured (bench/RESULTS.md)");
+// 8-bit codes: the 128-token forms, each stage 8 KB of codes more (256
+// tokens would leave three stages), unpaired.
+using CodeShape128x128 = Shape<2, 128, true>;
+using CodeShape64x128 = Shape<1, 128, true>;
+static_assert(CodeShape128x128::kStages == 4 && CodeShape64x128::kStages == 6, "the stage counts of 8-bit codes");
 
 // One k16 step of a 64-row block's products into its accumulators.
 template <class S, bool kBf16>
@@ -168,9 +193,36 @@ __device__ __forceinline__ void mma_step(float (&acc)[S::kAcc], uint64_t hidden,
 // W box into both CTAs (TMA multicast): W leaves L2 once per pair of row
 // tiles. A stage is then refilled only once both CTAs' groups are done
 // with it (the empty barriers count the warps of both).
-template <class S, bool kBf16, bool kPaired>
+// Its 16-byte vectors of codes convert into pairs of bf16 vectors.
+constexpr int kCodeVectors = kColumns / 16;
+
+// Converts one stage's codes (kTokens rows of kColumns codes, unswizzled)
+// into its W panel (kTokens rows of kColumns bf16, 128-byte swizzle, as a
+// TMA box of 16-bit W would have written it) with the converter warps'
+// threads, exactly (codes.cuh). The row's scale multiplies the finished
+// logit.
+template <class S, flashspec_dtype kW>
+__device__ __forceinline__ void convert_stage(const unsigned char* codes, unsigned char* w, int thread) {
+  for (int v = thread; v < S::kTokens * kCodeVectors; v += kConverterWarps * 32) {
+    const int token = v / kCodeVectors, quarter = v % kCodeVectors;
+    const uint4 in = tma::load_shared_16(tma::smem_address(codes + token * kColumns + quarter * 16));
+    uint4 lo, hi;
+    codes_to_bf16x2<kW>(in.x, lo.x, lo.y);
+    codes_to_bf16x2<kW>(in.y, lo.z, lo.w);
+    codes_to_bf16x2<kW>(in.z, hi.x, hi.y);
+    codes_to_bf16x2<kW>(in.w, hi.z, hi.w);
+    // 16-byte chunk c of a 128-byte row r sits at chunk c ^ (r mod 8).
+    unsigned char* row = w + token * kRowBytes;
+    *reinterpret_cast<uint4*>(row + (((2 * quarter) ^ (token & 7)) * 16)) = lo;
+    *reinterpret_cast<uint4*>(row + (((2 * quarter + 1) ^ (token & 7)) * 16)) = hi;
+  }
+}
+
+template <class S, flashspec_dtype kW, bool kPaired>
 __global__ void __launch_bounds__(kThreads, 1)
     tile_scan_kernel(const ScanParams p, const __grid_constant__ TileMaps maps) {
+  constexpr bool kCodes = S::kCodes, kBf16 = kW != FLASHSPEC_DTYPE_F16;
+  static_assert(kCodes == is_codes(kW) && !(kCodes && kPaired), "8-bit codes take the unpaired code shapes");
   constexpr int kStages = S::kStages;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* ring =
@@ -182,7 +234,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // the groups take the ring's stages in step order and no stage's full
   // barrier is waited on more than one phase ahead.
   uint64_t* multiplied = empty + kStages;
-  RowPlan* plans = reinterpret_cast<RowPlan*>(multiplied + 1);
+  // 8-bit codes: a stage's codes and hidden rows have landed (its `full`
+  // then counts the converter warps).
+  uint64_t* loaded = multiplied + 1;
+  RowPlan* plans = reinterpret_cast<RowPlan*>(multiplied + 1 + (kCodes ? kStages : 0));
   uint32_t* part_words = reinterpret_cast<uint32_t*>(plans + S::kRows);  // S::Parts
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -194,8 +249,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      tma::barrier_init(full + s, 1);
+      tma::barrier_init(full + s, kCodes ? kConverterWarps : 1);
       tma::barrier_init(empty + s, kPaired ? 8 : 4);  // the warps of the group(s) that multiplied the stage
+      if constexpr (kCodes) tma::barrier_init(loaded + s, 1);
     }
     tma::barrier_init(multiplied, 4);
     tma::barrier_init_fence();
@@ -218,11 +274,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Step s of the CTA's walk: token tile first_tile + s / k_steps, columns
   // (s % k_steps) · kColumns, in stage s mod kStages. Its W box: the whole
   // box, or this CTA's half of it into both CTAs (paired).
-  const uint32_t stage_bytes = uint32_t(rows_here * kRowBytes + S::kWBytes);  // the other CTA's half included
+  const uint32_t stage_bytes =
+      uint32_t(rows_here * kRowBytes + (kCodes ? S::kCodeBytes : S::kWBytes));  // the other CTA's half included
   const int steps = cta_tiles * k_steps;
+  // Where a stage's loads land: its full barrier, or for codes its loaded.
+  uint64_t* const landed = kCodes ? loaded : full;
   const auto load_w = [&](int tile, int column, int stage, uint64_t policy) {
     unsigned char* dst = ring + stage * S::kStageBytes + S::kHiddenBytes;
-    if constexpr (kPaired)
+    if constexpr (kCodes)
+      tma::load_box_2d(dst + S::kWBytes, &maps.w, loaded + stage, column, tile * S::kTokens, policy);
+    else if constexpr (kPaired)
       tma::load_box_2d_multicast(dst + rank * (S::kWBytes / 2), &maps.w, full + stage, column,
                                  tile * S::kTokens + int(rank) * (S::kTokens / 2), 0x3, policy);
     else
@@ -238,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (producer) {
     const uint64_t once = tma::evict_first_policy();
     for (int s = 0; s < early; ++s) {
-      tma::barrier_expect(full + s, stage_bytes);
+      tma::barrier_expect(landed + s, stage_bytes);
       load_w(first_tile + s / k_steps, (s % k_steps) * kColumns, s, once);
     }
   }
@@ -248,7 +309,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (warp >= kConsumerWarps) {  // the producer warpgroup
-    wgmma::lower_registers<kProducerRegisters>();
+    wgmma::lower_registers<kCodes ? kCodeProducerRegisters : kProducerRegisters>();
+    if constexpr (kCodes) {
+      if (warp > kConsumerWarps) {  // the converter warps: every step of the CTA's walk in order
+        const int thread = threadIdx.x - (kConsumerWarps + 1) * 32;
+        int stage = 0;
+        uint32_t phase = 0;
+        for (int s = 0; s < steps; ++s) {
+          tma::barrier_wait(loaded + stage, phase);
+          unsigned char* at = ring + stage * S::kStageBytes + S::kHiddenBytes;
+          convert_stage<S, kW>(at + S::kWBytes, at, thread);
+          tma::shared_stores_to_async_proxy();  // the MMAs read the panel through the async proxy
+          __syncwarp();
+          if (lane == 0) tma::barrier_arrive(full + stage);
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1u;
+          }
+        }
+        return;
+      }
+    }
     if (producer) {
       // W evict-first, the hidden rows evict-last: with evict-normal for W
       // greedy drafts took 7–14 % longer at 256–512 rows, for both 20–28 %
@@ -266,10 +347,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int column = 0; column < k_steps * kColumns; column += kColumns, ++s) {
           if (s >= early) {
             tma::barrier_wait(empty + stage, phase);
-            tma::barrier_expect(full + stage, stage_bytes);
+            tma::barrier_expect(landed + stage, stage_bytes);
             load_w(tile, column, stage, once);
           }
-          tma::load_box_2d(ring + stage * S::kStageBytes, hidden_map, full + stage, column, p.row_base + row0, kept);
+          tma::load_box_2d(ring + stage * S::kStageBytes, hidden_map, landed + stage, column, p.row_base + row0,
+                           kept);
           if (++stage == kStages) {
             stage = 0;
             phase ^= 1u;
@@ -279,7 +361,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  wgmma::raise_registers<kConsumerRegisters>();
+  wgmma::raise_registers<kCodes ? kCodeConsumerRegisters : kConsumerRegisters>();
   const int group = warp / 4, warp_in_group = warp % 4, g = lane / 4, t = lane % 4;
   float acc[S::kBlocks][S::kAcc];
   const typename S::Parts parts{part_words, int(threadIdx.x)};
@@ -333,6 +415,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int32_t first = p.token_base + tile_first + 2 * t;
     const int32_t global_first = p.token_base + tile_first;
     const bool whole = tile_first + S::kTokens <= p.vocab;
+    if constexpr (kCodes) {  // each token's row scale on its finished logits
+#pragma unroll
+      for (int j = 0; j < S::kPairs; ++j)
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int32_t token = tile_first + 2 * t + 8 * j + q;
+          const float scale = token < p.vocab ? __ldg(p.w_scale + token) : 0.0f;
+#pragma unroll
+          for (int b = 0; b < S::kBlocks; ++b)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) acc[b][4 * j + 2 * h + q] *= scale;
+        }
+    }
 #pragma unroll
     for (int b = 0; b < S::kBlocks; ++b)
 #pragma unroll
@@ -368,8 +463,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <class S, bool kPaired>
 const void* kernel_of(flashspec_dtype w_dtype) {
-  if (w_dtype == FLASHSPEC_DTYPE_BF16) return reinterpret_cast<const void*>(&tile_scan_kernel<S, true, kPaired>);
-  if (w_dtype == FLASHSPEC_DTYPE_F16) return reinterpret_cast<const void*>(&tile_scan_kernel<S, false, kPaired>);
+  if (w_dtype == FLASHSPEC_DTYPE_BF16)
+    return reinterpret_cast<const void*>(&tile_scan_kernel<S, FLASHSPEC_DTYPE_BF16, kPaired>);
+  if (w_dtype == FLASHSPEC_DTYPE_F16)
+    return reinterpret_cast<const void*>(&tile_scan_kernel<S, FLASHSPEC_DTYPE_F16, kPaired>);
+  return nullptr;
+}
+template <class S>
+const void* code_kernel_of(flashspec_dtype w_dtype) {
+  if (w_dtype == FLASHSPEC_DTYPE_E4M3)
+    return reinterpret_cast<const void*>(&tile_scan_kernel<S, FLASHSPEC_DTYPE_E4M3, false>);
+  if (w_dtype == FLASHSPEC_DTYPE_I8) return reinterpret_cast<const void*>(&tile_scan_kernel<S, FLASHSPEC_DTYPE_I8, false>);
   return nullptr;
 }
 
@@ -382,12 +486,12 @@ template <class S>
 constexpr FormShape form_shape_of() {
   return FormShape{S::kRows, S::kTokens, S::kSmemBytes};
 }
-FormShape shape_of(Form form) {
+FormShape shape_of(Form form, bool codes = false) {
   switch (form) {
-    case Form::kTile64x128: return form_shape_of<Shape64x128>();
+    case Form::kTile64x128: return codes ? form_shape_of<CodeShape64x128>() : form_shape_of<Shape64x128>();
     case Form::kTile64x256:
     case Form::kTile64x256Paired: return form_shape_of<Shape64x256>();
-    default: return form_shape_of<Shape128x128>();
+    default: return codes ? form_shape_of<CodeShape128x128>() : form_shape_of<Shape128x128>();
   }
 }
 
@@ -420,7 +524,8 @@ bool long_tiles_serve(Form form, Form other, int32_t rows, int32_t vocab, int sm
 
 bool paired(Form form) { return form == Form::kTile64x256Paired || form == Form::kTile128x128Paired; }
 
-Form form_for(int32_t rows, int32_t vocab, int sm_count, int max_groups, int max_pairs) {
+Form form_for(flashspec_dtype w_dtype, int32_t rows, int32_t vocab, int sm_count, int max_groups, int max_pairs) {
+  if (is_codes(w_dtype)) return rows <= Shape64x128::kRows ? Form::kTile64x128 : Form::kTile128x128;
   const auto serve = [&](Form form, Form other) {
     return long_tiles_serve(form, other, rows, vocab, sm_count, max_groups, max_pairs);
   };
@@ -433,6 +538,11 @@ Form form_for(int32_t rows, int32_t vocab, int sm_count, int max_groups, int max
 }
 
 const void* kernel_for(flashspec_dtype w_dtype, Form form) {
+  if (is_codes(w_dtype)) {
+    if (form == Form::kTile64x128) return code_kernel_of<CodeShape64x128>(w_dtype);
+    if (form == Form::kTile128x128) return code_kernel_of<CodeShape128x128>(w_dtype);
+    return nullptr;
+  }
   switch (form) {
     case Form::kTile64x128: return kernel_of<Shape64x128, false>(w_dtype);
     case Form::kTile64x256: return kernel_of<Shape64x256, false>(w_dtype);
@@ -443,7 +553,7 @@ const void* kernel_for(flashspec_dtype w_dtype, Form form) {
   return nullptr;
 }
 
-size_t smem_bytes(Form form) { return shape_of(form).smem_bytes; }
+size_t smem_bytes(flashspec_dtype w_dtype, Form form) { return shape_of(form, is_codes(w_dtype)).smem_bytes; }
 
 int groups_for(Form form, int32_t rows, int32_t vocab, int sm_count, int max_groups, int max_pairs) {
   constexpr int kMinCtaTokens = 256;  // two 128-token tiles, one per consumer group, or one of 256
@@ -460,7 +570,7 @@ int max_pairs(Form form) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(2, 1);
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem_bytes(form);
+  config.dynamicSmemBytes = smem_bytes(FLASHSPEC_DTYPE_BF16, form);
   cudaLaunchAttribute cluster;
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = 2;
@@ -476,20 +586,27 @@ int max_pairs(Form form) {
 }
 
 bool encode_maps(const ScanParams& p, Form form, TileMaps* maps) {
-  if (p.w_dtype != FLASHSPEC_DTYPE_BF16 && p.w_dtype != FLASHSPEC_DTYPE_F16) return false;
-  const uint64_t pitch = uint64_t(p.ldw) * 2, hidden_pitch = uint64_t(p.k_pad) * 2;
+  const bool codes = is_codes(p.w_dtype);
+  if (p.w_dtype != FLASHSPEC_DTYPE_BF16 && p.w_dtype != FLASHSPEC_DTYPE_F16 && !codes) return false;
+  // 8-bit codes: one byte each, the hidden rows staged in bf16.
+  const flashspec_dtype hidden_dtype = codes ? FLASHSPEC_DTYPE_BF16 : p.w_dtype;
+  const uint64_t pitch = uint64_t(p.ldw) * (codes ? 1 : 2), hidden_pitch = uint64_t(p.k_pad) * 2;
   if (p.d_load <= 0 || p.vocab <= 0 || pitch % 16 != 0 || hidden_pitch % 16 != 0 ||
       reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || reinterpret_cast<uintptr_t>(p.h) % 16 != 0)
     return false;
-  const FormShape shape = shape_of(form);
+  const FormShape shape = shape_of(form, codes);
   const int32_t last_rows = p.rows % shape.rows;
   const uint32_t w_box_tokens = uint32_t(paired(form) ? shape.tokens / 2 : shape.tokens);
-  return scan::encode_row_map(&maps->w, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch,
-                              w_box_tokens) &&
-         scan::encode_row_map(&maps->hidden, p.w_dtype, p.h, uint64_t(p.k_pad), uint64_t(p.row_base + p.rows),
+  const bool w_map = codes ? scan::encode_code_map(&maps->w, p.w, uint64_t(p.d_load), uint64_t(p.vocab), pitch,
+                                                   uint32_t(kColumns), w_box_tokens)
+                           : scan::encode_row_map(&maps->w, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab),
+                                                  pitch, w_box_tokens);
+  return w_map &&
+         scan::encode_row_map(&maps->hidden, hidden_dtype, p.h, uint64_t(p.k_pad), uint64_t(p.row_base + p.rows),
                               hidden_pitch, uint32_t(shape.rows)) &&
-         scan::encode_row_map(&maps->hidden_last, p.w_dtype, p.h, uint64_t(p.k_pad), uint64_t(p.row_base + p.rows),
-                              hidden_pitch, uint32_t(last_rows > 0 ? last_rows : shape.rows));
+         scan::encode_row_map(&maps->hidden_last, hidden_dtype, p.h, uint64_t(p.k_pad),
+                              uint64_t(p.row_base + p.rows), hidden_pitch,
+                              uint32_t(last_rows > 0 ? last_rows : shape.rows));
 }
 
 cudaError_t launch(const void* kernel, Form form, const ScanParams& params, const TileMaps& maps,
@@ -498,7 +615,7 @@ cudaError_t launch(const void* kernel, Form form, const ScanParams& params, cons
   TileMaps m = maps;
   void* args[] = {&p, &m};
   const dim3 grid(unsigned(row_tiles(form, p.rows)), unsigned(p.groups / kGroups));
-  const size_t smem = smem_bytes(form);
+  const size_t smem = smem_bytes(p.w_dtype, form);
   if (!paired(form)) return launch_dependent(kernel, grid, dim3(kThreads), smem, stream, args);
   cudaLaunchAttribute attributes[2];
   attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;

@@ -39,7 +39,9 @@ bool paired(Form form);
 // 65–128 rows: two 64-row tiles of 256 tokens sharing W, on the same terms
 // against one 128-row tile of 128 tokens; more rows: 128-row tiles, paired
 // where they pair up.
-Form form_for(int32_t rows, int32_t vocab, int sm_count, int max_groups, int max_pairs);
+// 8-bit codes (e4m3, int8): 64-row tiles of 128 tokens up to 64 rows,
+// 128-row tiles of 128 tokens beyond, unpaired.
+Form form_for(flashspec_dtype w_dtype, int32_t rows, int32_t vocab, int sm_count, int max_groups, int max_pairs);
 
 // W in boxes of the form's tile of tokens (paired forms: half of it, which
 // each CTA of a pair multicasts to both), the staged hidden rows in boxes of
@@ -52,12 +54,16 @@ struct TileMaps {
   CUtensorMap hidden_last;
 };
 
-// The kernel of a form for W and hidden both bf16 or both fp16 (NULL for
-// other dtypes). Every row of a launch must be greedy (its plan's
-// kPlanGreedy), as a row's score is taken to be its logit.
+// The kernel of a form for W and hidden both bf16 or both fp16, or for W
+// of 8-bit codes (e4m3, int8; the 128-token unpaired forms) and hidden
+// rows in bf16: three warps of the producer warpgroup convert each stage's
+// codes into bf16 in shared memory (exactly) for the MMAs, and the fold
+// scales each logit by its row's scale. NULL for other dtypes and forms.
+// Every row of a launch must be greedy (its plan's kPlanGreedy), as a
+// row's score is taken to be its logit.
 const void* kernel_for(flashspec_dtype w_dtype, Form form);
 // Their dynamic shared memory.
-size_t smem_bytes(Form form);
+size_t smem_bytes(flashspec_dtype w_dtype, Form form);
 // How many clusters of a paired form's kernel run at once on the current
 // device (0 where none can).
 int max_pairs(Form form);

@@ -252,6 +252,13 @@ static_assert(stream_wide_serves(64, 128256, 16384, 132) && !stream_wide_serves(
 // ≤ 8-row scans' one row group costs less (bench/RESULTS.md).
 constexpr int kTileScanMinRows = kStreamShapes[0].max_rows + 1;
 static_assert(kTileScanMinRows == 9, "the row counts measured on either side of the rule");
+// 8-bit heads (e4m3, int8 codes) take the tile scan from the first row
+// count the TMA rings do not serve them: up to 16 rows the 9–16-row ring
+// reads the codes as the MMA's A from registers, beyond it the codes went
+// through bf16 copies for cuBLAS, a conversion kernel and a GEMM per 4096
+// tokens (3.1–3.8× the bf16 GEMM at 64 rows, H200). The tile scan reads
+// each code once and converts it in shared memory.
+constexpr int kTileScanMinCodeRows = kStreamMaxRows + 1;
 // Launches whose tiles of rows pair up (an even number of them: 129–256
 // and 385–512 rows) run the tile scan in clusters of two CTAs that share
 // each box of W by TMA multicast, so W leaves L2 once per two tiles of rows

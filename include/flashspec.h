@@ -300,12 +300,15 @@ FLASHSPEC_API flashspec_status flashspec_lm_head_create(flashspec_context* ctx,
  * hidden dtypes the fp32 CUDA-core scan (as do stochastic drafts); all
  * compute the l_v above. Up to 16 rows the weight-streaming scan reads the
  * codes once (0.5–0.7× the time of a bf16 head's cuBLAS GEMM at V ≥ 128k on
- * an H100); beyond, cuBLAS runs
- * over exact bf16 copies of the codes, 4096 vocabulary rows at a time, which
- * costs more than a bf16 head (about 2.7–3.1× its cuBLAS GEMM at 64 rows on
- * an H100): an 8-bit head pays at ≤ 16 rows. The copies' workspace
- * (4096 × d × 2 bytes) is reserved on the context that creates the head; a
- * many-row call on another context fails with WORKSPACE_EXCEEDED. A
+ * an H100). Beyond, on compute capability 9.0 with the library built for
+ * sm_90a, launches whose rows are all greedy (drafts at temperature 0,
+ * verify batches with greedy = 1) read the codes once as well, converted to
+ * bf16 in shared memory beside warpgroup MMAs; other many-row launches run
+ * cuBLAS over exact bf16 copies of the codes, 4096 vocabulary rows at a
+ * time, which costs more than a bf16 head (about 2.7–3.8× its cuBLAS GEMM
+ * at 64 rows on an H100 and an H200). The copies' workspace (4096 × d × 2
+ * bytes) is reserved on the context that creates the head; a many-row call
+ * that needs it on another context fails with WORKSPACE_EXCEEDED. A
  * quantised head is unsharded.
  * Errors: those of flashspec_lm_head_create, plus DTYPE_MISMATCH (stored not
  * 8-bit; weight neither 16/32-bit nor `stored`; scales not fp32),

@@ -615,6 +615,36 @@ TEST_F(Gpu, QuantisedHeadsParityStreamBoxes) {
   }
 }
 
+// From 17 rows on sm_90a, greedy launches on 8-bit heads take the tile
+// scan (tuning.h: kTileScanMinCodeRows), whose producer warps convert each
+// stage's codes into bf16 in shared memory: 64-row tiles up to 64 rows,
+// 128-row tiles beyond, launches ending inside a tile of rows, vocabularies
+// ending inside a token tile and one of two tiles, hidden sizes ending
+// inside a 64-column step; drafts, chains and a tree; pre-quantised codes
+// over every value of the dtype.
+TEST_F(Gpu, QuantisedHeadsParityTiles) {
+  for (flashspec_dtype stored : {FLASHSPEC_DTYPE_E4M3, FLASHSPEC_DTYPE_I8}) {
+    const auto draft = [stored](int vocab, int d, int rows) {
+      DraftCase c = greedy_draft(FLASHSPEC_DTYPE_BF16, vocab, d, rows);
+      c.stored = stored;
+      return c;
+    };
+    for (int rows : {17, 64, 65, 130, 300}) run_draft_parity(draft(70001, 200, rows));
+    run_draft_parity(draft(5003, 1000, 40));
+    run_draft_parity(draft(200, 136, 33));
+    DraftCase every_code = draft(9001, 520, 64);
+    every_code.prequantised = true;
+    run_draft_parity(every_code);
+    const auto verify = [stored](int vocab, int d, int requests, int max_n, bool tree) {
+      VerifyCase c = greedy_verify(FLASHSPEC_DTYPE_BF16, vocab, d, requests, max_n, tree);
+      c.stored = stored;
+      return c;
+    };
+    run_verify_parity(verify(67484, 136, 12, 4, false));  // about 36 rows
+    run_verify_parity(verify(9001, 64, 40, 3, true));     // about 100 rows, trees
+  }
+}
+
 TEST_F(Gpu, QuantisedHeadsVerifyParity) {
   for (flashspec_dtype stored : {FLASHSPEC_DTYPE_E4M3, FLASHSPEC_DTYPE_I8}) {
     run_verify_parity({FLASHSPEC_DTYPE_BF16, FLASHSPEC_DTYPE_BF16, 2503, 128, 4, 3, false, 1.0f, false, stored});
