@@ -24,7 +24,7 @@ import sys
 
 LINE = re.compile(r"^(?P<labels>.*?)\s*V=\s*(?P<V>\d+) d=\s*(?P<d>\d+) rows=\s*(?P<rows>\d+) \| (?P<times>.*?) ms")
 ROUND = re.compile(r"^r\d+[a-z]?$")  # r1, r2, ... (r3b: a round repeated)
-DEFAULT_OPS = {"bf16": ["verify", "draft_g", "draft_s"], "8-bit": ["verify", "e4m3", "int8", "e4m3_g"]}
+DEFAULT_OPS = {"bf16": ["verify", "draft_g", "draft_s"], "8-bit": ["verify", "e4m3", "int8", "e4m3_g", "int8_g"]}
 
 
 def parse(path):

@@ -4,7 +4,7 @@
 //   gemm       cuBLAS logits of the bf16 head alone (bf16 in, fp32 out)
 //   verify     flashspec_verify_and_finalize on the bf16 head (greedy drafts, T = 1)
 //   e4m3, int8 the same verify on an 8-bit head of the same shape
-//   e4m3_g     flashspec_draft, greedy, on the e4m3 head
+//   e4m3_g, int8_g  flashspec_draft, greedy, on the e4m3 and int8 heads
 // and prints each over gemm. The 8-bit heads hold pre-quantised codes in
 // device memory (BORROW) with one scale per row, as a serving engine loads
 // them; each op is a CUDA graph, timed as the median of --reps replays,
@@ -47,7 +47,7 @@ __global__ void fill_scales(float* p, int n, float scale) {
 
 struct Result {
   int vocab, d, rows;
-  double gemm_ms, verify_ms, e4m3_ms, int8_ms, e4m3_greedy_ms;
+  double gemm_ms, verify_ms, e4m3_ms, int8_ms, e4m3_greedy_ms, int8_greedy_ms;
 };
 
 }  // namespace
@@ -143,30 +143,32 @@ int main(int argc, char** argv) {
           flashspec_verify_result res = batch.result();
           FS_OK(ctx, flashspec_verify_and_finalize(ctx, head, &b, &res));
         };
-        std::vector<cudaGraphExec_t> gemm, verify, e4m3, int8, e4m3_greedy;
+        std::vector<cudaGraphExec_t> gemm, verify, e4m3, int8, e4m3_greedy, int8_greedy;
+        auto greedy_draft_on = [&](flashspec_lm_head* head) {
+          flashspec_draft_params p;
+          flashspec_draft_params_init(&p);
+          p.memory = FLASHSPEC_MEMORY_CUDA;
+          p.temperature = 0.0f;
+          FS_OK(ctx, flashspec_draft(ctx, head, &hv, &p, d_out, d_scores));
+        };
         for (int b = 0; b < buffers; ++b) {
           gemm.push_back(timer.capture([&] { device.gemm(bf16_weights[size_t(b)], hidden, logits, vocab, rows, d); }));
           verify.push_back(timer.capture([&] { verify_on(bf16_heads[size_t(b)]); }));
           e4m3.push_back(timer.capture([&] { verify_on(e4m3_heads[size_t(b)]); }));
           int8.push_back(timer.capture([&] { verify_on(int8_heads[size_t(b)]); }));
-          e4m3_greedy.push_back(timer.capture([&] {
-            flashspec_draft_params p;
-            flashspec_draft_params_init(&p);
-            p.memory = FLASHSPEC_MEMORY_CUDA;
-            p.temperature = 0.0f;
-            FS_OK(ctx, flashspec_draft(ctx, e4m3_heads[size_t(b)], &hv, &p, d_out, d_scores));
-          }));
+          e4m3_greedy.push_back(timer.capture([&] { greedy_draft_on(e4m3_heads[size_t(b)]); }));
+          int8_greedy.push_back(timer.capture([&] { greedy_draft_on(int8_heads[size_t(b)]); }));
         }
         Result r{vocab, d, rows, timer.median_ms(gemm), timer.median_ms(verify), timer.median_ms(e4m3),
-                 timer.median_ms(int8), timer.median_ms(e4m3_greedy)};
+                 timer.median_ms(int8), timer.median_ms(e4m3_greedy), timer.median_ms(int8_greedy)};
         results.push_back(r);
-        std::printf("V=%6d d=%5d rows=%3d | gemm %.4f verify %.4f e4m3 %.4f int8 %.4f e4m3_g %.4f ms | verify/gemm "
-                    "%.3f e4m3/gemm %.3f int8/gemm %.3f e4m3_g/gemm %.3f\n",
-                    vocab, d, rows, r.gemm_ms, r.verify_ms, r.e4m3_ms, r.int8_ms, r.e4m3_greedy_ms,
+        std::printf("V=%6d d=%5d rows=%3d | gemm %.4f verify %.4f e4m3 %.4f int8 %.4f e4m3_g %.4f int8_g %.4f ms | "
+                    "verify/gemm %.3f e4m3/gemm %.3f int8/gemm %.3f e4m3_g/gemm %.3f int8_g/gemm %.3f\n",
+                    vocab, d, rows, r.gemm_ms, r.verify_ms, r.e4m3_ms, r.int8_ms, r.e4m3_greedy_ms, r.int8_greedy_ms,
                     r.verify_ms / r.gemm_ms, r.e4m3_ms / r.gemm_ms, r.int8_ms / r.gemm_ms,
-                    r.e4m3_greedy_ms / r.gemm_ms);
+                    r.e4m3_greedy_ms / r.gemm_ms, r.int8_greedy_ms / r.gemm_ms);
         std::fflush(stdout);
-        for (auto* list : {&gemm, &verify, &e4m3, &int8, &e4m3_greedy})
+        for (auto* list : {&gemm, &verify, &e4m3, &int8, &e4m3_greedy, &int8_greedy})
           for (auto g : *list) cudaGraphExecDestroy(g);
         cudaFree(d_out);
         cudaFree(d_scores);
@@ -191,11 +193,11 @@ int main(int argc, char** argv) {
       std::fprintf(f,
                    "    {\"V\": %d, \"d\": %d, \"rows\": %d, \"gemm_ms\": %.5f, \"verify_ms\": %.5f, "
                    "\"e4m3_verify_ms\": %.5f, \"int8_verify_ms\": %.5f, \"e4m3_draft_greedy_ms\": %.5f, "
-                   "\"verify_over_gemm\": %.4f, \"e4m3_over_gemm\": %.4f, \"int8_over_gemm\": %.4f, "
-                   "\"e4m3_greedy_over_gemm\": %.4f}%s\n",
+                   "\"int8_draft_greedy_ms\": %.5f, \"verify_over_gemm\": %.4f, \"e4m3_over_gemm\": %.4f, "
+                   "\"int8_over_gemm\": %.4f, \"e4m3_greedy_over_gemm\": %.4f, \"int8_greedy_over_gemm\": %.4f}%s\n",
                    r.vocab, r.d, r.rows, r.gemm_ms, r.verify_ms, r.e4m3_ms, r.int8_ms, r.e4m3_greedy_ms,
-                   r.verify_ms / r.gemm_ms, r.e4m3_ms / r.gemm_ms, r.int8_ms / r.gemm_ms,
-                   r.e4m3_greedy_ms / r.gemm_ms, i + 1 < results.size() ? "," : "");
+                   r.int8_greedy_ms, r.verify_ms / r.gemm_ms, r.e4m3_ms / r.gemm_ms, r.int8_ms / r.gemm_ms,
+                   r.e4m3_greedy_ms / r.gemm_ms, r.int8_greedy_ms / r.gemm_ms, i + 1 < results.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
     std::fclose(f);
