@@ -1,9 +1,11 @@
 #include "testing.h"
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstring>
 
+#include "codes.cuh"
 #include "device_storage.h"
 #include "dispatch.h"
 #include "util/philox.h"
@@ -49,7 +51,42 @@ __global__ void gumbel_bounds_kernel(const float* bounds, unsigned long long* vi
   atomicMin(closest_bits, __float_as_int(fmaxf(closest, 0.0f)));
 }
 
+template <flashspec_dtype kW>
+__global__ void convert_every_code_kernel(float* as_bf16, float* as_f16) {
+  const uint32_t word = 0x01010101u * threadIdx.x;  // four copies of code threadIdx.x
+  uint32_t b_lo, b_hi, h_lo, h_hi;
+  codes_to_bf16x2<kW>(word, b_lo, b_hi);
+  codes_to_f16x2<kW>(word, h_lo, h_hi);
+  // Every pair holds the code twice: a lane that differs from the first
+  // reads as NaN, which no code's value is.
+  const uint32_t b[2] = {b_lo, b_hi}, h[2] = {h_lo, h_hi};
+  float bf = __uint_as_float((b_lo & 0xffffu) << 16), hf = __half2float(__ushort_as_half(uint16_t(h_lo)));
+  for (uint32_t pair : b)
+    for (uint32_t lane : {pair & 0xffffu, pair >> 16})
+      if (lane != (b_lo & 0xffffu)) bf = __int_as_float(0x7fc00000);
+  for (uint32_t pair : h)
+    for (uint32_t lane : {pair & 0xffffu, pair >> 16})
+      if (lane != (h_lo & 0xffffu)) hf = __int_as_float(0x7fc00000);
+  as_bf16[threadIdx.x] = bf;
+  as_f16[threadIdx.x] = hf;
+}
+
 }  // namespace
+
+bool convert_every_code(flashspec_dtype dtype, float* as_bf16, float* as_f16) {
+  if (dtype != FLASHSPEC_DTYPE_E4M3 && dtype != FLASHSPEC_DTYPE_I8) return false;
+  float* d = nullptr;
+  bool ok = cudaMalloc(&d, 512 * sizeof(float)) == cudaSuccess;
+  if (ok) {
+    if (dtype == FLASHSPEC_DTYPE_E4M3) convert_every_code_kernel<FLASHSPEC_DTYPE_E4M3><<<1, 256>>>(d, d + 256);
+    else convert_every_code_kernel<FLASHSPEC_DTYPE_I8><<<1, 256>>>(d, d + 256);
+    ok = cudaGetLastError() == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess &&
+         cudaMemcpy(as_bf16, d, 256 * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess &&
+         cudaMemcpy(as_f16, d + 256, 256 * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess;
+  }
+  cudaFree(d);
+  return ok;
+}
 
 bool check_gumbel_bounds(const float* bounds, uint64_t* violations, float* closest) {
   float* d_bounds = nullptr;

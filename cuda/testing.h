@@ -22,6 +22,11 @@ bool read_summaries(const SummaryStore& store, int32_t rows, RowSummary* out);
 // bound − noise (0 where any word exceeds its bound).
 bool check_gumbel_bounds(const float* bounds, uint64_t* violations, float* closest);
 
+// Converts every 8-bit code of `dtype` (FLASHSPEC_DTYPE_E4M3 or _I8, code
+// c at index c) on the current device as the scans do (codes.cuh:
+// codes_to_bf16x2, codes_to_f16x2) and widens the results to float in
+// as_bf16[256] and as_f16[256]. Returns false if a CUDA call failed.
+bool convert_every_code(flashspec_dtype dtype, float* as_bf16, float* as_f16);
 // Lets the sm_90a weight-streaming scans that move W through the
 // tensor-memory accelerator (9–16 rows and 17–64 rows) take every call they
 // can serve (on), whatever tuning::stream_box_serves and

@@ -167,4 +167,24 @@ TEST_F(GpuExactness, GumbelBucketBoundsHoldForEveryWordOnTheDevice) {
   std::printf("[   INFO   ] closest bound − noise over all 2^32 words: %.6g\n", double(closest));
 }
 
+// Every e4m3 code but the NaNs (which a head never holds) and every int8
+// code converts on the device, to bf16 and to f16 as the scans multiply
+// them, to exactly the value the CPU backend reads (util/dtype.h), signed
+// zeros and subnormals included.
+TEST_F(GpuExactness, EveryCodeConvertsExactly) {
+  for (flashspec_dtype dtype : {FLASHSPEC_DTYPE_E4M3, FLASHSPEC_DTYPE_I8}) {
+    float as_bf16[256], as_f16[256];
+    ASSERT_TRUE(flashspec::cuda::convert_every_code(dtype, as_bf16, as_f16));
+    for (int c = 0; c < 256; ++c) {
+      if (dtype == FLASHSPEC_DTYPE_E4M3 && (c & 0x7f) == 0x7f) continue;
+      const uint8_t code = uint8_t(c);
+      const float expected = flashspec::load_as_float(&code, dtype, 0);
+      for (float got : {as_bf16[c], as_f16[c]}) {
+        EXPECT_EQ(got, expected) << "dtype " << int(dtype) << " code " << c;
+        EXPECT_EQ(std::signbit(got), std::signbit(expected)) << "dtype " << int(dtype) << " code " << c;
+      }
+    }
+  }
+}
+
 }  // namespace
