@@ -188,12 +188,8 @@ __device__ __forceinline__ void mma_step(float (&acc)[S::kAcc], uint64_t hidden,
   else wgmma::mma_k16_n256<kBf16>(acc, hidden, w, accumulate);
 }
 
-// kPaired: launched in clusters of two CTAs, the two tiles of rows 2c and
-// 2c + 1 over the same token range, whose producers each load half of every
-// W box into both CTAs (TMA multicast): W leaves L2 once per pair of row
-// tiles. A stage is then refilled only once both CTAs' groups are done
-// with it (the empty barriers count the warps of both).
-// Its 16-byte vectors of codes convert into pairs of bf16 vectors.
+// A stage's token row of codes: 16-byte vectors, each converting into two
+// of bf16.
 constexpr int kCodeVectors = kColumns / 16;
 
 // Converts one stage's codes (kTokens rows of kColumns codes, unswizzled)
@@ -218,6 +214,11 @@ __device__ __forceinline__ void convert_stage(const unsigned char* codes, unsign
   }
 }
 
+// kPaired: launched in clusters of two CTAs, the two tiles of rows 2c and
+// 2c + 1 over the same token range, whose producers each load half of every
+// W box into both CTAs (TMA multicast): W leaves L2 once per pair of row
+// tiles. A stage is then refilled only once both CTAs' groups are done
+// with it (the empty barriers count the warps of both).
 template <class S, flashspec_dtype kW, bool kPaired>
 __global__ void __launch_bounds__(kThreads, 1)
     tile_scan_kernel(const ScanParams p, const __grid_constant__ TileMaps maps) {
