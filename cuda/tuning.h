@@ -257,7 +257,11 @@ static_assert(kTileScanMinRows == 9, "the row counts measured on either side of 
 // reads the codes as the MMA's A from registers, beyond it the codes went
 // through bf16 copies for cuBLAS, a conversion kernel and a GEMM per 4096
 // tokens (3.1–3.8× the bf16 GEMM at 64 rows, H200). The tile scan reads
-// each code once and converts it in shared memory.
+// each code once and converts it in shared memory: H200, e4m3 greedy
+// drafts at 17–64 rows 0.34–0.43 of the time (128256 × 4096 × 64 928.9 →
+// 348.5 µs). Its three converting warps set its rate whatever the rows
+// (345–349 µs at 17, 32 and 64 rows there), while the ring took 152 µs at
+// 16, so the ring keeps 9–16 rows (bench/RESULTS.md).
 constexpr int kTileScanMinCodeRows = kStreamMaxRows + 1;
 // Launches whose tiles of rows pair up (an even number of them: 129–256
 // and 385–512 rows) run the tile scan in clusters of two CTAs that share
