@@ -303,10 +303,11 @@ FLASHSPEC_API flashspec_status flashspec_lm_head_create(flashspec_context* ctx,
  * an H100). Beyond, on compute capability 9.0 with the library built for
  * sm_90a, launches whose rows are all greedy (drafts at temperature 0,
  * verify batches with greedy = 1) read the codes once as well, converted to
- * bf16 in shared memory beside warpgroup MMAs; other many-row launches run
- * cuBLAS over exact bf16 copies of the codes, 4096 vocabulary rows at a
- * time, which costs more than a bf16 head (about 2.7–3.8× its cuBLAS GEMM
- * at 64 rows on an H100 and an H200). The copies' workspace (4096 × d × 2
+ * bf16 in shared memory beside warpgroup MMAs (H200, 17–64 rows: 1.2–1.4×
+ * a bf16 head's cuBLAS GEMM, a third of the copies' time); other many-row
+ * launches run cuBLAS over exact bf16 copies of the codes, 4096 vocabulary
+ * rows at a time, which costs more than a bf16 head (about 2.6–3.8× its
+ * cuBLAS GEMM at 64 rows on an H100 and an H200). The copies' workspace (4096 × d × 2
  * bytes) is reserved on the context that creates the head; a many-row call
  * that needs it on another context fails with WORKSPACE_EXCEEDED. A
  * quantised head is unsharded.
