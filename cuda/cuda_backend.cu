@@ -209,7 +209,7 @@ class CudaBackend final : public Backend {
     DeviceScope scope(device_);
     const auto& head = static_cast<const CudaLmHead&>(head_base);
     guard([&] {
-      const bool tc = stage(head, *args.hidden, false, args.controls.present);
+      const bool tc = stage(head, *args.hidden, draft_may_sample(args), false, args.controls.present);
       check_cuda(prepare::draft_plans(args, head.vocab, plans_.as<RowPlan>(), stream_, true), "draft plans");
       if (args.controls.present) {
         controls::Outputs out = {};
@@ -240,7 +240,7 @@ class CudaBackend final : public Backend {
       DraftArgs at_one = args;
       at_one.temperature = 1.0f;
       at_one.temperatures = nullptr;
-      const bool tc = stage(head, *args.hidden, false, true);
+      const bool tc = stage(head, *args.hidden, true, false, true);
       check_cuda(prepare::draft_plans(at_one, head.vocab, plans_.as<RowPlan>(), stream_, true), "draft plans");
       controls::Outputs out = {};
       out.topk = k;
@@ -257,7 +257,7 @@ class CudaBackend final : public Backend {
     guard([&] {
       const bool stochastic = has_draft_distribution(args);
       const bool controlled = args.controls.present || args.logprobs || args.top_logprobs > 0;
-      const bool tc = stage(head, *args.target_hidden, stochastic, controlled);
+      const bool tc = stage(head, *args.target_hidden, verify_may_sample(args), stochastic, controlled);
       check_cuda(prepare::verify_plans(args, int32_t(head.vocab), nullptr, plans_.as<RowPlan>(),
                                        store.batch_status.as<int32_t>(), stream_, true,
                                        stochastic ? row_drafts_.as<RowDrafts>() : nullptr, tried_.as<int32_t>()),
@@ -412,9 +412,15 @@ class CudaBackend final : public Backend {
                 std::to_string(device_));
   }
 
-  // Staged hidden rows: [max_rows, k_pad] fp32 at most (the CUDA-core path).
+  // Staged hidden rows: [max_rows, k_pad] fp32 at most (the CUDA-core
+  // path), then a float per row. An 8-bit head stages them in bf16, which
+  // leaves room for the tile scan's f16 copies (TileHidden) in the second
+  // half and their factors after it (stage).
+  size_t staging_bytes(int64_t d) const {
+    return size_t(max_rows_) * (size_t(round_up(d, 64)) * sizeof(float) + sizeof(float));
+  }
   void reserve_staging(int64_t d) {
-    const size_t need = size_t(max_rows_) * size_t(round_up(d, 64)) * sizeof(float);
+    const size_t need = staging_bytes(d);
     if (staging_.bytes() >= need) return;
     check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     staging_.allocate(need, "cudaMalloc (hidden staging)");
@@ -446,9 +452,11 @@ class CudaBackend final : public Backend {
   // (never for a stochastic draft of an 8-bit head, which the CUDA-core scan
   // serves: `stochastic`). Where run_scan may take the 8-bit-code TMA ring
   // (scan_reads_ring_order; not for `controlled` calls, which run_controlled
-  // serves), the rows' copies it reads too (RingHidden): workspace() hands
-  // them on until the next call stages.
-  bool stage(const CudaLmHead& head, const flashspec_tensor& hidden, bool stochastic = false,
+  // serves), the rows' copies it reads too (RingHidden), and where it may
+  // take the tile scan for an 8-bit head (scan_reads_tile_f16; may_sample
+  // as run_scan's), their f16 copies (TileHidden): workspace() hands them
+  // on until the next call stages.
+  bool stage(const CudaLmHead& head, const flashspec_tensor& hidden, bool may_sample, bool stochastic = false,
              bool controlled = false) {
     const int64_t k_pad = head.staged_columns();
     require(size_t(hidden.rows) * size_t(k_pad) * sizeof(float) <= staging_.bytes(), FLASHSPEC_ERR_WORKSPACE_EXCEEDED,
@@ -462,8 +470,16 @@ class CudaBackend final : public Backend {
       ring_hidden_.f16 = ring_hidden_.bf16 + copy;
       ring_hidden_.factors = reinterpret_cast<float*>(ring_hidden_.f16 + copy);
     }
+    tile_hidden_ = TileHidden{};
+    if (!stochastic && !controlled && scan_reads_tile_f16(limits_, head, tc, int(hidden.rows), may_sample) &&
+        staging_bytes(k_pad) <= staging_.bytes()) {
+      // Beyond the bf16 rows of max_rows_ rows: the f16 rows, then the factors.
+      const size_t rows_values = size_t(max_rows_) * size_t(k_pad);
+      tile_hidden_.f16 = staging_.as<uint16_t>() + rows_values;
+      tile_hidden_.factors = reinterpret_cast<float*>(tile_hidden_.f16 + rows_values);
+    }
     check_cuda(prepare::stage_hidden(hidden, int32_t(k_pad), !tc, staging_.as<void>(), hidden_bad_.as<int32_t>(),
-                                     ring_hidden_, stream_),
+                                     ring_hidden_, tile_hidden_, stream_),
                "stage hidden");
     return tc;
   }
@@ -519,7 +535,7 @@ class CudaBackend final : public Backend {
   // The scan of a shard's rows (plans already written) into its records.
   void scan_records(const CudaLmHead& head, const flashspec_tensor& hidden, int rows, bool may_sample,
                     ShardRecord* records) {
-    const bool tc = stage(head, hidden);
+    const bool tc = stage(head, hidden, may_sample);
     StreamTail tail = stream_tail();
     tail.records = records;
     tail.vocab_size = int32_t(head.vocab_size);
@@ -533,6 +549,7 @@ class CudaBackend final : public Backend {
 
   ScanWorkspace workspace(const CudaLmHead& head) const {
     return ScanWorkspace{plans_.as<RowPlan>(),       staging_.as<void>(),       ring_hidden_,
+                         tile_hidden_,
                          partials_.as<Partial>(),    q_partials_.as<QPartial>(), residuals_.as<Residual>(),
                          max_rows_,                  cublas_,                    chunk_pipeline(),
                          dequantized_for(head),      gumbel_bounds_.as<float>()};
@@ -613,6 +630,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer plans_, hidden_bad_, partials_, q_partials_, residuals_, flag_, staging_;
   DeviceBuffer ring_staging_;  // the code ring's copies of staged rows (reserve_ring_hidden)
   RingHidden ring_hidden_ = {};  // in ring_staging_: the last staged rows' copies, where staged (stage)
+  TileHidden tile_hidden_ = {};  // in staging_: the last staged rows' f16 copies, where staged (stage)
   DeviceBuffer level_partials_, row_drafts_, tried_, verdicts_;  // stochastic drafts' residual chains
   DeviceBuffer shard_summaries_, shard_status_;  // finalize of gathered shard records
   DeviceBuffer controls_storage_;                // calls with sampling controls or logprobs

@@ -66,6 +66,7 @@ ScanParams base_params(const ScanWorkspace& ws, const CudaLmHead& head, int rows
   p.k_pad = head.staged_columns();
   p.h = ws.hidden;
   p.ring_hidden = ws.ring_hidden;
+  p.tile_hidden = ws.tile_hidden;
   p.rows = rows;
   p.row_base = 0;
   p.plans = ws.plans;
@@ -124,13 +125,23 @@ int scan_stochastic(const ScanLimits& limits, const CudaLmHead& head, bool tc, i
   return groups;
 }
 
-// The tile scan (scan_tiles.h) over `rows` rows, every one greedy, where
-// this device and `head` allow it: sm_90a, a 16-bit or 8-bit head, rows of
-// W and of the staged hidden rows that tensor maps can describe. False, and nothing
-// launched, where they do not: another scan serves the call.
-bool launch_tile_scan(const ScanLimits& limits, const CudaLmHead& head, bool tc, int rows, int max_groups,
-                      ScanParams& p, cudaStream_t stream) {
-  if (!limits.tile_scan || !tc) return false;
+// Whether the tile scan may serve `rows` rows of `head`: from 9 rows on
+// sm_90a (8-bit heads: from 17), every row greedy (tuning.h:
+// kTileScanMinRows, kTileScanMinCodeRows), unless the tests' switches give
+// the ring scans every call they serve or the cuBLAS chunks the calls of
+// more rows.
+bool tiles_may_serve(const ScanLimits& limits, const CudaLmHead& head, bool tc, int rows, bool may_sample) {
+  const int tiles_min_rows = head.codes() ? tuning::kTileScanMinCodeRows : tuning::kTileScanMinRows;
+  return limits.tile_scan && tc && !may_sample && rows >= tiles_min_rows && !stream_rings_everywhere.load() &&
+         (rows <= tuning::kStreamMaxRows || !many_row_chunks_only.load());
+}
+
+// The tile scan (scan_tiles.h) over `rows` rows, every one greedy
+// (tiles_may_serve), where `head` allows it: a 16-bit or 8-bit head, rows
+// of W and of the staged hidden rows that tensor maps can describe. False,
+// and nothing launched, where it does not: another scan serves the call.
+bool launch_tile_scan(const ScanLimits& limits, const CudaLmHead& head, int rows, int max_groups, ScanParams& p,
+                      cudaStream_t stream) {
   // Tiles of rows in pairs share W's boxes (tuning.h: kTileScanPairs).
   const int tile_pairs = tuning::kTileScanPairs && !head.codes() ? limits.tile_pairs : 0;
   const tile_scan::Form form =
@@ -227,6 +238,11 @@ bool scan_reads_ring_order(const ScanLimits& limits, const CudaLmHead& head, boo
   return scan::stream_box_kernel(shape, head.dtype, false) != nullptr && box_ring_serves(limits, head, shape);
 }
 
+bool scan_reads_tile_f16(const ScanLimits& limits, const CudaLmHead& head, bool tensor_cores, int rows,
+                         bool may_sample) {
+  return head.codes() && tiles_may_serve(limits, head, tensor_cores, rows, may_sample);
+}
+
 void set_stream_rings_everywhere(bool on) { stream_rings_everywhere.store(on); }
 
 void set_many_row_chunks_only(bool on) { many_row_chunks_only.store(on); }
@@ -246,15 +262,9 @@ ScanOutcome run_scan(const ScanLimits& limits, const ScanWorkspace& ws, const Cu
   }
   const int ring_ctas = ring_ctas_for(limits, head);
   const int64_t row_bytes = row_bytes_of(head);
-  // From 9 rows on sm_90a (8-bit heads: from 17), every row greedy: the
-  // GEMM whose epilogue folds (tuning.h: kTileScanMinRows,
-  // kTileScanMinCodeRows), before the 9–16-row and 17–64-row scans, unless
-  // the tests' switches give the ring scans every call they serve or the
-  // cuBLAS chunks the calls of more rows.
-  const int tiles_min_rows = head.codes() ? tuning::kTileScanMinCodeRows : tuning::kTileScanMinRows;
-  const bool tiles_serve = !may_sample && rows >= tiles_min_rows && !stream_rings_everywhere.load() &&
-                           (rows <= tuning::kStreamMaxRows || !many_row_chunks_only.load());
-  if (tiles_serve && launch_tile_scan(limits, head, tc, rows, max_groups, p, stream))
+  // The GEMM whose epilogue folds, where it serves, before the 9–16-row and
+  // 17–64-row scans.
+  if (tiles_may_serve(limits, head, tc, rows, may_sample) && launch_tile_scan(limits, head, rows, max_groups, p, stream))
     return ScanOutcome{p.groups, false};
   if (tc && rows <= tuning::kStreamMaxRows) {
     const int shape = tuning::stream_shape_for(rows);

@@ -56,6 +56,8 @@ struct ScanWorkspace {
   const void* hidden;      // staged hidden rows, [max_rows, k_pad]
   RingHidden ring_hidden;  // the rows as the 8-bit-code TMA ring reads them, where staged
                            // (scan_reads_ring_order); NULL members else
+  TileHidden tile_hidden;  // an 8-bit head's rows as the tile scan reads them in f16, where staged
+                           // (scan_reads_tile_f16); NULL members else
   Partial* partials;       // [kMaxGroups, max_rows]
   QPartial* q_partials;    // [kMaxGroups, max_rows]
   Residual* residuals;     // [kMaxGroups, max_rows]
@@ -72,6 +74,14 @@ struct ScanWorkspace {
 // them too where this holds. Without them the register scan serves the
 // call.
 bool scan_reads_ring_order(const ScanLimits& limits, const CudaLmHead& head, bool tensor_cores, int rows);
+
+// Whether run_scan may take the tile scan for `rows` rows of an 8-bit
+// `head` (may_sample as run_scan's), which multiplies in f16 where the
+// rows' copies of ScanWorkspace::tile_hidden (TileHidden) are staged and
+// exact: the staging writes them where this holds. Without them it
+// multiplies the bf16 rows.
+bool scan_reads_tile_f16(const ScanLimits& limits, const CudaLmHead& head, bool tensor_cores, int rows,
+                         bool may_sample);
 
 // Tests (testing.h): the sm_90a TMA-ring scans (9–16 and 17–64 rows) serve
 // every call they can (on) or those tuning::stream_box_serves and

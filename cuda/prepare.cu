@@ -180,74 +180,116 @@ __device__ void draft_plan_row(const DraftPlanArgs& a, int r) {
     a.plans[r] = draft_row_plan(v);
 }
 
+// The f16 copies of an 8-bit head's hidden rows (RingHidden, TileHidden):
+// row r times 2^k, the row's largest magnitude put in [2^15, 2^16) (f16's
+// largest finite value is 65504). Every value is then exact in f16 if none
+// falls below 2^-14 (29 binades under the largest), with a factor 2^-k
+// that is a normal float; an all-zero row takes k = 0. The block's threads
+// each note the biased bf16 exponents of their values (note_exponents),
+// then row_f16_scaling combines them.
+struct F16Scaling {
+  bool fits;
+  int k;
+  __device__ float factor() const { return fits ? __int_as_float((127 - k) << 23) : 0.0f; }
+  // A pair of bf16 values (a 32-bit word) as the pair of the scaled f16 copy.
+  __device__ uint32_t pair(uint32_t bf16_pair) const {
+    const float scale = __int_as_float((127 + k) << 23);
+    auto to_f16 = [&](uint32_t bf16) {
+      return uint32_t(__half_as_ushort(__float2half_rn(__uint_as_float(bf16 << 16) * scale)));
+    };
+    return to_f16(bf16_pair & 0xffffu) | to_f16(bf16_pair >> 16) << 16;
+  }
+};
+__device__ __forceinline__ void note_exponents(uint32_t bf16_pair, int& biggest, int& smallest) {
+  for (const uint32_t v : {bf16_pair & 0xffffu, bf16_pair >> 16})
+    if (v & 0x7fffu) {  // nonzero: a subnormal's exponent 0 and Inf's or NaN's 255 never fit
+      const int exponent = int(v >> 7) & 0xff;
+      biggest = max(biggest, exponent);
+      smallest = min(smallest, exponent);
+    }
+}
+// The block's scaling from its threads' exponents (every thread calls it).
+__device__ F16Scaling row_f16_scaling(int biggest, int smallest) {
+  __shared__ int exponent_max, exponent_min;  // the row's nonzero values' biased bf16 exponents
+  if (threadIdx.x == 0) exponent_max = 0, exponent_min = 255;
+  __syncthreads();
+  atomicMax(&exponent_max, biggest);
+  atomicMin(&exponent_min, smallest);
+  __syncthreads();
+  const int top = exponent_max, bottom = exponent_min;
+  __syncthreads();  // read by all before a later call's thread 0 resets them
+  const bool zero = top == 0;
+  return F16Scaling{zero || (top >= 16 && top <= 254 && bottom >= 1 && bottom >= top - 29), zero ? 0 : 142 - top};
+}
+
+// visit(q, word) for each pair q < pairs of a copy of the block's row of
+// bf16 values (d of them) that this thread writes, word the row's pair of
+// values there: columns column_of(2q) and + 1 (zero beyond d). kInFlight
+// pairs' loads are issued before their visits; the row was just read by
+// this block, so they are L1 hits.
+template <class ColumnOf, class Visit>
+__device__ __forceinline__ void each_row_pair(const uint16_t* __restrict__ row, int32_t d, int pairs,
+                                              ColumnOf&& column_of, Visit&& visit) {
+  constexpr int kInFlight = 4;
+  auto gather = [&](int pair) {
+    const int c = column_of(2 * pair);
+    const uint32_t lo = c < d ? row[c] : 0u, hi = c + 1 < d ? row[c + 1] : 0u;
+    return lo | hi << 16;
+  };
+  for (int first = threadIdx.x; first < pairs; first += kInFlight * blockDim.x) {
+    uint32_t word[kInFlight];
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) word[i] = gather(first + i * int(blockDim.x));
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i)
+      if (first + i * int(blockDim.x) < pairs) visit(first + i * int(blockDim.x), word[i]);
+  }
+}
+
 // The block's row of bf16 values (d of them, row r of the launch) as the
 // 8-bit-code TMA ring reads it (RingHidden): in the ring's k order (codes.cuh),
 // zero beyond d, as 32-bit pairs (columns 2q and 2q + 1 of a copy are a
 // pair of the row: ring_code_order_holds), the bf16 copy and the row's
-// range of exponents in a first pass, then the f16 copy scaled by 2^k where
-// that is exact, and the row's factor. kInFlight pairs' loads are issued
-// before their stores; the row was just read by this block, so they are L1
-// hits.
+// range of exponents in a first pass, then the f16 copy where it is exact,
+// and the row's factor.
 __device__ void stage_ring_hidden(const uint16_t* __restrict__ row, int32_t d, int32_t k_pad, const RingHidden& ring,
                                   int64_t r) {
-  constexpr int kInFlight = 4;
   const int pairs = int(ring_code_columns(k_pad) / 2);
-  __shared__ int exponent_max, exponent_min;  // the row's nonzero values' biased bf16 exponents
-  if (threadIdx.x == 0) exponent_max = 0, exponent_min = 255;
-  __syncthreads();
-  // visit(q, word) for each pair q of the copies this thread writes, word
-  // the row's pair of bf16 values there.
-  auto each_pair = [&](auto&& visit) {
-    auto gather = [&](int pair) {
-      const int kappa = 2 * pair;
-      const int c = kappa / kRingCodeBlock * kRingCodeBlock + ring_code_column(kappa % kRingCodeBlock);
-      const uint32_t lo = c < d ? row[c] : 0u, hi = c + 1 < d ? row[c + 1] : 0u;
-      return lo | hi << 16;
-    };
-    for (int first = threadIdx.x; first < pairs; first += kInFlight * blockDim.x) {
-      uint32_t word[kInFlight];
-#pragma unroll
-      for (int i = 0; i < kInFlight; ++i) word[i] = gather(first + i * int(blockDim.x));
-#pragma unroll
-      for (int i = 0; i < kInFlight; ++i)
-        if (first + i * int(blockDim.x) < pairs) visit(first + i * int(blockDim.x), word[i]);
-    }
+  const auto ring_column = [](int kappa) {
+    return kappa / kRingCodeBlock * kRingCodeBlock + ring_code_column(kappa % kRingCodeBlock);
   };
   int biggest = 0, smallest = 255;
   uint32_t* const bf16_out = reinterpret_cast<uint32_t*>(ring.bf16) + r * pairs;
-  each_pair([&](int q, uint32_t word) {
+  each_row_pair(row, d, pairs, ring_column, [&](int q, uint32_t word) {
     bf16_out[q] = word;
-    for (const uint32_t v : {word & 0xffffu, word >> 16})
-      if (v & 0x7fffu) {  // nonzero: a subnormal's exponent 0 and Inf's or NaN's 255 never fit
-        const int exponent = int(v >> 7) & 0xff;
-        biggest = max(biggest, exponent);
-        smallest = min(smallest, exponent);
-      }
+    note_exponents(word, biggest, smallest);
   });
-  atomicMax(&exponent_max, biggest);
-  atomicMin(&exponent_min, smallest);
-  __syncthreads();
-  // The largest magnitude to [2^15, 2^16) (f16's largest finite value is
-  // 65504): k = 142 − its biased exponent. Every value is then exact in
-  // f16 if none falls below 2^-14 (29 binades under the largest), with a
-  // factor 2^-k that is a normal float. An all-zero row: k = 0.
-  const int top = exponent_max, bottom = exponent_min;
-  const bool zero = top == 0;
-  const bool fits = zero || (top >= 16 && top <= 254 && bottom >= 1 && bottom >= top - 29);
-  const int k = zero ? 0 : 142 - top;
-  if (threadIdx.x == 0) ring.factors[r] = fits ? __int_as_float((127 - k) << 23) : 0.0f;
-  if (!fits) return;
-  const float scale = __int_as_float((127 + k) << 23);
-  auto to_f16 = [&](uint32_t bf16) {
-    return uint32_t(__half_as_ushort(__float2half_rn(__uint_as_float(bf16 << 16) * scale)));
-  };
+  const F16Scaling scaling = row_f16_scaling(biggest, smallest);
+  if (threadIdx.x == 0) ring.factors[r] = scaling.factor();
+  if (!scaling.fits) return;
   uint32_t* const f16_out = reinterpret_cast<uint32_t*>(ring.f16) + r * pairs;
-  each_pair([&](int q, uint32_t word) { f16_out[q] = to_f16(word & 0xffffu) | to_f16(word >> 16) << 16; });
+  each_row_pair(row, d, pairs, ring_column, [&](int q, uint32_t word) { f16_out[q] = scaling.pair(word); });
+}
+
+// The same row as the tile scan reads it in f16 (TileHidden): in W's k
+// order, k_pad values, zero beyond d.
+__device__ void stage_tile_hidden(const uint16_t* __restrict__ row, int32_t d, int32_t k_pad, const TileHidden& tile,
+                                  int64_t r) {
+  const int pairs = k_pad / 2;
+  const auto natural = [](int c) { return c; };
+  int biggest = 0, smallest = 255;
+  each_row_pair(row, d, pairs, natural, [&](int, uint32_t word) { note_exponents(word, biggest, smallest); });
+  const F16Scaling scaling = row_f16_scaling(biggest, smallest);
+  if (threadIdx.x == 0) tile.factors[r] = scaling.factor();
+  if (!scaling.fits) return;
+  uint32_t* const f16_out = reinterpret_cast<uint32_t*>(tile.f16) + r * pairs;
+  each_row_pair(row, d, pairs, natural, [&](int q, uint32_t word) { f16_out[q] = scaling.pair(word); });
 }
 
 // One block per row, an element at a time: any dtype, stride and alignment.
 __global__ void stage_hidden_kernel(const void* src, flashspec_dtype dtype, int64_t ld, int32_t d, int32_t k_pad,
-                                    int32_t as_float, void* out, int32_t* bad, RingHidden ring) {
+                                    int32_t as_float, void* out, int32_t* bad, RingHidden ring,
+                                    TileHidden tile) {
   pdl_trigger();  // the scan may launch now and wait for these rows
   const int64_t r = blockIdx.x;
   const size_t esize = dtype_size(dtype);
@@ -265,6 +307,7 @@ __global__ void stage_hidden_kernel(const void* src, flashspec_dtype dtype, int6
     }
   }
   if (ring.bf16) stage_ring_hidden(reinterpret_cast<const uint16_t*>(row), d, k_pad, ring, r);
+  if (tile.f16) stage_tile_hidden(reinterpret_cast<const uint16_t*>(row), d, k_pad, tile, r);
   found = __syncthreads_or(found);
   if (threadIdx.x == 0) bad[r] = found;
 }
@@ -288,7 +331,7 @@ __device__ __forceinline__ float element_of(const uint4& v, int e) {
 template <flashspec_dtype kSrc>
 __global__ void stage_hidden_groups_kernel(const uint4* __restrict__ src, int64_t ld_groups, int32_t d,
                                            int32_t k_pad, int32_t as_float, void* __restrict__ out,
-                                           int32_t* __restrict__ bad, RingHidden ring) {
+                                           int32_t* __restrict__ bad, RingHidden ring, TileHidden tile) {
   constexpr int kPer = kSrc == FLASHSPEC_DTYPE_F32 ? 4 : 8;  // elements per 16 bytes
   constexpr int kGroupsInFlight = 4;
   pdl_trigger();  // the scan may launch now and wait for these rows
@@ -327,6 +370,7 @@ __global__ void stage_hidden_groups_kernel(const uint4* __restrict__ src, int64_
     else static_cast<uint16_t*>(out)[r * k_pad + c] = 0;
   }
   if (ring.bf16) stage_ring_hidden(reinterpret_cast<const uint16_t*>(row), d, k_pad, ring, r);
+  if (tile.f16) stage_tile_hidden(reinterpret_cast<const uint16_t*>(row), d, k_pad, tile, r);
   found = __syncthreads_or(found);
   if (threadIdx.x == 0) bad[r] = found;
 }
@@ -367,8 +411,8 @@ cudaError_t draft_plans(const DraftArgs& args, int64_t vocab, RowPlan* plans, cu
 }
 
 cudaError_t stage_hidden(const flashspec_tensor& hidden, int32_t k_pad, bool as_float, void* out, int32_t* bad,
-                         const RingHidden& ring, cudaStream_t stream) {
-  if (ring.bf16 && (as_float || hidden.dtype != FLASHSPEC_DTYPE_BF16)) return cudaErrorInvalidValue;
+                         const RingHidden& ring, const TileHidden& tile, cudaStream_t stream) {
+  if ((ring.bf16 || tile.f16) && (as_float || hidden.dtype != FLASHSPEC_DTYPE_BF16)) return cudaErrorInvalidValue;
   const int64_t esize = int64_t(dtype_size(hidden.dtype));
   const bool groups = (hidden.dtype == FLASHSPEC_DTYPE_F32 || hidden.dtype == FLASHSPEC_DTYPE_BF16 ||
                        hidden.dtype == FLASHSPEC_DTYPE_F16) &&
@@ -381,16 +425,16 @@ cudaError_t stage_hidden(const flashspec_tensor& hidden, int32_t k_pad, bool as_
   const int32_t d = int32_t(hidden.cols), f = as_float ? 1 : 0;
   if (!groups)
     stage_hidden_kernel<<<grid, block, 0, stream>>>(hidden.data, hidden.dtype, hidden.row_stride, d, k_pad, f, out,
-                                                     bad, ring);
+                                                     bad, ring, tile);
   else if (hidden.dtype == FLASHSPEC_DTYPE_F32)
     stage_hidden_groups_kernel<FLASHSPEC_DTYPE_F32><<<grid, block, 0, stream>>>(src, ld_groups, d, k_pad, f, out, bad,
-                                                                                ring);
+                                                                                ring, tile);
   else if (hidden.dtype == FLASHSPEC_DTYPE_BF16)
     stage_hidden_groups_kernel<FLASHSPEC_DTYPE_BF16><<<grid, block, 0, stream>>>(src, ld_groups, d, k_pad, f, out, bad,
-                                                                                 ring);
+                                                                                 ring, tile);
   else
     stage_hidden_groups_kernel<FLASHSPEC_DTYPE_F16><<<grid, block, 0, stream>>>(src, ld_groups, d, k_pad, f, out, bad,
-                                                                                ring);
+                                                                                ring, tile);
   return cudaGetLastError();
 }
 

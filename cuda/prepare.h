@@ -38,9 +38,11 @@ cudaError_t draft_plans(const DraftArgs& args, int64_t vocab, RowPlan* plans, cu
 // values when as_float is false (the tensor-core path, same dtype as W), as
 // fp32 otherwise. bad[r] = 1 if row r holds a NaN or Inf. Where ring.bf16
 // is not NULL (bf16 rows, at most tuning::kStreamMaxRows, as_float false):
-// the rows' copies the 8-bit-code TMA ring reads too (RingHidden, scan_params.h).
+// the rows' copies the 8-bit-code TMA ring reads too (RingHidden, scan_params.h);
+// where tile.f16 is not NULL (bf16 rows, as_float false): the rows' f16
+// copies the tile scan reads (TileHidden).
 cudaError_t stage_hidden(const flashspec_tensor& hidden, int32_t k_pad, bool as_float, void* out, int32_t* bad,
-                         const RingHidden& ring, cudaStream_t stream);
+                         const RingHidden& ring, const TileHidden& tile, cudaStream_t stream);
 
 // found = 1 if the [rows, cols] matrix (row stride ld) holds a NaN or Inf.
 cudaError_t find_non_finite(const void* data, flashspec_dtype dtype, int64_t rows, int64_t cols, int64_t ld,

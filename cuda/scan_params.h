@@ -69,6 +69,17 @@ struct RingHidden {
   float* factors;
 };
 
+// An 8-bit head's staged hidden rows as the tile scan (scan_tiles.h) reads
+// them where its products are in f16: [rows, k_pad] f16 values in W's k
+// order, row r times 2^k_r with factors[r] = 2^-k_r, or 0 where f16 cannot
+// hold the row exactly (the rule of RingHidden's f16 copy). A CTA whose
+// tile of rows all have factors multiplies in f16; one with a row that
+// has none multiplies the bf16 rows.
+struct TileHidden {
+  uint16_t* f16;
+  float* factors;
+};
+
 struct ScanParams {
   const void* w;          // LM head, [vocab, ldw]
   int64_t ldw;            // elements per weight row
@@ -81,6 +92,7 @@ struct ScanParams {
   int32_t k_pad;          // staged hidden columns (multiple of 32; of 64 for 8-bit codes), zero beyond d
   const void* h;          // staged hidden rows, [total rows, k_pad]
   RingHidden ring_hidden;  // 8-bit codes at 9–16 rows: the TMA ring's copies of the rows; NULL where not staged
+  TileHidden tile_hidden;  // 8-bit codes from 17 rows: the tile scan's f16 copies of the rows; NULL where not staged
   int32_t rows;           // rows in this launch
   int32_t row_base;       // first global row of this launch
   const RowPlan* plans;   // indexed by global row

@@ -11,9 +11,14 @@
 // range run as a cluster and each loads half of every W box into both
 // (kPaired). For 8-bit codes (e4m3, int8) the producer lane loads each
 // stage's codes beside it, three more producer warps convert them into the
-// stage's bf16 W panel in the layout a TMA box of bf16 would have, and the
-// fold scales each logit by its row's scale (codes.cuh's conversions are
-// exact, so the logits are those of the dequantised head).
+// stage's 16-bit W panel in the layout a TMA box of 16-bit W would have,
+// and the fold scales each logit by its row's scale (codes.cuh's
+// conversions are exact, so the logits are those of the dequantised head).
+// The panel is f16 where every row of the CTA's tile has an exact f16 copy
+// (TileHidden: the row times a power of two, which the fold takes off
+// again), which the hidden boxes then bring: e4m3 converts to f16 in one
+// instruction per pair of codes, to bf16 in four, and int8 in three
+// against four. Elsewhere it is bf16, meeting the bf16 rows.
 //
 // Every row is greedy (dispatch launches it only then): a row's score is its
 // logit, with no scaling, log-sum-exp or noise, as in fold_logit. Sampled
@@ -31,6 +36,7 @@
 // matter), and each lane offers its own tokens in increasing order.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "codes.cuh"
 #include "launch.cuh"
@@ -193,20 +199,26 @@ __device__ __forceinline__ void mma_step(float (&acc)[S::kAcc], uint64_t hidden,
 constexpr int kCodeVectors = kColumns / 16;
 
 // Converts one stage's codes (kTokens rows of kColumns codes, unswizzled)
-// into its W panel (kTokens rows of kColumns bf16, 128-byte swizzle, as a
-// TMA box of 16-bit W would have written it) with the converter warps'
-// threads, exactly (codes.cuh). The row's scale multiplies the finished
-// logit.
-template <class S, flashspec_dtype kW>
+// into its W panel (kTokens rows of kColumns bf16, or f16 with kF16,
+// 128-byte swizzle, as a TMA box of 16-bit W would have written it) with
+// the converter warps' threads, exactly (codes.cuh). The row's scale
+// multiplies the finished logit.
+template <class S, flashspec_dtype kW, bool kF16>
 __device__ __forceinline__ void convert_stage(const unsigned char* codes, unsigned char* w, int thread) {
+  auto convert = [](uint32_t word, uint32_t& lo, uint32_t& hi) {
+    if constexpr (kF16)
+      codes_to_f16x2<kW>(word, lo, hi);
+    else
+      codes_to_bf16x2<kW>(word, lo, hi);
+  };
   for (int v = thread; v < S::kTokens * kCodeVectors; v += kConverterWarps * 32) {
     const int token = v / kCodeVectors, quarter = v % kCodeVectors;
     const uint4 in = tma::load_shared_16(tma::smem_address(codes + token * kColumns + quarter * 16));
     uint4 lo, hi;
-    codes_to_bf16x2<kW>(in.x, lo.x, lo.y);
-    codes_to_bf16x2<kW>(in.y, lo.z, lo.w);
-    codes_to_bf16x2<kW>(in.z, hi.x, hi.y);
-    codes_to_bf16x2<kW>(in.w, hi.z, hi.w);
+    convert(in.x, lo.x, lo.y);
+    convert(in.y, lo.z, lo.w);
+    convert(in.z, hi.x, hi.y);
+    convert(in.w, hi.z, hi.w);
     // 16-byte chunk c of a 128-byte row r sits at chunk c ^ (r mod 8).
     unsigned char* row = w + token * kRowBytes;
     *reinterpret_cast<uint4*>(row + (((2 * quarter) ^ (token & 7)) * 16)) = lo;
@@ -307,27 +319,43 @@ __global__ void __launch_bounds__(kThreads, 1)
   pdl_wait();  // the staged rows and plans come from the kernels before
   for (int r = threadIdx.x; r < S::kRows; r += kThreads)
     plans[r] = plan_or_placeholder(p.plans, p.row_base, p.rows, row0 + r);
-  __syncthreads();
+  // 8-bit codes: the products in f16 where every row of the CTA's tile has
+  // an exact f16 copy (TileHidden's factors, which the staging wrote before
+  // the grid's wait).
+  static_assert(S::kRows <= kThreads, "a thread per row of the tile");
+  bool f16_products = false;
+  if constexpr (kCodes)
+    f16_products = __syncthreads_and(
+        p.tile_hidden.factors != nullptr &&
+        (int(threadIdx.x) >= rows_here || __ldg(p.tile_hidden.factors + p.row_base + row0 + threadIdx.x) > 0.0f));
+  else
+    __syncthreads();
 
   if (warp >= kConsumerWarps) {  // the producer warpgroup
     wgmma::lower_registers<kCodes ? kCodeProducerRegisters : kProducerRegisters>();
     if constexpr (kCodes) {
       if (warp > kConsumerWarps) {  // the converter warps: every step of the CTA's walk in order
         const int thread = threadIdx.x - (kConsumerWarps + 1) * 32;
-        int stage = 0;
-        uint32_t phase = 0;
-        for (int s = 0; s < steps; ++s) {
-          tma::barrier_wait(loaded + stage, phase);
-          unsigned char* at = ring + stage * S::kStageBytes + S::kHiddenBytes;
-          convert_stage<S, kW>(at + S::kWBytes, at, thread);
-          tma::shared_stores_to_async_proxy();  // the MMAs read the panel through the async proxy
-          __syncwarp();
-          if (lane == 0) tma::barrier_arrive(full + stage);
-          if (++stage == kStages) {
-            stage = 0;
-            phase ^= 1u;
+        const auto convert_steps = [&](auto f16) {
+          int stage = 0;
+          uint32_t phase = 0;
+          for (int s = 0; s < steps; ++s) {
+            tma::barrier_wait(loaded + stage, phase);
+            unsigned char* at = ring + stage * S::kStageBytes + S::kHiddenBytes;
+            convert_stage<S, kW, decltype(f16)::value>(at + S::kWBytes, at, thread);
+            tma::shared_stores_to_async_proxy();  // the MMAs read the panel through the async proxy
+            __syncwarp();
+            if (lane == 0) tma::barrier_arrive(full + stage);
+            if (++stage == kStages) {
+              stage = 0;
+              phase ^= 1u;
+            }
           }
-        }
+        };
+        if (f16_products)
+          convert_steps(std::true_type{});
+        else
+          convert_steps(std::false_type{});
         return;
       }
     }
@@ -337,7 +365,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // (bench/RESULTS.md).
       const uint64_t once = tma::evict_first_policy();
       const uint64_t kept = tma::evict_last_policy();
-      const CUtensorMap* hidden_map = rows_here < S::kRows ? &maps.hidden_last : &maps.hidden;
+      const CUtensorMap* hidden_map = f16_products ? (rows_here < S::kRows ? &maps.hidden_last_f16 : &maps.hidden_f16)
+                                                   : (rows_here < S::kRows ? &maps.hidden_last : &maps.hidden);
       // Steps from `early` on are on a later pass over the ring (early is
       // kStages wherever there are more steps), so each first waits for
       // the stage's empty barrier: phase 0 on the second pass, 1 on the
@@ -378,71 +407,95 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kPaired) tma::barrier_arrive_in(empty + stage, rank ^ 1u);
   };
 
-  for (int i = group; i < cta_tiles; i += kGroups) {
-    if (i > 0) tma::barrier_wait(multiplied, uint32_t(i - 1) & 1u);
-    // The ring's stage and phase of the tile's first step, then counted on:
-    // no division on the path from one step's MMAs to the next.
-    int stage = (i * k_steps) % kStages, last_stage = stage;
-    uint32_t phase = uint32_t((i * k_steps) / kStages) & 1u;
-    for (int k = 0; k < k_steps; ++k) {
-      tma::barrier_wait(full + stage, phase);
-      wgmma::fence();
-      const uint32_t hidden = ring_address + stage * S::kStageBytes;
-      const uint32_t w = hidden + S::kHiddenBytes;
+  // f16 products: each row's factor 2^-k (TileHidden), taken off its
+  // logits before the code scale (exactly: a power of two).
+  float row_factor[S::kBlocks][2];
 #pragma unroll
-      for (int kk = 0; kk < kColumns / 16; ++kk)
+  for (int b = 0; b < S::kBlocks; ++b)
 #pragma unroll
-        for (int b = 0; b < S::kBlocks; ++b)
-          mma_step<S, kBf16>(acc[b], wgmma::k_major_sw128(hidden + b * 64 * kRowBytes + kk * 32),
-                             wgmma::k_major_sw128(w + kk * 32), k > 0 || kk > 0);
-      wgmma::commit();
-      wgmma::wait<1>();  // the step before this one is done with its stage
-      if (k > 0) release(last_stage);
-      last_stage = stage;
-      if (++stage == kStages) {
-        stage = 0;
-        phase ^= 1u;
-      }
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + local_row(b, h);
+      row_factor[b][h] = f16_products && row < p.rows ? __ldg(p.tile_hidden.factors + p.row_base + row) : 1.0f;
     }
-    if (lane == 0) tma::barrier_arrive(multiplied);  // the other group may start the next tile
-    wgmma::wait_all();
-#pragma unroll
-    for (int b = 0; b < S::kBlocks; ++b) settle(acc[b]);
-    release(last_stage);
 
-    // The fold, while the other group multiplies the next tile.
-    const int32_t tile_first = (first_tile + i) * S::kTokens;  // index into W
-    const int count = p.vocab - (tile_first + 2 * t);
-    const int32_t first = p.token_base + tile_first + 2 * t;
-    const int32_t global_first = p.token_base + tile_first;
-    const bool whole = tile_first + S::kTokens <= p.vocab;
-    if constexpr (kCodes) {  // each token's row scale on its finished logits
+  // The tiles' products and folds, the MMAs' type a compile-time tag: a
+  // branch between the two types inside the loop would make ptxas
+  // serialise every wgmma of the kernel (C7520; bench/RESULTS.md).
+  const auto consume_tiles = [&](auto f16) {
+    constexpr bool kF16Products = decltype(f16)::value;
+    for (int i = group; i < cta_tiles; i += kGroups) {
+      if (i > 0) tma::barrier_wait(multiplied, uint32_t(i - 1) & 1u);
+      // The ring's stage and phase of the tile's first step, then counted on:
+      // no division on the path from one step's MMAs to the next.
+      int stage = (i * k_steps) % kStages, last_stage = stage;
+      uint32_t phase = uint32_t((i * k_steps) / kStages) & 1u;
+      for (int k = 0; k < k_steps; ++k) {
+        tma::barrier_wait(full + stage, phase);
+        wgmma::fence();
+        const uint32_t hidden = ring_address + stage * S::kStageBytes;
+        const uint32_t w = hidden + S::kHiddenBytes;
 #pragma unroll
-      for (int j = 0; j < S::kPairs; ++j)
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          const int32_t token = tile_first + 2 * t + 8 * j + q;
-          const float scale = token < p.vocab ? __ldg(p.w_scale + token) : 0.0f;
+        for (int kk = 0; kk < kColumns / 16; ++kk)
 #pragma unroll
           for (int b = 0; b < S::kBlocks; ++b)
+            mma_step<S, kBf16 && !kF16Products>(acc[b], wgmma::k_major_sw128(hidden + b * 64 * kRowBytes + kk * 32),
+                                                wgmma::k_major_sw128(w + kk * 32), k > 0 || kk > 0);
+        wgmma::commit();
+        wgmma::wait<1>();  // the step before this one is done with its stage
+        if (k > 0) release(last_stage);
+        last_stage = stage;
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1u;
+        }
+      }
+      if (lane == 0) tma::barrier_arrive(multiplied);  // the other group may start the next tile
+      wgmma::wait_all();
 #pragma unroll
-            for (int h = 0; h < 2; ++h) acc[b][4 * j + 2 * h + q] *= scale;
+      for (int b = 0; b < S::kBlocks; ++b) settle(acc[b]);
+      release(last_stage);
+
+      // The fold, while the other group multiplies the next tile.
+      const int32_t tile_first = (first_tile + i) * S::kTokens;  // index into W
+      const int count = p.vocab - (tile_first + 2 * t);
+      const int32_t first = p.token_base + tile_first + 2 * t;
+      const int32_t global_first = p.token_base + tile_first;
+      const bool whole = tile_first + S::kTokens <= p.vocab;
+      if constexpr (kCodes) {  // each token's row scale on its finished logits
+#pragma unroll
+        for (int j = 0; j < S::kPairs; ++j)
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            const int32_t token = tile_first + 2 * t + 8 * j + q;
+            const float scale = token < p.vocab ? __ldg(p.w_scale + token) : 0.0f;
+#pragma unroll
+            for (int b = 0; b < S::kBlocks; ++b)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                float& logit = acc[b][4 * j + 2 * h + q];
+                logit = (kF16Products ? logit * row_factor[b][h] : logit) * scale;
+              }
+          }
+      }
+#pragma unroll
+      for (int b = 0; b < S::kBlocks; ++b)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const RowPlan& plan = plans[local_row(b, h)];
+          const auto l = [&](int x) { return acc[b][4 * (x / 2) + 2 * h + (x % 2)]; };
+          const bool plain = whole && uint32_t(plan.tracked - global_first) >= uint32_t(S::kTokens) &&
+                             uint32_t(plan.excluded - global_first) >= uint32_t(S::kTokens);
+          Partial part = parts.load(2 * b + h);
+          if (plain) fold_row<true, S::kPairs>(part, plan, l, first, count);
+          else fold_row<false, S::kPairs>(part, plan, l, first, count);
+          parts.store(2 * b + h, part);
         }
     }
-#pragma unroll
-    for (int b = 0; b < S::kBlocks; ++b)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const RowPlan& plan = plans[local_row(b, h)];
-        const auto l = [&](int x) { return acc[b][4 * (x / 2) + 2 * h + (x % 2)]; };
-        const bool plain = whole && uint32_t(plan.tracked - global_first) >= uint32_t(S::kTokens) &&
-                           uint32_t(plan.excluded - global_first) >= uint32_t(S::kTokens);
-        Partial part = parts.load(2 * b + h);
-        if (plain) fold_row<true, S::kPairs>(part, plan, l, first, count);
-        else fold_row<false, S::kPairs>(part, plan, l, first, count);
-        parts.store(2 * b + h, part);
-      }
-  }
+  };
+  if (kCodes && f16_products)
+    consume_tiles(std::bool_constant<kCodes>{});
+  else
+    consume_tiles(std::false_type{});
 
   // The four lanes of each row merge; the first writes the group's partial
   // (group 2·blockIdx.y + group: the combine merges a row's in any order).
@@ -589,7 +642,8 @@ int max_pairs(Form form) {
 bool encode_maps(const ScanParams& p, Form form, TileMaps* maps) {
   const bool codes = is_codes(p.w_dtype);
   if (p.w_dtype != FLASHSPEC_DTYPE_BF16 && p.w_dtype != FLASHSPEC_DTYPE_F16 && !codes) return false;
-  // 8-bit codes: one byte each, the hidden rows staged in bf16.
+  // 8-bit codes: one byte each, the hidden rows staged in bf16 (and,
+  // where tile_hidden is, in f16).
   const flashspec_dtype hidden_dtype = codes ? FLASHSPEC_DTYPE_BF16 : p.w_dtype;
   const uint64_t pitch = uint64_t(p.ldw) * (codes ? 1 : 2), hidden_pitch = uint64_t(p.k_pad) * 2;
   if (p.d_load <= 0 || p.vocab <= 0 || pitch % 16 != 0 || hidden_pitch % 16 != 0 ||
@@ -602,12 +656,20 @@ bool encode_maps(const ScanParams& p, Form form, TileMaps* maps) {
                                                    uint32_t(kColumns), w_box_tokens)
                            : scan::encode_row_map(&maps->w, p.w_dtype, p.w, uint64_t(p.d_load), uint64_t(p.vocab),
                                                   pitch, w_box_tokens);
-  return w_map &&
-         scan::encode_row_map(&maps->hidden, hidden_dtype, p.h, uint64_t(p.k_pad), uint64_t(p.row_base + p.rows),
-                              hidden_pitch, uint32_t(shape.rows)) &&
-         scan::encode_row_map(&maps->hidden_last, hidden_dtype, p.h, uint64_t(p.k_pad),
-                              uint64_t(p.row_base + p.rows), hidden_pitch,
-                              uint32_t(last_rows > 0 ? last_rows : shape.rows));
+  // The staged rows (`rows` of them at `h`, of `dtype`) in boxes of a tile
+  // of rows and of the last tile's rows.
+  const auto encode_hidden = [&](CUtensorMap* whole, CUtensorMap* last, flashspec_dtype dtype, const void* h) {
+    const uint64_t rows = uint64_t(p.row_base + p.rows);
+    return reinterpret_cast<uintptr_t>(h) % 16 == 0 &&
+           scan::encode_row_map(whole, dtype, h, uint64_t(p.k_pad), rows, hidden_pitch, uint32_t(shape.rows)) &&
+           scan::encode_row_map(last, dtype, h, uint64_t(p.k_pad), rows, hidden_pitch,
+                                uint32_t(last_rows > 0 ? last_rows : shape.rows));
+  };
+  std::memset(&maps->hidden_f16, 0, sizeof(maps->hidden_f16));
+  std::memset(&maps->hidden_last_f16, 0, sizeof(maps->hidden_last_f16));
+  return w_map && encode_hidden(&maps->hidden, &maps->hidden_last, hidden_dtype, p.h) &&
+         (!codes || !p.tile_hidden.f16 ||
+          encode_hidden(&maps->hidden_f16, &maps->hidden_last_f16, FLASHSPEC_DTYPE_F16, p.tile_hidden.f16));
 }
 
 cudaError_t launch(const void* kernel, Form form, const ScanParams& params, const TileMaps& maps,

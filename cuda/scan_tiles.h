@@ -47,18 +47,25 @@ Form form_for(flashspec_dtype w_dtype, int32_t rows, int32_t vocab, int sm_count
 // each CTA of a pair multicasts to both), the staged hidden rows in boxes of
 // its tile of rows, and the last tile of rows, where the launch's rows end
 // inside it, in a box of just those rows; all 128 bytes wide, in the
-// 128-byte swizzle.
+// 128-byte swizzle. 8-bit codes: W's boxes 64 bytes wide, unswizzled, and
+// where the rows' f16 copies are staged (ScanParams::tile_hidden) the same
+// two boxes of those.
 struct TileMaps {
   CUtensorMap w;
   CUtensorMap hidden;
   CUtensorMap hidden_last;
+  CUtensorMap hidden_f16;
+  CUtensorMap hidden_last_f16;
 };
 
 // The kernel of a form for W and hidden both bf16 or both fp16, or for W
 // of 8-bit codes (e4m3, int8; the 128-token unpaired forms) and hidden
 // rows in bf16: three warps of the producer warpgroup convert each stage's
-// codes into bf16 in shared memory (exactly) for the MMAs, and the fold
-// scales each logit by its row's scale. NULL for other dtypes and forms.
+// codes (exactly) in shared memory for the MMAs, and the fold scales each
+// logit by its row's scale. The codes go to f16 and meet the rows' f16
+// copies (TileHidden) in CTAs whose rows all have one, each logit then
+// also scaled by its row's factor; to bf16, meeting the bf16 rows,
+// elsewhere. NULL for other dtypes and forms.
 // Every row of a launch must be greedy (its plan's kPlanGreedy), as a
 // row's score is taken to be its logit.
 const void* kernel_for(flashspec_dtype w_dtype, Form form);

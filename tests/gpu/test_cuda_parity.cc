@@ -22,10 +22,11 @@ using namespace fstest;
 
 namespace {
 
-// Hidden rows beyond the draws (the 8-bit-code TMA ring's f16 copies, RingHidden
-// in cuda/scan_params.h): row 1 times 2^20, past f16's range unless scaled;
-// and with kSpanning also row 2 spanning 2^33, more than f16 holds exactly
-// (that launch multiplies in bf16).
+// Hidden rows beyond the draws (the 8-bit-code scans' f16 copies, RingHidden
+// and TileHidden in cuda/scan_params.h): row 1 times 2^20, past f16's range
+// unless scaled; and with kSpanning also row 2 spanning 2^33, more than f16
+// holds exactly (the ring's launch, the tile scan's CTA of it, multiply in
+// bf16).
 enum class HiddenRange { kDrawn, kScaled, kSpanning };
 
 struct DraftCase {
@@ -617,11 +618,14 @@ TEST_F(Gpu, QuantisedHeadsParityStreamBoxes) {
 
 // From 17 rows on sm_90a, greedy launches on 8-bit heads take the tile
 // scan (tuning.h: kTileScanMinCodeRows), whose producer warps convert each
-// stage's codes into bf16 in shared memory: 64-row tiles up to 64 rows,
-// 128-row tiles beyond, launches ending inside a tile of rows, vocabularies
-// ending inside a token tile and one of two tiles, hidden sizes ending
-// inside a 64-column step; drafts, chains and a tree; pre-quantised codes
-// over every value of the dtype.
+// stage's codes in shared memory: 64-row tiles up to 64 rows, 128-row tiles
+// beyond, launches ending inside a tile of rows, vocabularies ending inside
+// a token tile and one of two tiles, hidden sizes ending inside a 64-column
+// step; drafts, chains and a tree; pre-quantised codes over every value of
+// the dtype. The products are in f16 (TileHidden in cuda/scan_params.h)
+// but for CTAs with a row f16 cannot hold exactly: a row scaled past f16's
+// range (still f16), a row spanning more than f16 holds (that CTA in bf16;
+// at 130 rows the other CTA's two rows in f16).
 TEST_F(Gpu, QuantisedHeadsParityTiles) {
   for (flashspec_dtype stored : {FLASHSPEC_DTYPE_E4M3, FLASHSPEC_DTYPE_I8}) {
     const auto draft = [stored](int vocab, int d, int rows) {
@@ -635,6 +639,12 @@ TEST_F(Gpu, QuantisedHeadsParityTiles) {
     DraftCase every_code = draft(9001, 520, 64);
     every_code.prequantised = true;
     run_draft_parity(every_code);
+    for (HiddenRange range : {HiddenRange::kScaled, HiddenRange::kSpanning})
+      for (int rows : {40, 130}) {
+        DraftCase ranged = draft(20011, 1000, rows);
+        ranged.range = range;
+        run_draft_parity(ranged);
+      }
     const auto verify = [stored](int vocab, int d, int requests, int max_n, bool tree) {
       VerifyCase c = greedy_verify(FLASHSPEC_DTYPE_BF16, vocab, d, requests, max_n, tree);
       c.stored = stored;
