@@ -12,6 +12,7 @@
 // no W.
 //
 // Usage: flashspec_quantized_bench [--quick] [--only V d rows] [--reps N] [--json FILE]
+// (--only: rows up to 512; the grid's rows are 1–64)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -67,11 +68,15 @@ int main(int argc, char** argv) {
   std::vector<int> vocabs = args.quick ? std::vector<int>{128256} : std::vector<int>{32000, 128256, 151936, 262144};
   std::vector<int> hiddens = args.quick ? std::vector<int>{4096} : std::vector<int>{2048, 4096, 8192};
   std::vector<int> row_counts = args.quick ? std::vector<int>{1, 16, 64} : std::vector<int>{1, 2, 5, 9, 16, 64};
-  const int max_rows = 64;
+  // The grid's context takes up to 64 rows; --only up to kMaxOnlyRows, in
+  // a context of that many (the 8-bit tile scan's 128-row tiles).
+  constexpr int kGridRows = 64, kMaxOnlyRows = 512;
+  int max_rows = kGridRows;
   if (args.only_v > 0) {
     vocabs = {args.only_v};
     hiddens = {args.only_d};
-    row_counts = {std::min(max_rows, std::max(1, args.only_rows))};
+    row_counts = {std::min(kMaxOnlyRows, std::max(1, args.only_rows))};
+    max_rows = std::max(kGridRows, row_counts[0]);
   }
   std::printf("device: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
 
