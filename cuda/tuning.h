@@ -259,9 +259,10 @@ static_assert(kTileScanMinRows == 9, "the row counts measured on either side of 
 // tokens (3.1–3.8× the bf16 GEMM at 64 rows, H200). The tile scan reads
 // each code once and converts it in shared memory: H200, e4m3 greedy
 // drafts at 17–64 rows 0.34–0.43 of the time (128256 × 4096 × 64 928.9 →
-// 348.5 µs). Its three converting warps set its rate whatever the rows
-// (345–349 µs at 17, 32 and 64 rows there), while the ring took 152 µs at
-// 16, so the ring keeps 9–16 rows (bench/RESULTS.md).
+// 348.5 µs), and 0.80–0.87 of that again with the products in f16 (282 µs
+// there). Its three converting warps set its rate whatever the rows (275
+// and 282 µs at 17 and 64 rows), while the ring took 153 µs at 16, so the
+// ring keeps 9–16 rows (bench/RESULTS.md).
 constexpr int kTileScanMinCodeRows = kStreamMaxRows + 1;
 // Launches whose tiles of rows pair up (an even number of them: 129–256
 // and 385–512 rows) run the tile scan in clusters of two CTAs that share

@@ -302,9 +302,11 @@ FLASHSPEC_API flashspec_status flashspec_lm_head_create(flashspec_context* ctx,
  * codes once (0.5–0.7× the time of a bf16 head's cuBLAS GEMM at V ≥ 128k on
  * an H100). Beyond, on compute capability 9.0 with the library built for
  * sm_90a, launches whose rows are all greedy (drafts at temperature 0,
- * verify batches with greedy = 1) read the codes once as well, converted to
- * bf16 in shared memory beside warpgroup MMAs (H200, 17–64 rows: 1.2–1.4×
- * a bf16 head's cuBLAS GEMM, a third of the copies' time); other many-row
+ * verify batches with greedy = 1) read the codes once as well, converted in
+ * shared memory beside warpgroup MMAs: to f16, against the hidden rows in
+ * f16 scaled by a power of two per row, where f16 holds every row of a
+ * tile exactly (a row spanning at most 2^29), else to bf16 (H200, 64 rows:
+ * e4m3 1.0–1.2×, int8 1.1–1.3× a bf16 head's cuBLAS GEMM); other many-row
  * launches run cuBLAS over exact bf16 copies of the codes, 4096 vocabulary
  * rows at a time, which costs more than a bf16 head (about 2.6–3.8× its
  * cuBLAS GEMM at 64 rows on an H100 and an H200). The copies' workspace (4096 × d × 2
